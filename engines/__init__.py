@@ -1,0 +1,1 @@
+"""Model runtimes behind small protocols. Never imports `pipelines` or `realtime`."""

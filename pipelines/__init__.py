@@ -1,0 +1,1 @@
+"""Per-stream orchestration in asyncio, model-agnostic. Never opens a socket itself."""

@@ -1,0 +1,95 @@
+"""The typed data that flows between stages.
+
+Times: `pts` is media time in seconds (from the container / RTP clock, rebased so a
+session starts near 0); `captured_at` is wall-clock epoch seconds (time.time()) at the
+moment the decoded frame or audio reached the service. Both travel with every result.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from engines.types import Detections
+
+STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
+AUDIO_SAMPLE_RATE = 16_000
+
+
+class InvalidStreamId(ValueError):
+    pass
+
+
+def validate_stream_id(stream_id: str) -> str:
+    if not isinstance(stream_id, str) or not STREAM_ID_PATTERN.fullmatch(stream_id):
+        raise InvalidStreamId(
+            f"invalid stream id {stream_id!r}: use 1-64 characters from A-Z a-z 0-9 _ -"
+        )
+    return stream_id
+
+
+@dataclass(frozen=True, slots=True)
+class VideoFrame:
+    stream_id: str
+    seq: int  # per-stream counter of frames that reached the service, never reset
+    pts: float
+    captured_at: float
+    image: np.ndarray  # H x W x 3 uint8 RGB, C-contiguous
+
+    @property
+    def width(self) -> int:
+        return int(self.image.shape[1])
+
+    @property
+    def height(self) -> int:
+        return int(self.image.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class AudioChunk:
+    stream_id: str
+    pts: float
+    captured_at: float
+    samples: np.ndarray  # float32 mono in [-1, 1] at `sample_rate`
+    sample_rate: int = AUDIO_SAMPLE_RATE
+
+    @property
+    def duration(self) -> float:
+        return float(self.samples.shape[0]) / self.sample_rate
+
+
+class StreamState(StrEnum):
+    CONNECTING = "connecting"
+    LIVE = "live"
+    STALLED = "stalled"
+    RECONNECTING = "reconnecting"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class StatusChange:
+    stream_id: str
+    state: StreamState
+    previous: StreamState | None
+    at: float  # wall clock
+    reason: str | None = None
+    attempt: int = 0  # connect attempts since the last time the stream was live
+    retry_in: float | None = None  # seconds until the next connect attempt, when reconnecting
+
+
+@dataclass(frozen=True, slots=True)
+class FrameResult:
+    """One processed frame: what the detector saw, and when."""
+
+    frame_seq: int
+    stream_id: str
+    pts: float
+    captured_at: float
+    width: int
+    height: int
+    detections: Detections
+    inference_ms: float

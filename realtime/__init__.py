@@ -1,0 +1,1 @@
+"""The live edges: ingest, NATS bus, HTTP, CLI."""

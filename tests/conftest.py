@@ -1,0 +1,48 @@
+"""Shared fixtures: sample media and bundled models (all real, built locally)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES_OUT = ROOT / ".cache" / "samples"
+
+
+@pytest.fixture(scope="session")
+def sample_dir() -> Path:
+    sys.path.insert(0, str(ROOT / "samples"))
+    try:
+        import make_sample
+    finally:
+        sys.path.pop(0)
+    if not (SAMPLES_OUT / "vtest_speech.mp4").exists():
+        make_sample.main(["--out", str(SAMPLES_OUT)])
+    return SAMPLES_OUT
+
+
+@pytest.fixture(scope="session")
+def vtest_avi(sample_dir: Path) -> Path:
+    return sample_dir / "vtest.avi"
+
+
+@pytest.fixture(scope="session")
+def sample_clip(sample_dir: Path) -> Path:
+    """vtest.avi re-encoded as H.264 + AAC narration (mp4), 79.5 s."""
+    return sample_dir / "vtest_speech.mp4"
+
+
+@pytest.fixture(scope="session")
+def fall_model() -> Path:
+    from engines.models import fall_model_path
+
+    return fall_model_path()
+
+
+@pytest.fixture(scope="session")
+def nudenet_model() -> Path:
+    from engines.models import nudenet_model_path
+
+    return nudenet_model_path()
