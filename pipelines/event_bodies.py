@@ -1,0 +1,96 @@
+"""Per-kind JSON bodies (the `data` of an Event). Field names are part of the contract."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from engines.types import Detections
+from pipelines.events import Event, EventKind
+from pipelines.frames import FrameResult, StatusChange
+from pipelines.tracker import TrackEvent
+
+
+def _box(values: Any) -> list[float]:
+    return [round(float(v), 1) for v in values]
+
+
+def class_name(names: Mapping[int, str], class_id: int) -> str:
+    return names.get(class_id, str(class_id))
+
+
+def detections_event(
+    result: FrameResult,
+    track_ids: Sequence[int | None],
+    names: Mapping[int, str],
+    *,
+    model: str,
+    backend: str,
+    batch_size: int,
+) -> Event:
+    dets: Detections = result.detections
+    objects = [
+        {
+            "class": class_name(names, int(dets.class_ids[i])),
+            "class_id": int(dets.class_ids[i]),
+            "score": round(float(dets.scores[i]), 4),
+            "box": _box(dets.boxes[i]),
+            "track_id": track_ids[i],
+        }
+        for i in range(len(dets))
+    ]
+    return Event(
+        kind=EventKind.DETECTIONS,
+        stream_id=result.stream_id,
+        pts=result.pts,
+        captured_at=result.captured_at,
+        data={
+            "frame_seq": result.frame_seq,
+            "width": result.width,
+            "height": result.height,
+            "model": model,
+            "backend": backend,
+            "inference_ms": round(result.inference_ms, 2),
+            "batch_size": batch_size,
+            "objects": objects,
+        },
+    )
+
+
+def track_event(
+    stream_id: str, change: TrackEvent, names: Mapping[int, str], *, pts: float, captured_at: float
+) -> Event:
+    data: dict[str, Any] = {
+        "event": change.kind.value,
+        "track_id": change.track_id,
+        "class": class_name(names, change.class_id),
+        "class_id": change.class_id,
+        "score": round(change.score, 4),
+        "box": _box(change.box),
+        "first_seen_pts": round(change.first_seen_pts, 3),
+        "last_seen_pts": round(change.last_seen_pts, 3),
+        "duration_s": round(change.last_seen_pts - change.first_seen_pts, 3),
+        "hits": change.hits,
+    }
+    if change.changed:
+        data["changed"] = list(change.changed)
+    if change.reason:
+        data["reason"] = change.reason
+    return Event(kind=EventKind.TRACKS, stream_id=stream_id, pts=pts, captured_at=captured_at, data=data)
+
+
+def status_event(change: StatusChange, *, source: str) -> Event:
+    return Event(
+        kind=EventKind.STATUS,
+        stream_id=change.stream_id,
+        pts=None,
+        captured_at=change.at,
+        data={
+            "state": change.state.value,
+            "previous": change.previous.value if change.previous else None,
+            "reason": change.reason,
+            "attempt": change.attempt,
+            "retry_in": change.retry_in,
+            "source": source,
+        },
+    )

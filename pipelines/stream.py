@@ -1,0 +1,168 @@
+"""One stream's frame loop: newest frame → detector → tracker → events.
+
+The loop takes the newest frame from the mailbox as soon as the previous one is done,
+so detection runs on every frame the hardware allows; `detect_fps` caps it lower when
+asked. The capture time of the frame travels into every event it produces.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pipelines.detect import DetectionBatcher
+from pipelines.event_bodies import detections_event, track_event
+from pipelines.events import EventSink
+from pipelines.frames import FrameResult, VideoFrame
+from pipelines.mailbox import AudioBuffer, FrameMailbox, MailboxClosed
+from pipelines.tracker import ByteTracker, TrackerConfig
+
+log = logging.getLogger(__name__)
+
+LATENCY_WINDOW = 4096  # samples kept for percentiles; older ones fall off
+
+
+@dataclass(slots=True)
+class FrameLoopStats:
+    frames_processed: int = 0
+    frames_skipped: int = 0  # left out on purpose by the detect_fps cap
+    frames_failed: int = 0  # the detector raised on them
+    detections: int = 0
+    track_events: int = 0
+    tracks_started: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+    # capture → hand-off to the sink, milliseconds; and the model's share of it
+    latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    inference_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+
+
+class FrameLoop:
+    def __init__(
+        self,
+        stream_id: str,
+        mailbox: FrameMailbox,
+        batcher: DetectionBatcher,
+        sink: EventSink,
+        *,
+        tracker_config: TrackerConfig | None = None,
+        detect_fps: float | None = None,
+    ) -> None:
+        self.stream_id = stream_id
+        self.mailbox = mailbox
+        self.batcher = batcher
+        self.sink = sink
+        self.tracker = ByteTracker(tracker_config)
+        self.min_interval = 1.0 / detect_fps if detect_fps else 0.0
+        self.names: Mapping[int, str] = batcher.detector.info.names
+        self.model_name = batcher.detector.info.path.rsplit("/", 1)[-1]
+        self.stats = FrameLoopStats()
+        self._last_processed_at: float | None = None
+        self._last_frame: VideoFrame | None = None
+
+    async def run(self) -> None:
+        """Process frames until the mailbox is closed and empty, then end open tracks."""
+        try:
+            while True:
+                try:
+                    frame = await self.mailbox.get()
+                except MailboxClosed:
+                    break
+                if self._skip_for_cap(frame):
+                    continue
+                await self._process(frame)
+        finally:
+            await self._finish_tracks()
+
+    def _skip_for_cap(self, frame: VideoFrame) -> bool:
+        if not self.min_interval or self._last_processed_at is None:
+            return False
+        if frame.captured_at - self._last_processed_at < self.min_interval:
+            self.stats.frames_skipped += 1
+            return True
+        return False
+
+    async def _process(self, frame: VideoFrame) -> None:
+        try:
+            outcome = await self.batcher.detect(frame.image)
+        except Exception as exc:
+            self.stats.frames_failed += 1
+            log.warning("detection failed", extra={"stream_id": self.stream_id, "error": repr(exc)})
+            return
+        self._last_processed_at = frame.captured_at
+        self._last_frame = frame
+        result = FrameResult(
+            frame_seq=frame.seq,
+            stream_id=self.stream_id,
+            pts=frame.pts,
+            captured_at=frame.captured_at,
+            width=frame.width,
+            height=frame.height,
+            detections=outcome.detections,
+            inference_ms=outcome.inference_ms,
+        )
+        tracked = self.tracker.update(outcome.detections, frame.pts)
+        events = [
+            detections_event(
+                result,
+                tracked.track_ids,
+                self.names,
+                model=self.model_name,
+                backend=self.batcher.detector.backend,
+                batch_size=outcome.batch_size,
+            )
+        ]
+        events += [
+            track_event(self.stream_id, change, self.names, pts=frame.pts, captured_at=frame.captured_at)
+            for change in tracked.events
+        ]
+        stats = self.stats
+        stats.frames_processed += 1
+        stats.detections += len(outcome.detections)
+        stats.track_events += len(tracked.events)
+        stats.tracks_started += sum(1 for e in tracked.events if e.kind == "new")
+        stats.latency_ms.append((time.time() - frame.captured_at) * 1000)
+        stats.inference_ms.append(outcome.inference_ms)
+        for event in events:
+            await self.sink.publish(event)
+
+    async def _finish_tracks(self) -> None:
+        frame = self._last_frame
+        pts = frame.pts if frame else 0.0
+        captured_at = frame.captured_at if frame else time.time()
+        for change in self.tracker.finish():
+            self.stats.track_events += 1
+            await self.sink.publish(
+                track_event(self.stream_id, change, self.names, pts=pts, captured_at=captured_at)
+            )
+
+
+@dataclass(slots=True)
+class AudioMeterStats:
+    chunks: int = 0
+    seconds: float = 0.0
+    last_pts: float | None = None
+
+
+class AudioMeter:
+    """Consumes a stream's audio so its buffer never fills; counts what arrived.
+
+    The caption loop takes this place when captions are enabled.
+    """
+
+    def __init__(self, audio: AudioBuffer) -> None:
+        self.audio = audio
+        self.stats = AudioMeterStats()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                chunks = await self.audio.get_many()
+            except MailboxClosed:
+                return
+            for chunk in chunks:
+                self.stats.chunks += 1
+                self.stats.seconds += chunk.duration
+                self.stats.last_pts = chunk.pts
