@@ -37,8 +37,9 @@ class BatchDetector(Protocol):
 @dataclass(frozen=True, slots=True)
 class DetectionOutcome:
     detections: Detections
-    inference_ms: float  # wall time of the model call this frame rode in
+    inference_ms: float  # wall time of the model call this frame rode in (pre/post-processing included)
     batch_size: int
+    started_at: float  # wall clock when that model call began
 
 
 @dataclass(slots=True)
@@ -87,6 +88,7 @@ class DetectionBatcher:
             if not live:
                 continue
             images = [img for img, _ in live]
+            started_wall = time.time()
             started = time.perf_counter()
             try:
                 results = await loop.run_in_executor(self._executor, self.detector.detect, images)
@@ -107,7 +109,7 @@ class DetectionBatcher:
             self.stats.busy_s += elapsed_ms / 1000
             for (_, fut), dets in zip(live, results, strict=True):
                 if not fut.done():
-                    fut.set_result(DetectionOutcome(dets, elapsed_ms, len(images)))
+                    fut.set_result(DetectionOutcome(dets, elapsed_ms, len(images), started_wall))
 
     async def aclose(self) -> None:
         if self._runner is not None:

@@ -1,0 +1,206 @@
+"""`vidsentry run SOURCE`: process one source in the foreground and print a summary."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from engines.registry import create_detector
+
+from engines.errors import EngineUnavailable, ModelLoadError
+from engines.models import ModelNotFound, default_detector_model
+from pipelines.detect import DetectionBatcher
+from pipelines.frames import StatusChange, StreamState
+from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.bus.publisher import BusUnavailable, NatsEventPublisher
+from realtime.progress import report_progress
+from realtime.sources.supervisor import SupervisorPolicy
+from realtime.stream_runner import StreamRunner, StreamSpec, StreamSummary
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
+
+
+class CommandError(Exception):
+    """A failure to report as one line on stderr, with an exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="file path, rtsp://… or http(s)://… URL")
+    parser.add_argument("--id", dest="stream_id", default="cam", help="stream id (A-Z a-z 0-9 _ -, ≤ 64)")
+    parser.add_argument("--model", help="Ultralytics YOLO detect export (.onnx); default: bundled people model")
+    parser.add_argument("--engine", default="auto", choices=["auto", "tensorrt", "onnx-cuda", "onnx-cpu"])
+    parser.add_argument("--ingest", default="pyav", choices=["pyav", "gstreamer"], help="decoder backend")
+    parser.add_argument("--nats-url", help="NATS server; default: start an embedded one on loopback")
+    parser.add_argument("--duration", type=float, help="stop after this many seconds")
+    parser.add_argument("--realtime", action="store_true", help="pace a file like a live camera")
+    parser.add_argument("--no-audio", action="store_true", help="do not decode audio")
+    parser.add_argument("--detect-fps", type=float, help="cap detection rate (default: every frame possible)")
+    parser.add_argument("--conf", type=float, default=0.25, help="detection score threshold")
+    parser.add_argument("--vlm-url", help="OpenAI-compatible VLM endpoint for scene descriptions")
+    parser.add_argument("--connect-attempts", type=int, default=3,
+                        help="give up when a network source cannot be reached this many times in a row "
+                        "before it was ever live (0: retry forever)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON on the last stdout line")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if args.duration is not None and args.duration <= 0:
+        raise CommandError("--duration must be a positive number of seconds")
+    if args.detect_fps is not None and args.detect_fps <= 0:
+        raise CommandError("--detect-fps must be positive")
+    if not 0.0 < args.conf < 1.0:
+        raise CommandError("--conf must be between 0 and 1")
+    if args.connect_attempts < 0:
+        raise CommandError("--connect-attempts must be 0 or more")
+
+
+def build_spec(args: argparse.Namespace) -> StreamSpec:
+    spec = StreamSpec(
+        stream_id=args.stream_id,
+        url=args.source,
+        ingest=args.ingest,
+        realtime=args.realtime,
+        audio=not args.no_audio,
+        detect_fps=args.detect_fps,
+        policy=SupervisorPolicy(max_failed_connects=args.connect_attempts or None),
+    )
+    try:
+        spec.validated()
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
+    return spec
+
+
+async def load_detector(args: argparse.Namespace) -> Any:
+    try:
+        model = Path(args.model) if args.model else default_detector_model()
+        return await asyncio.to_thread(create_detector, model, args.engine, conf=args.conf)
+    except (ModelLoadError, ModelNotFound, EngineUnavailable) as exc:
+        raise CommandError(str(exc)) from exc
+
+
+@contextlib.asynccontextmanager
+async def open_bus(nats_url: str | None) -> AsyncIterator[NatsEventPublisher]:
+    """Connect to the given NATS, or start an embedded server for the duration."""
+    embedded: EmbeddedNatsServer | None = None
+    store: tempfile.TemporaryDirectory[str] | None = None
+    if nats_url is None:
+        store = tempfile.TemporaryDirectory(prefix="vidsentry-nats-")
+        embedded = EmbeddedNatsServer(store_dir=Path(store.name))
+        await asyncio.to_thread(embedded.start)
+        nats_url = embedded.url
+        print(f"vidsentry: embedded NATS at {nats_url} (vidsentry subscribe --nats-url {nats_url})",
+              file=sys.stderr)
+    publisher = NatsEventPublisher(nats_url)
+    try:
+        try:
+            await publisher.connect()
+        except BusUnavailable as exc:
+            raise CommandError(str(exc), EXIT_RUNTIME) from exc
+        yield publisher
+    finally:
+        with contextlib.suppress(Exception):
+            await publisher.close()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+        if store is not None:
+            store.cleanup()
+
+
+def print_status(change: StatusChange) -> None:
+    reason = f" ({change.reason})" if change.reason else ""
+    retry = f", retry in {change.retry_in:.1f}s" if change.retry_in else ""
+    print(f"[{change.stream_id}] {change.state.value}{reason}{retry}", file=sys.stderr)
+
+
+def summary_text(s: StreamSummary, extra: dict[str, Any]) -> str:
+    def ms(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.0f} ms"
+
+    lines = [
+        f"vidsentry run: stream {s.stream_id} {s.state}" + (f" ({s.reason})" if s.reason else ""),
+        f"  frames      in {s.frames_in}, processed {s.frames_processed}, dropped {s.frames_dropped}, "
+        f"skipped {s.frames_skipped}, failed {s.frames_failed}",
+        f"  speed       {s.fps_processed:.2f} fps processed over {s.elapsed_s:.1f} s",
+        f"  detections  {s.detections} in {s.tracks} tracks ({s.track_events} track events)",
+        f"  audio       {s.audio_seconds:.1f} s decoded, captions {extra['captions']}",
+        f"  alerts      {extra['alerts']}",
+        f"  source      reconnects {s.reconnects}, stalls {s.stalls}, corrupt packets {s.corrupt_packets}",
+        f"  latency     capture→publish p50 {ms(s.latency_p50_ms)}, p99 {ms(s.latency_p99_ms)}; "
+        f"model p50 {ms(s.inference_p50_ms)}",
+        f"  events      published {extra['events_published']}, failed {extra['events_failed']}",
+    ]
+    return "\n".join(lines)
+
+
+async def run_command(args: argparse.Namespace) -> int:
+    _check_args(args)
+    spec = build_spec(args)
+    if args.vlm_url:
+        print("vidsentry: --vlm-url noted, but scene descriptions are not part of this build yet",
+              file=sys.stderr)
+    detector = await load_detector(args)
+    was_live = False
+
+    def on_status(change: StatusChange) -> None:
+        nonlocal was_live
+        was_live = was_live or change.state is StreamState.LIVE
+        print_status(change)
+
+    try:
+        async with open_bus(args.nats_url) as publisher, DetectionBatcher(detector) as batcher:
+            runner = StreamRunner(spec, batcher, publisher, on_status=on_status)
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, runner.stop)
+            progress = asyncio.create_task(report_progress(runner), name="progress")
+            timer = loop.call_later(args.duration, runner.stop) if args.duration else None
+            try:
+                state = await runner.run()
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                progress.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await progress
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+            await publisher.flush(timeout=5.0)
+            summary = runner.summary()
+            stats = publisher.stats
+    finally:
+        detector.close()
+
+    extra = {
+        "captions": 0,
+        "alerts": 0,
+        "events_published": stats.published_total,
+        "events_failed": stats.failed_total,
+    }
+    text = summary_text(summary, extra)
+    if args.json:
+        print(text, file=sys.stderr)
+        print(json.dumps({**dataclasses.asdict(summary), **extra}))
+    else:
+        print(text)
+    if state is StreamState.FAILED:
+        reason = summary.reason or "source failed"
+        # Never reaching the source is bad input (wrong URL, corrupt file); losing it later is a runtime failure.
+        raise CommandError(f"{runner.source.display}: {reason}", EXIT_RUNTIME if was_live else EXIT_USAGE)
+    return EXIT_OK

@@ -1,0 +1,82 @@
+"""The real people model on real surveillance footage, through the real tracker."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+from engines.registry import create_detector
+from pipelines.tracker import ByteTracker, LifecycleKind
+
+FRAMES = 40
+START = 100  # people are spread over the plaza from here on
+
+
+@pytest.fixture(scope="module")
+def vtest_run(vtest_avi: Path, fall_model: Path) -> dict[str, object]:
+    detector = create_detector(fall_model, "onnx-cpu")
+    tracker = ByteTracker()
+    per_frame = []
+    events = []
+    with av.open(str(vtest_avi)) as container:
+        for index, frame in enumerate(container.decode(video=0)):
+            if index < START:
+                continue
+            if index >= START + FRAMES:
+                break
+            image = frame.to_ndarray(format="rgb24")
+            dets = detector.detect([image])[0]
+            out = tracker.update(dets, pts=index / 10)
+            per_frame.append((image.shape, dets, out.track_ids))
+            events += out.events
+    detector.close()
+    return {"frames": per_frame, "events": events, "names": detector.info.names}
+
+
+def test_several_standing_people_on_most_frames(vtest_run: dict) -> None:
+    names = vtest_run["names"]
+    normal = next(k for k, v in names.items() if v == "Normal")
+    counts = [int((dets.class_ids == normal).sum()) for _, dets, _ in vtest_run["frames"]]
+    assert sum(c >= 3 for c in counts) >= 0.8 * FRAMES, counts
+
+
+def test_boxes_inside_the_image_and_scores_valid(vtest_run: dict) -> None:
+    for shape, dets, _ in vtest_run["frames"]:
+        h, w = shape[:2]
+        assert np.all(dets.boxes[:, 0] >= 0) and np.all(dets.boxes[:, 2] <= w)
+        assert np.all(dets.boxes[:, 1] >= 0) and np.all(dets.boxes[:, 3] <= h)
+        assert np.all(dets.boxes[:, 2] > dets.boxes[:, 0]) and np.all(dets.boxes[:, 3] > dets.boxes[:, 1])
+        assert np.all((dets.scores >= 0.25) & (dets.scores <= 1.0))
+
+
+def test_walking_people_keep_their_track_ids(vtest_run: dict) -> None:
+    frames = vtest_run["frames"]
+    presence = Counter(t for _, _, ids in frames for t in ids if t is not None)
+    # Several people are followed with one id over most of the 4 s clip.
+    long_lived = [t for t, n in presence.items() if n >= 0.75 * FRAMES]
+    assert len(long_lived) >= 3, presence
+    # And ids do not churn: far fewer ids than detections.
+    total_tracked = sum(presence.values())
+    assert len(presence) <= max(8, total_tracked // 10), presence
+    for track_id in long_lived:
+        centres = []
+        for _, dets, ids in frames:
+            if track_id in ids:
+                box = dets.boxes[ids.index(track_id)]
+                centres.append(((box[0] + box[2]) / 2, (box[1] + box[3]) / 2))
+        steps = np.hypot(*np.diff(np.array(centres), axis=0).T)
+        # Consecutive positions of one id are one person moving, not jumps between people.
+        assert steps.max() < 60, (track_id, steps.max())
+
+
+def test_lifecycle_events_are_few(vtest_run: dict) -> None:
+    events = vtest_run["events"]
+    new = sum(e.kind == LifecycleKind.NEW for e in events)
+    updates = sum(e.kind == LifecycleKind.UPDATE for e in events)
+    detections = sum(len(d) for _, d, _ in vtest_run["frames"])
+    assert new >= 3
+    assert updates < detections / 4  # updates on change, not per frame
