@@ -22,8 +22,8 @@ from pipelines.detect import DetectionBatcher
 from pipelines.frames import StatusChange, StreamState
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import BusUnavailable, NatsEventPublisher
+from realtime.config import Config, ConfigError, DetectorSettings, NatsSettings, load_config
 from realtime.progress import report_progress
-from realtime.sources.supervisor import SupervisorPolicy
 from realtime.stream_runner import StreamRunner, StreamSpec, StreamSummary
 
 log = logging.getLogger(__name__)
@@ -43,14 +43,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="file path, rtsp://… or http(s)://… URL")
     parser.add_argument("--id", dest="stream_id", default="cam", help="stream id (A-Z a-z 0-9 _ -, ≤ 64)")
     parser.add_argument("--model", help="Ultralytics YOLO detect export (.onnx); default: bundled people model")
-    parser.add_argument("--engine", default="auto", choices=["auto", "tensorrt", "onnx-cuda", "onnx-cpu"])
+    parser.add_argument("--config", help="YAML config: detector, tracker, supervisor and NATS settings (flags win)")
+    parser.add_argument("--engine", choices=["auto", "tensorrt", "onnx-cuda", "onnx-cpu"], help="default: auto")
     parser.add_argument("--ingest", default="pyav", choices=["pyav", "gstreamer"], help="decoder backend")
     parser.add_argument("--nats-url", help="NATS server; default: start an embedded one on loopback")
     parser.add_argument("--duration", type=float, help="stop after this many seconds")
     parser.add_argument("--realtime", action="store_true", help="pace a file like a live camera")
     parser.add_argument("--no-audio", action="store_true", help="do not decode audio")
     parser.add_argument("--detect-fps", type=float, help="cap detection rate (default: every frame possible)")
-    parser.add_argument("--conf", type=float, default=0.25, help="detection score threshold")
+    parser.add_argument("--conf", type=float, help="detection score threshold (default 0.25)")
     parser.add_argument("--vlm-url", help="OpenAI-compatible VLM endpoint for scene descriptions")
     parser.add_argument("--connect-attempts", type=int, default=3,
                         help="give up when a network source cannot be reached this many times in a row "
@@ -63,13 +64,13 @@ def _check_args(args: argparse.Namespace) -> None:
         raise CommandError("--duration must be a positive number of seconds")
     if args.detect_fps is not None and args.detect_fps <= 0:
         raise CommandError("--detect-fps must be positive")
-    if not 0.0 < args.conf < 1.0:
+    if args.conf is not None and not 0.0 < args.conf < 1.0:
         raise CommandError("--conf must be between 0 and 1")
     if args.connect_attempts < 0:
         raise CommandError("--connect-attempts must be 0 or more")
 
 
-def build_spec(args: argparse.Namespace) -> StreamSpec:
+def build_spec(args: argparse.Namespace, config: Config) -> StreamSpec:
     spec = StreamSpec(
         stream_id=args.stream_id,
         url=args.source,
@@ -77,7 +78,8 @@ def build_spec(args: argparse.Namespace) -> StreamSpec:
         realtime=args.realtime,
         audio=not args.no_audio,
         detect_fps=args.detect_fps,
-        policy=SupervisorPolicy(max_failed_connects=args.connect_attempts or None),
+        policy=config.supervisor.to_policy(max_failed_connects=args.connect_attempts or None),
+        tracker=config.tracker.to_config(),
     )
     try:
         spec.validated()
@@ -86,16 +88,23 @@ def build_spec(args: argparse.Namespace) -> StreamSpec:
     return spec
 
 
-async def load_detector(args: argparse.Namespace) -> Any:
+async def load_detector(args: argparse.Namespace, settings: DetectorSettings) -> Any:
     try:
-        model = Path(args.model) if args.model else default_detector_model()
-        return await asyncio.to_thread(create_detector, model, args.engine, conf=args.conf)
+        model = Path(args.model) if args.model else settings.model or default_detector_model()
+        return await asyncio.to_thread(
+            create_detector,
+            model,
+            args.engine or settings.engine,
+            conf=args.conf or settings.conf,
+            iou=settings.iou,
+            threads=settings.threads,
+        )
     except (ValueError, ModelNotFound, EngineUnavailable) as exc:  # ModelLoadError is a ValueError
         raise CommandError(str(exc)) from exc
 
 
 @contextlib.asynccontextmanager
-async def open_bus(nats_url: str | None) -> AsyncIterator[NatsEventPublisher]:
+async def open_bus(nats_url: str | None, settings: NatsSettings, node: str) -> AsyncIterator[NatsEventPublisher]:
     """Connect to the given NATS, or start an embedded server for the duration."""
     embedded: EmbeddedNatsServer | None = None
     store: tempfile.TemporaryDirectory[str] | None = None
@@ -106,7 +115,9 @@ async def open_bus(nats_url: str | None) -> AsyncIterator[NatsEventPublisher]:
         nats_url = embedded.url
         print(f"vidsentry: embedded NATS at {nats_url} (vidsentry subscribe --nats-url {nats_url})",
               file=sys.stderr)
-    publisher = NatsEventPublisher(nats_url)
+    publisher = NatsEventPublisher(
+        nats_url, node=node, connect_timeout=settings.connect_timeout_s, stream_max_age_s=settings.stream_max_age_s
+    )
     try:
         try:
             await publisher.connect()
@@ -150,11 +161,15 @@ def summary_text(s: StreamSummary, extra: dict[str, Any]) -> str:
 
 async def run_command(args: argparse.Namespace) -> int:
     _check_args(args)
-    spec = build_spec(args)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from exc
+    spec = build_spec(args, config)
     if args.vlm_url:
         print("vidsentry: --vlm-url noted, but scene descriptions are not part of this build yet",
               file=sys.stderr)
-    detector = await load_detector(args)
+    detector = await load_detector(args, config.detector)
     was_live = False
 
     def on_status(change: StatusChange) -> None:
@@ -163,7 +178,8 @@ async def run_command(args: argparse.Namespace) -> int:
         print_status(change)
 
     try:
-        async with open_bus(args.nats_url) as publisher, DetectionBatcher(detector) as batcher:
+        nats_url = args.nats_url or config.nats.url
+        async with open_bus(nats_url, config.nats, config.node) as publisher, DetectionBatcher(detector) as batcher:
             runner = StreamRunner(spec, batcher, publisher, on_status=on_status)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,0 +1,184 @@
+"""The YAML configuration, validated by pydantic.
+
+Unknown keys and bad values are errors that name the key (`streams.0.url: ...`).
+Environment variables with the `VIDSENTRY_` prefix override the file, nested keys joined by
+`__` (for example `VIDSENTRY_NATS__URL=nats://bus:4222`, `VIDSENTRY_DETECTOR__CONF=0.4`).
+A config with no streams is valid.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipelines.frames import STREAM_ID_PATTERN
+from pipelines.tracker import TrackerConfig
+from realtime.sources.spec import parse_source
+from realtime.sources.supervisor import SupervisorPolicy
+
+ENV_PREFIX = "VIDSENTRY_"
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the file and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NatsSettings(_Strict):
+    url: str | None = None  # None: start an embedded nats-server
+    connect_timeout_s: float = Field(5.0, gt=0)
+    stream_max_age_s: float = Field(7 * 24 * 3600, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("nats://", "tls://", "ws://", "wss://")):
+            raise ValueError("must start with nats://, tls://, ws:// or wss://")
+        return value
+
+
+class DetectorSettings(_Strict):
+    model: Path | None = None  # None: the bundled people model
+    engine: Literal["auto", "tensorrt", "onnx-cuda", "onnx-cpu"] = "auto"
+    conf: float = Field(0.25, gt=0, lt=1)
+    iou: float = Field(0.45, gt=0, le=1)
+    threads: int | None = Field(None, ge=1)
+
+
+class TrackerSettings(_Strict):
+    high_score: float = Field(0.4, gt=0, lt=1)
+    low_score: float = Field(0.1, ge=0, lt=1)
+    new_track_score: float = Field(0.45, gt=0, lt=1)
+    lost_timeout_s: float = Field(1.5, gt=0)
+    update_move_fraction: float = Field(0.5, gt=0)
+    max_tracks: int = Field(1000, ge=1)
+
+    def to_config(self) -> TrackerConfig:
+        return TrackerConfig(**self.model_dump())
+
+
+class SupervisorSettings(_Strict):
+    backoff_initial_s: float = Field(0.5, gt=0)
+    backoff_max_s: float = Field(10.0, gt=0)
+    watchdog_s: float = Field(5.0, gt=0)
+    stall_restart_s: float = Field(10.0, gt=0)
+    open_timeout_s: float = Field(10.0, gt=0)
+    read_timeout_s: float = Field(5.0, gt=0)
+
+    def to_policy(self, max_failed_connects: int | None = None) -> SupervisorPolicy:
+        return SupervisorPolicy(
+            backoff_initial=self.backoff_initial_s,
+            backoff_max=self.backoff_max_s,
+            watchdog_s=self.watchdog_s,
+            stall_restart_s=self.stall_restart_s,
+            open_timeout_s=self.open_timeout_s,
+            read_timeout_s=self.read_timeout_s,
+            max_failed_connects=max_failed_connects,
+        )
+
+
+class StreamSettings(_Strict):
+    id: str
+    url: str
+    ingest: Literal["pyav", "gstreamer"] = "pyav"
+    audio: bool = True
+    realtime: bool = True  # files in a long-running service behave like cameras
+    detect_fps: float | None = Field(None, gt=0)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str) -> str:
+        if not STREAM_ID_PATTERN.fullmatch(value):
+            raise ValueError("use 1-64 characters from A-Z a-z 0-9 _ -")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parse_source(value)  # InvalidSource is a ValueError: pydantic reports it under this key
+        return value
+
+
+class Config(_Strict):
+    node: str = Field(default_factory=socket.gethostname)
+    nats: NatsSettings = NatsSettings()
+    detector: DetectorSettings = DetectorSettings()
+    tracker: TrackerSettings = TrackerSettings()
+    supervisor: SupervisorSettings = SupervisorSettings()
+    streams: list[StreamSettings] = []
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Config:
+        seen: set[str] = set()
+        for stream in self.streams:
+            if stream.id in seen:
+                raise ValueError(f"duplicate stream id {stream.id!r}")
+            seen.add(stream.id)
+        return self
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name in {"VIDSENTRY_LOG_LEVEL", "VIDSENTRY_LOG_JSON",
+                                                        "VIDSENTRY_API_TOKEN"}:
+            continue
+        path = name[len(ENV_PREFIX):].lower().split("__")
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = yaml.safe_load(value) if value else value
+    return tree
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        parts.append(f"{key}: {message}")
+    return "; ".join(parts)
+
+
+def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Config:
+    raw: Any = {}
+    where = "environment"
+    if path is not None:
+        where = str(path)
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(f"{path}: not valid YAML{at}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of keys, not {type(raw).__name__}")
+    raw = _merge(raw, _env_overrides(dict(os.environ if environ is None else environ)))
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {_describe(exc)}") from None
