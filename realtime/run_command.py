@@ -134,7 +134,7 @@ async def open_bus(nats_url: str | None, settings: NatsSettings, node: str) -> A
 
 
 def print_status(change: StatusChange) -> None:
-    reason = f" ({change.reason})" if change.reason else ""
+    reason = f" ({change.reason})" if change.reason and change.reason != change.state.value else ""
     retry = f", retry in {change.retry_in:.1f}s" if change.retry_in else ""
     print(f"[{change.stream_id}] {change.state.value}{reason}{retry}", file=sys.stderr)
 
@@ -143,8 +143,9 @@ def summary_text(s: StreamSummary, extra: dict[str, Any]) -> str:
     def ms(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.0f} ms"
 
+    why = f" ({s.reason})" if s.reason not in (None, s.state) else ""
     lines = [
-        f"vidsentry run: stream {s.stream_id} {s.state}" + (f" ({s.reason})" if s.reason else ""),
+        f"vidsentry run: stream {s.stream_id} {s.state}{why}",
         f"  frames      in {s.frames_in}, processed {s.frames_processed}, dropped {s.frames_dropped}, "
         f"skipped {s.frames_skipped}, failed {s.frames_failed}",
         f"  speed       {s.fps_processed:.2f} fps processed over {s.elapsed_s:.1f} s",
@@ -154,7 +155,8 @@ def summary_text(s: StreamSummary, extra: dict[str, Any]) -> str:
         f"  source      reconnects {s.reconnects}, stalls {s.stalls}, corrupt packets {s.corrupt_packets}",
         f"  latency     capture→publish p50 {ms(s.latency_p50_ms)}, p99 {ms(s.latency_p99_ms)}; "
         f"model p50 {ms(s.inference_p50_ms)}",
-        f"  events      published {extra['events_published']}, failed {extra['events_failed']}",
+        f"  events      published {extra['events_published']}, failed {extra['events_failed']}, "
+        f"dropped while disconnected {extra['events_dropped']}",
     ]
     return "\n".join(lines)
 
@@ -198,15 +200,16 @@ async def run_command(args: argparse.Namespace) -> int:
                     loop.remove_signal_handler(sig)
             await publisher.flush(timeout=5.0)
             summary = runner.summary()
-            stats = publisher.stats
+            totals = publisher.stats.totals()
     finally:
         detector.close()
 
     extra = {
         "captions": 0,
         "alerts": 0,
-        "events_published": stats.published_total,
-        "events_failed": stats.failed_total,
+        "events_published": totals.published,
+        "events_failed": totals.failed,
+        "events_dropped": totals.dropped,
     }
     text = summary_text(summary, extra)
     if args.json:

@@ -1,0 +1,137 @@
+"""Bounded connection set-up shared by the publisher and the subscriber."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+from nats.aio.client import Client as NatsClient
+
+log = logging.getLogger(__name__)
+
+_DEFAULT_PORTS = {"nats": 4222, "tls": 4222, "ws": 80, "wss": 443}
+_POLL_INTERVAL_S = 0.05
+
+
+class BusUnavailable(ConnectionError):
+    """The NATS server could not be reached (or used) within the connect bound."""
+
+
+def split_servers(url: str) -> list[str]:
+    """nats-py accepts a comma-separated server list; so do we."""
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    if not servers:
+        raise ValueError("empty NATS url")
+    return [s if "://" in s else f"nats://{s}" for s in servers]
+
+
+def redact_url(url: str) -> str:
+    """The url with user, password or token replaced by `***`, safe for logs and errors."""
+    redacted = []
+    for server in url.split(","):
+        parts = urlsplit(server.strip() if "://" in server else f"nats://{server.strip()}")
+        if parts.username is not None or parts.password is not None:
+            host = parts.netloc.rsplit("@", 1)[1]
+            parts = parts._replace(netloc=f"***@{host}")
+        redacted.append(parts.geturl())
+    return ",".join(redacted)
+
+
+def _host_port(server: str) -> tuple[str, int]:
+    parts = urlsplit(server)
+    return parts.hostname or "127.0.0.1", parts.port or _DEFAULT_PORTS.get(parts.scheme, 4222)
+
+
+async def wait_for_port(servers: list[str], deadline: float) -> None:
+    """Poll until one server accepts TCP, so nats-py never enters its 2 s reconnect back-off
+    on the first connect. Raises OSError with the last failure at the deadline."""
+    last: BaseException | None = None
+    while True:
+        for server in servers:
+            host, port = _host_port(server)
+            remaining = deadline - time.monotonic()
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), max(remaining, 0.01))
+            except (OSError, TimeoutError) as exc:
+                last = exc
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return
+        if time.monotonic() + _POLL_INTERVAL_S >= deadline:
+            reason = (str(last) or type(last).__name__) if last is not None else "timed out"
+            raise OSError(reason)
+        await asyncio.sleep(_POLL_INTERVAL_S)
+
+
+async def connect_nats(
+    url: str,
+    *,
+    connect_timeout: float,
+    name: str,
+    reconnect_wait: float = 1.0,
+    disconnected_cb: Callable[[], Awaitable[None]] | None = None,
+    reconnected_cb: Callable[[], Awaitable[None]] | None = None,
+    error_cb: Callable[[Exception], Awaitable[None]] | None = None,
+    closed_cb: Callable[[], Awaitable[None]] | None = None,
+    drain_timeout: float = 5.0,
+) -> NatsClient:
+    """A connected client that reconnects forever, or BusUnavailable within `connect_timeout` s."""
+    servers = split_servers(url)
+    shown = redact_url(url)
+    deadline = time.monotonic() + connect_timeout
+    try:
+        await wait_for_port(servers, deadline)
+    except OSError as exc:
+        raise BusUnavailable(f"NATS server {shown} unreachable within {connect_timeout:g} s: {exc}") from None
+
+    last_error: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        last_error.append(exc)
+        if error_cb is not None:
+            await error_cb(exc)
+
+    nc = NatsClient()
+    options: dict[str, Any] = {
+        "servers": servers,
+        "name": name,
+        "allow_reconnect": True,
+        "max_reconnect_attempts": -1,  # an outage must never end publishing for good
+        # nats-py annotates these as int but uses them as float seconds.
+        "reconnect_time_wait": cast(int, reconnect_wait),
+        "connect_timeout": cast(int, max(deadline - time.monotonic(), 0.1)),
+        # Detect a half-open connection in about a minute instead of the default four.
+        "ping_interval": 20,
+        "max_outstanding_pings": 3,
+        "drain_timeout": cast(int, drain_timeout),
+        "error_cb": on_error,
+        "disconnected_cb": disconnected_cb,
+        "reconnected_cb": reconnected_cb,
+        "closed_cb": closed_cb,
+    }
+    try:
+        await asyncio.wait_for(nc.connect(**options), max(deadline - time.monotonic(), 0.1))
+    except asyncio.CancelledError:
+        await _close_quietly(nc)
+        raise
+    except Exception as exc:
+        # With max_reconnect_attempts=-1 the first connect retries forever: stop it.
+        await _close_quietly(nc)
+        reason = last_error[-1] if last_error else exc
+        detail = str(reason) or type(reason).__name__
+        raise BusUnavailable(f"NATS server {shown} unusable within {connect_timeout:g} s: {detail}") from None
+    return nc
+
+
+async def _close_quietly(nc: NatsClient) -> None:
+    try:
+        await nc.close()
+    except Exception as exc:  # closing a half-built client: nothing more to do
+        log.debug("closing NATS client after failed connect: %r", exc)

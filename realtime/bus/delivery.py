@@ -1,0 +1,123 @@
+"""What the publisher tracks per message, what it counts, and where failed messages go.
+
+`DeliveryHooks.on_undeliverable` is the seam for the disk outbox: it receives every durable
+message the publisher gave up on, already encoded, and can hand it back via
+`NatsEventPublisher.resend` once the broker is back (JetStream dedups on the same id).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import nats.errors
+import nats.js.errors
+
+from pipelines.events import DURABLE_KINDS, EventKind
+
+
+@dataclass(frozen=True, slots=True)
+class WireMessage:
+    """One encoded event, exactly as it goes on the wire."""
+
+    event_id: str
+    kind: EventKind
+    subject: str
+    payload: bytes
+    headers: dict[str, str]
+    created_at: float  # time.monotonic() when publish() accepted it; for creation->ack delay
+
+    @property
+    def durable(self) -> bool:
+        return self.kind in DURABLE_KINDS
+
+
+class DeliveryHooks(Protocol):
+    """Called from the event loop; implementations must return quickly and never raise."""
+
+    def on_acked(self, msg: WireMessage, delay_s: float, duplicate: bool) -> None: ...
+
+    def on_undeliverable(self, msg: WireMessage, error: BaseException) -> None: ...
+
+
+class NoHooks:
+    def on_acked(self, msg: WireMessage, delay_s: float, duplicate: bool) -> None:
+        return None
+
+    def on_undeliverable(self, msg: WireMessage, error: BaseException) -> None:
+        return None
+
+
+class AckTimeoutError(nats.errors.TimeoutError):
+    """JetStream did not acknowledge a durable publish in time (lost with a dying server?)."""
+
+    def __str__(self) -> str:  # nats-py's errors print a fixed text; keep ours
+        return str(self.args[0]) if self.args else super().__str__()
+
+
+class PublisherClosedError(nats.errors.ConnectionClosedError):
+    """A publish arrived before connect() or after close()."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else super().__str__()
+
+
+# Worth another try with the same Nats-Msg-Id (dedup makes the retry idempotent).
+RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (
+    nats.errors.TimeoutError,  # includes AckTimeoutError
+    nats.errors.OutboundBufferLimitError,  # reconnect buffer full; may drain after reconnect
+    nats.errors.ConnectionReconnectingError,
+    nats.js.errors.NoStreamResponseError,  # JetStream not (yet) answering: restart, leader change
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.TooManyStalledMsgsError,
+)
+
+
+def is_retryable(error: BaseException) -> bool:
+    return isinstance(error, RETRYABLE_ERRORS)
+
+
+@dataclass(slots=True)
+class KindStats:
+    """Counts per event kind.
+
+    Durable kinds: published == acked + failed + still in flight.
+    Core kinds: published == sent + failed + dropped (sent is not counted separately).
+    """
+
+    published: int = 0  # accepted by publish() (encoded fine)
+    acked: int = 0  # durable: stored by JetStream (duplicates included)
+    duplicates: int = 0  # durable: acks that said "already stored"
+    retries: int = 0  # durable: re-sends after a retryable failure
+    failed: int = 0  # given up on (durable: after retries; core: the client raised)
+    dropped: int = 0  # core: skipped while disconnected, on purpose (live-only data)
+
+
+@dataclass(slots=True)
+class PublisherStats:
+    kinds: dict[str, KindStats] = field(default_factory=dict)
+    pending_acks: int = 0  # durable messages sent and not yet acked
+    retry_backlog: int = 0  # durable messages waiting for their next attempt
+    connected: bool = False
+    disconnects: int = 0
+    reconnects: int = 0
+    last_error: str | None = None
+
+    def kind(self, kind: EventKind | str) -> KindStats:
+        key = EventKind(kind).value
+        if key not in self.kinds:
+            self.kinds[key] = KindStats()
+        return self.kinds[key]
+
+    def snapshot(self) -> PublisherStats:
+        copy = dataclasses.replace(self)
+        copy.kinds = {k: dataclasses.replace(v) for k, v in self.kinds.items()}
+        return copy
+
+    def totals(self) -> KindStats:
+        total = KindStats()
+        for stats in self.kinds.values():
+            for f in dataclasses.fields(KindStats):
+                setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
+        return total

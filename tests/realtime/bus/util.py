@@ -1,0 +1,77 @@
+"""Small helpers for bus tests: events, an inspecting client, bounded waits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js.api import RawStreamMsg
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from pipelines.events import Event, EventKind
+from realtime.bus.stream import STREAM_NAME
+
+
+def event(kind: EventKind, stream_id: str = "cam1", **data: object) -> Event:
+    pts = None if kind is EventKind.STATUS else 1.25
+    return Event(kind=kind, stream_id=stream_id, pts=pts, captured_at=time.time(), data=data or {"n": 1})
+
+
+@dataclass
+class Inspector:
+    """A plain client that sees what went over the wire and what JetStream stored."""
+
+    nc: NatsClient
+    js: JetStreamContext
+    live: list[Msg] = field(default_factory=list)
+
+    async def stored_count(self) -> int:
+        try:
+            info = await self.js.stream_info(STREAM_NAME)
+        except NotFoundError:
+            return 0
+        return int(info.state.messages)
+
+    async def stored(self) -> list[RawStreamMsg]:
+        info = await self.js.stream_info(STREAM_NAME)
+        first, last = info.state.first_seq, info.state.last_seq
+        if not info.state.messages:
+            return []
+        return [await self.js.get_msg(STREAM_NAME, seq) for seq in range(first, last + 1)]
+
+
+@asynccontextmanager
+async def inspector(url: str, subject: str = "vidsentry.>") -> AsyncIterator[Inspector]:
+    nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    insp = Inspector(nc, nc.jetstream())
+
+    async def collect(msg: Msg) -> None:
+        insp.live.append(msg)
+
+    await nc.subscribe(subject, cb=collect)
+    await nc.flush()
+    try:
+        yield insp
+    finally:
+        await nc.close()
+
+
+async def wait_until(
+    predicate: Callable[[], bool], limit_s: float = 10.0, what: str | Callable[[], str] = "condition"
+) -> None:
+    """Poll a condition; a bound against hangs, not a timing assertion."""
+    try:
+        async with asyncio.timeout(limit_s):
+            while True:
+                if predicate():
+                    return
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"gave up waiting for: {what() if callable(what) else what}") from None
