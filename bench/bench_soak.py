@@ -1,5 +1,5 @@
-"""Memory soak: N live RTSP cameras (real GStreamer RTSP server, looping the sample clip)
-through the whole pipeline for a while; peak RSS and RSS growth.
+"""Memory soak: N live RTSP cameras (a real GStreamer RTSP server's endless live mount:
+x264 video + Opus audio) through the whole pipeline for a while; peak RSS and RSS growth.
 
 Growth is measured from the end of the warm-up (first minute: models, codecs and buffers
 settle) to the end of the run. Target: growth ≤ 5 % over 10 minutes with 4 streams.
@@ -35,8 +35,7 @@ MODELS = {"fall": fall_model_path, "nudenet": nudenet_model_path}
 
 def start_rtsp_server(clip: Path) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "support" / "rtsp_server.py"), "--port", "0", "--clip", str(clip),
-         "--loop"],
+        [sys.executable, str(ROOT / "tests" / "support" / "rtsp_server.py"), "--port", "0", "--clip", str(clip)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -59,7 +58,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             detector = create_detector(MODELS[args.model](), "onnx-cpu")
             async with DetectionBatcher(detector) as batcher:
                 runners = [
-                    StreamRunner(StreamSpec(f"soak{i}", f"rtsp://127.0.0.1:{port}/vtest"), batcher, publisher)
+                    StreamRunner(StreamSpec(f"soak{i}", f"rtsp://127.0.0.1:{port}/test"), batcher, publisher)
                     for i in range(args.streams)
                 ]
                 tasks = [asyncio.create_task(r.run()) for r in runners]

@@ -219,6 +219,8 @@ async def run_command(args: argparse.Namespace) -> int:
         print(text)
     if state is StreamState.FAILED:
         reason = summary.reason or "source failed"
-        # Never reaching the source is bad input (wrong URL, corrupt file); losing it later is a runtime failure.
-        raise CommandError(f"{runner.source.display}: {reason}", EXIT_RUNTIME if was_live else EXIT_USAGE)
+        # A file that fails is a bad file, and a camera never reached is a wrong URL: bad input. A camera
+        # lost after it was live is a runtime failure.
+        bad_input = runner.source.is_file or not was_live
+        raise CommandError(f"{runner.source.display}: {reason}", EXIT_USAGE if bad_input else EXIT_RUNTIME)
     return EXIT_OK

@@ -1,0 +1,212 @@
+"""PyAV (FFmpeg) reader: the default backend for files, RTSP and HTTP sources.
+
+Network sources are opened over TCP with two independent time limits, because FFmpeg
+never gives up on a silent peer by itself: the socket option `timeout` (µs) and PyAV's
+interrupt callback `timeout=(open_s, read_s)`. In practice the error arrives within
+about twice the read limit after the peer goes quiet. Neither can be cut short from
+another thread, so `interrupt()` takes effect at the next packet; the supervisor does
+not wait for a hung read (it abandons the session, which ends at its timeout).
+
+Packets that fail to decode are skipped and counted (`corrupt_packets`) rather than
+ending the session; a long run of nothing but failures does end it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import av
+import av.error
+
+from realtime.sources.session import (
+    AudioSink,
+    PtsOrigin,
+    SessionOptions,
+    SourceError,
+    VideoSink,
+    check_complete,
+)
+from realtime.sources.spec import SourceSpec
+
+log = logging.getLogger(__name__)
+
+AUDIO_RATE = 16_000
+# This many undecodable packets in a row, with no good frame between, ends the session.
+MAX_CONSECUTIVE_CORRUPT = 300
+RTSP_ANALYZE_US = 500_000  # probe half a second of stream: first frame in well under 1 s
+
+
+class PyAVSession:
+    def __init__(self, spec: SourceSpec, options: SessionOptions) -> None:
+        self._spec = spec
+        self._options = options
+        self._container: Any = None
+        self._video: Any = None
+        self._audio: Any = None
+        self._resampler: av.AudioResampler | None = None
+        self._interrupted = threading.Event()
+        self._pts = PtsOrigin(rebase=spec.is_network)
+        self._last_video_pts: float | None = None
+        self._consecutive_corrupt = 0
+        self._frames = 0
+        self.corrupt_packets = 0
+
+    # -- open ---------------------------------------------------------------------------
+
+    def open(self) -> None:
+        options: dict[str, str] = {}
+        timeout: tuple[float, float] | None = None
+        if self._spec.is_network:
+            options["timeout"] = str(int(self._options.read_timeout_s * 1_000_000))
+            timeout = (self._options.open_timeout_s, self._options.read_timeout_s)
+        if self._spec.kind == "rtsp":
+            options["rtsp_transport"] = "tcp"
+            options["analyzeduration"] = str(RTSP_ANALYZE_US)
+        try:
+            container = av.open(self._spec.url, mode="r", options=options, timeout=timeout)
+        except av.error.FFmpegError as exc:
+            raise SourceError(self._spec.redact(self._describe_open_error(exc))) from None
+        self._container = container
+        if not container.streams.video:
+            raise SourceError(f"no video stream in {self._spec.display}")
+        video = container.streams.video[0]
+        if video.codec_context is None:
+            raise SourceError(f"unsupported video codec in {self._spec.display}")
+        if self._spec.is_file:
+            video.thread_type = "AUTO"  # throughput over latency for files
+        self._video = video
+        if self._options.want_audio and container.streams.audio:
+            audio = container.streams.audio[0]
+            if audio.codec_context is not None:
+                self._audio = audio
+                self._resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_RATE)
+        log.debug(
+            "pyav source opened",
+            extra={
+                "source": self._spec.display,
+                "video_codec": video.codec_context.name,
+                "audio_codec": self._audio.codec_context.name if self._audio is not None else None,
+            },
+        )
+
+    def _describe_open_error(self, exc: av.error.FFmpegError) -> str:
+        what = exc.strerror or type(exc).__name__
+        where = self._spec.host_port or self._spec.display
+        if isinstance(exc, av.error.ConnectionRefusedError):
+            return f"connection refused by {where}"
+        if isinstance(exc, av.error.ExitError | av.error.TimeoutError):
+            return f"no answer from {where} within {self._options.open_timeout_s:g} s"
+        if isinstance(exc, av.error.HTTPUnauthorizedError | av.error.HTTPForbiddenError):
+            return f"access denied by {where} (check the user name and password): {what}"
+        if isinstance(exc, av.error.HTTPNotFoundError):
+            return f"stream not found: {self._spec.display}"
+        if isinstance(exc, av.error.InvalidDataError) and self._spec.is_file:
+            return f"not a media file or corrupt: {self._spec.display} ({what})"
+        if isinstance(exc, av.error.PermissionError):
+            return f"permission denied: {self._spec.display}"
+        return f"cannot open {self._spec.display}: {what}"
+
+    # -- run ----------------------------------------------------------------------------
+
+    def run(self, video_out: VideoSink, audio_out: AudioSink | None, stop: threading.Event) -> None:
+        if self._container is None:
+            raise SourceError("internal error: run() before open()")
+        streams = [self._video] if self._audio is None or audio_out is None else [self._video, self._audio]
+        try:
+            for packet in self._container.demux(streams):
+                if stop.is_set() or self._interrupted.is_set():
+                    return
+                if packet.stream is self._video:
+                    if not self._decode_video(packet, video_out):
+                        return
+                elif audio_out is not None and not self._decode_audio(packet, audio_out):
+                    return
+        except av.error.FFmpegError as exc:
+            if stop.is_set() or self._interrupted.is_set():
+                return
+            raise SourceError(self._spec.redact(self._describe_read_error(exc))) from None
+        if self._frames == 0 and self._spec.is_file:
+            raise SourceError(f"no decodable video in {self._spec.display}")
+        if self._spec.is_file:
+            duration = self._container.duration
+            check_complete(self._last_video_pts, duration / 1_000_000 if duration is not None else None)
+
+    def _describe_read_error(self, exc: av.error.FFmpegError) -> str:
+        what = exc.strerror or type(exc).__name__
+        if isinstance(exc, av.error.ExitError | av.error.TimeoutError):
+            return f"no data from {self._spec.host_port or self._spec.display} for {self._options.read_timeout_s:g} s"
+        return f"read error: {what}"
+
+    def _decode_video(self, packet: Any, video_out: VideoSink) -> bool:
+        frames = self._decode(packet)
+        for frame in frames:
+            image = frame.to_ndarray(format="rgb24")
+            captured_at = time.time()
+            pts = self._frame_time(frame)
+            self._frames += 1
+            if not video_out(image, pts, captured_at):
+                return False
+        return True
+
+    def _frame_time(self, frame: Any) -> float:
+        t = frame.time
+        if t is None:  # no timestamp: continue from the last one at the nominal rate
+            rate = self._video.average_rate or 25
+            previous = self._last_video_pts
+            pts = 0.0 if previous is None else previous + 1.0 / float(rate)
+        else:
+            pts = self._pts(float(t))
+        self._last_video_pts = pts
+        return pts
+
+    def _decode_audio(self, packet: Any, audio_out: AudioSink) -> bool:
+        assert self._resampler is not None
+        for frame in self._decode(packet):
+            t = frame.time
+            try:
+                chunks = self._resampler.resample(frame)
+            except (av.error.FFmpegError, ValueError):
+                self.corrupt_packets += 1
+                continue
+            for chunk in chunks:
+                samples = chunk.to_ndarray().reshape(-1)
+                pts = self._pts(float(chunk.time if chunk.time is not None else t or 0.0))
+                if not audio_out(samples, pts, time.time()):
+                    return False
+        return True
+
+    def _decode(self, packet: Any) -> list[Any]:
+        corrupt = bool(packet.is_corrupt)
+        try:
+            frames: list[Any] = packet.decode()
+        except av.error.InvalidDataError:
+            frames, corrupt = [], True
+        if frames:
+            self._consecutive_corrupt = 0
+        if corrupt:
+            self.corrupt_packets += 1
+            self._consecutive_corrupt += 1
+            if self._consecutive_corrupt == 1 or self._consecutive_corrupt % 100 == 0:
+                log.info(
+                    "skipping undecodable packet",
+                    extra={"source": self._spec.display, "corrupt_packets": self.corrupt_packets},
+                )
+            if self._consecutive_corrupt >= MAX_CONSECUTIVE_CORRUPT:
+                raise SourceError(f"stream is corrupt: {self._consecutive_corrupt} packets in a row did not decode")
+        return frames
+
+    # -- interrupt / close ----------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        self._interrupted.set()
+
+    def close(self) -> None:
+        container, self._container = self._container, None
+        if container is not None:
+            try:
+                container.close()
+            except av.error.FFmpegError as exc:  # closing a broken connection can complain
+                log.debug("error closing pyav source", extra={"source": self._spec.display, "error": str(exc)})

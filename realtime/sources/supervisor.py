@@ -1,0 +1,559 @@
+"""One stream's ingest supervisor: connect, watch, reconnect, report.
+
+    CONNECTING --first frame--> LIVE --no frame for watchdog_s--> STALLED
+    STALLED --frames resume--> LIVE
+    STALLED --stall_restart_s more--> RECONNECTING (the session is interrupted)
+    LIVE / CONNECTING --EOF or error--> RECONNECTING --backoff--> CONNECTING ...
+    any --stop()--> STOPPED;  a file's end --> STOPPED;  a file that cannot be read --> FAILED
+    max_failed_connects consecutive failed connects (no frame in between) --> FAILED
+
+Each connect attempt is a backend session (see session.py) driven by a dedicated daemon
+thread. Frames go through the caller's `FrameMailbox` / `AudioBuffer`; the supervisor owns
+the per-stream frame sequence number, so it never resets across reconnects. A session that
+is replaced or stopped is signalled (stop event + `interrupt()`) and waited for a bounded
+time; if it is stuck in a blocking read it is abandoned: it can no longer deliver frames
+and ends at its own read timeout.
+
+Every state change is reported once, in order, through `on_status` on the event loop
+thread. When `run()` returns, the mailbox and the audio buffer are closed, so consumers
+awaiting them see `MailboxClosed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from pipelines.frames import AudioChunk, StatusChange, StreamState, VideoFrame, validate_stream_id
+from pipelines.mailbox import AudioBuffer, FrameMailbox
+from realtime.sources.backends import create_session, normalize_backend
+from realtime.sources.pacing import NoPacing, RealtimePacer
+from realtime.sources.session import BackendUnavailable, SessionOptions, SourceError, SourceSession
+from realtime.sources.spec import SourceSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorPolicy:
+    backoff_initial: float = 0.5  # first wait before reconnecting, seconds
+    backoff_max: float = 10.0
+    backoff_factor: float = 2.0  # each consecutive failed connect multiplies the wait
+    backoff_jitter: float = 0.0  # up to this fraction is taken off each wait (spreads herds)
+    watchdog_s: float = 5.0  # no frame this long -> STALLED
+    stall_restart_s: float = 10.0  # stalled this long -> interrupt the session and reconnect
+    open_timeout_s: float = 10.0  # connect + probe of a network source
+    read_timeout_s: float = 5.0  # no data this long on an open connection -> the reader errors
+    max_failed_connects: int | None = None  # None: retry forever
+    reader_join_s: float = 0.5  # wait this long for a signalled reader thread, then abandon it
+
+    def __post_init__(self) -> None:
+        for name in (
+            "backoff_initial",
+            "backoff_max",
+            "watchdog_s",
+            "stall_restart_s",
+            "open_timeout_s",
+            "read_timeout_s",
+            "reader_join_s",
+        ):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.backoff_factor < 1:
+            raise ValueError("backoff_factor must be >= 1")
+        if not 0 <= self.backoff_jitter < 1:
+            raise ValueError("backoff_jitter must be in [0, 1)")
+        if self.max_failed_connects is not None and self.max_failed_connects < 1:
+            raise ValueError("max_failed_connects must be >= 1 or None")
+
+    def retry_delay(self, failures: int) -> float:
+        """Wait before the next connect, after `failures` consecutive failed connects
+        (0: the stream was live until now). The first retry waits `backoff_initial`."""
+        delay = min(self.backoff_max, self.backoff_initial * self.backoff_factor ** max(0, failures - 1))
+        if self.backoff_jitter:
+            delay *= 1.0 - random.uniform(0.0, self.backoff_jitter)
+        return delay
+
+    @property
+    def connect_deadline_s(self) -> float:
+        """A connect attempt that has produced no frame after this long is given up."""
+        return self.open_timeout_s + self.read_timeout_s
+
+
+@dataclass(slots=True)
+class SourceStats:
+    frames: int = 0  # video frames handed to the mailbox
+    audio_seconds: float = 0.0  # audio handed to the audio buffer
+    connect_attempts: int = 0
+    connects: int = 0  # sessions that opened
+    reconnects: int = 0  # times the stream went RECONNECTING
+    stalls: int = 0  # times the watchdog declared the stream STALLED
+    corrupt_packets: int = 0  # undecodable packets skipped
+    abandoned_readers: int = 0  # reader threads left to finish at their own timeout
+    last_error: str | None = None
+
+
+@dataclass(eq=False)
+class _Attempt:
+    """One connect attempt: a session, its thread and what the thread reports."""
+
+    number: int
+    session: SourceSession
+    stop: threading.Event = field(default_factory=threading.Event)
+    frames: int = 0
+    last_frame_at: float = field(default_factory=time.monotonic)
+    first_frame_at: float | None = None
+    delivering: bool = False  # inside pacing / a blocking put: the source is not stalled
+    opened: bool = False
+    done: asyncio.Future[str | None] | None = None  # result: error text, or None at a clean end
+    permanent: bool = False  # the error cannot go away by retrying (backend missing)
+
+
+@dataclass(slots=True)
+class _StallWatch:
+    """The frame watchdog of one session.
+
+    STALLED when no frame came for `watchdog_s` (time spent in pacing or in a blocking put
+    does not count: then the consumer, not the source, is slow). Back to LIVE only after
+    RESUME_FRAMES new frames, so that one frame flushed out of a decoder as a connection
+    dies does not restart the stall clock.
+    """
+
+    watchdog_s: float
+    since: float | None = None  # when the stall was declared
+    frames_at_stall: int = 0
+    quiet_for: float = 0.0
+
+    RESUME_FRAMES = 2
+
+    def update(self, attempt: _Attempt, now: float) -> str | None:
+        """ "stalled", "resumed" or None (no change)."""
+        self.quiet_for = 0.0 if attempt.delivering else now - attempt.last_frame_at
+        if self.since is None:
+            if self.quiet_for > self.watchdog_s:
+                self.since, self.frames_at_stall = now, attempt.frames
+                return "stalled"
+            return None
+        if self.quiet_for <= self.watchdog_s and attempt.frames - self.frames_at_stall >= self.RESUME_FRAMES:
+            self.since = None
+            return "resumed"
+        return None
+
+    def stalled_for(self, now: float) -> float:
+        return 0.0 if self.since is None else now - self.since
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    kind: str  # "ended" | "error" | "stalled" | "stopped" | "closed" | "limit"
+    went_live: bool
+    reason: str | None = None
+    permanent: bool = False
+    live_for: float = 0.0  # seconds between the session's first and last frame
+
+
+class CameraSupervisor:
+    def __init__(
+        self,
+        stream_id: str,
+        spec: SourceSpec,
+        *,
+        video: FrameMailbox,
+        audio: AudioBuffer | None,
+        on_status: Callable[[StatusChange], None],
+        backend: str = "pyav",
+        policy: SupervisorPolicy | None = None,
+        realtime: bool = False,
+        max_frames: int | None = None,
+    ) -> None:
+        self.stream_id = validate_stream_id(stream_id)
+        self.spec = spec
+        self.backend = normalize_backend(backend)
+        self.policy = policy or SupervisorPolicy()
+        self.realtime = realtime and spec.is_file
+        self.max_frames = max_frames
+        self._video = video
+        self._audio = audio
+        self._on_status = on_status
+        self._state = StreamState.CONNECTING
+        self._reported = False  # no status emitted yet: the first one has previous=None
+        self._stats = SourceStats()
+        self._corrupt_done = 0  # corrupt packets of finished attempts
+        self._seq = 0
+        self._seq_lock = threading.Lock()
+        self._current: _Attempt | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._stop_requested = threading.Event()
+        self._end_reason: str | None = None  # why the reader stopped by itself (limit, closed)
+        self._running = False
+
+    # -- public -------------------------------------------------------------------------
+
+    @property
+    def state(self) -> StreamState:
+        return self._state
+
+    @property
+    def stats(self) -> SourceStats:
+        """A snapshot of the counters."""
+        current = self._current
+        live_corrupt = current.session.corrupt_packets if current is not None else 0
+        return replace(self._stats, corrupt_packets=self._corrupt_done + live_corrupt)
+
+    def stop(self) -> None:
+        """Ask run() to end (STOPPED). Safe from any thread; returns at once."""
+        self._stop_requested.set()
+        attempt = self._current
+        if attempt is not None:
+            attempt.stop.set()
+            attempt.session.interrupt()
+        self._close_outputs()  # unblocks a reader waiting in a blocking put
+        loop = self._loop
+        if loop is None:
+            return
+        if _running_loop() is loop:
+            self._set_stopping()
+        else:
+            with contextlib.suppress(RuntimeError):  # loop already closed: nothing to wake
+                loop.call_soon_threadsafe(self._set_stopping)
+
+    async def run(self) -> StreamState:
+        """Supervise until stopped (STOPPED), the file ends (STOPPED) or it gives up (FAILED)."""
+        if self._running:
+            raise RuntimeError(f"supervisor for {self.stream_id} is already running")
+        self._running = True
+        self._loop = asyncio.get_running_loop()
+        if self._stop_requested.is_set():
+            self._set_stopping()
+        try:
+            return await self._supervise()
+        except asyncio.CancelledError:
+            self._stop_requested.set()
+            self._transition(StreamState.STOPPED, reason="cancelled")
+            raise
+        finally:
+            self._close_outputs()
+            self._running = False
+
+    # -- the state machine --------------------------------------------------------------
+
+    async def _supervise(self) -> StreamState:
+        failures = 0  # consecutive connect attempts that produced no frame
+        backoff_step = 0  # consecutive attempts that did not stay live for watchdog_s
+        while True:
+            if self._stop_requested.is_set():
+                return self._finish(StreamState.STOPPED, "stopped")
+            self._transition(StreamState.CONNECTING, attempt=failures + 1)
+            outcome = await self._attempt(failures + 1)
+            if outcome.kind == "stopped":
+                return self._finish(StreamState.STOPPED, "stopped")
+            if outcome.kind in ("closed", "limit"):
+                return self._finish(StreamState.STOPPED, outcome.reason)
+            if outcome.kind != "ended" or self.spec.is_network:
+                self._stats.last_error = outcome.reason
+            if self.spec.is_file or outcome.permanent:
+                if outcome.kind == "ended" and outcome.went_live:
+                    return self._finish(StreamState.STOPPED, outcome.reason or "end of file")
+                return self._finish(StreamState.FAILED, outcome.reason, attempt=failures + 1)
+            failures = 0 if outcome.went_live else failures + 1
+            # The backoff only starts over after a session that stayed up: a camera that
+            # drops every connection after one frame must not be hammered twice a second.
+            backoff_step = 0 if outcome.live_for >= self.policy.watchdog_s else backoff_step + 1
+            limit = self.policy.max_failed_connects
+            if limit is not None and failures >= limit:
+                reason = f"{outcome.reason} (gave up after {failures} failed connect{'s' * (failures > 1)})"
+                return self._finish(StreamState.FAILED, reason, attempt=failures)
+            delay = self.policy.retry_delay(backoff_step)
+            self._stats.reconnects += 1
+            self._transition(StreamState.RECONNECTING, reason=outcome.reason, attempt=failures, retry_in=delay)
+            if await self._sleep_unless_stopped(delay):
+                return self._finish(StreamState.STOPPED, "stopped")
+
+    async def _attempt(self, number: int) -> _Outcome:
+        """Run one session until it ends, stalls for good, or the supervisor stops."""
+        attempt = self._start_attempt(number)
+        outcome = await self._watch(attempt)
+        if attempt.first_frame_at is None:
+            return outcome
+        return replace(outcome, live_for=attempt.last_frame_at - attempt.first_frame_at)
+
+    def _start_attempt(self, number: int) -> _Attempt:
+        loop = asyncio.get_running_loop()
+        options = SessionOptions(
+            open_timeout_s=self.policy.open_timeout_s,
+            read_timeout_s=self.policy.read_timeout_s,
+            want_audio=self._audio is not None,
+        )
+        attempt = _Attempt(number=number, session=create_session(self.backend, self.spec, options))
+        attempt.done = loop.create_future()
+        self._current = attempt
+        self._stats.connect_attempts += 1
+        thread = threading.Thread(
+            target=self._reader_main, args=(attempt, loop), name=f"source-{self.stream_id}-{number}", daemon=True
+        )
+        thread.start()
+        return attempt
+
+    async def _watch(self, attempt: _Attempt) -> _Outcome:
+        """Follow a running attempt: LIVE / STALLED transitions, stall restart, connect deadline."""
+        assert attempt.done is not None
+        number = attempt.number
+        started = time.monotonic()
+        live = False
+        watch = _StallWatch(self.policy.watchdog_s)
+        tick = max(0.05, min(1.0, self.policy.watchdog_s / 5))
+        try:
+            while not attempt.done.done():
+                self._wake.clear()
+                if self._stop_requested.is_set():
+                    await self._retire(attempt, "stopped")
+                    return _Outcome("stopped", live)
+                now = time.monotonic()
+                if not live and attempt.frames > 0:
+                    live = True
+                    self._transition(StreamState.LIVE, attempt=number)
+                elif live:
+                    change = watch.update(attempt, now)
+                    if change == "stalled":
+                        self._stats.stalls += 1
+                        self._transition(StreamState.STALLED, reason=f"no frame for {watch.quiet_for:.1f} s")
+                    elif change == "resumed":
+                        self._transition(StreamState.LIVE, reason="frames resumed")
+                    elif self.spec.is_network and watch.stalled_for(now) >= self.policy.stall_restart_s:
+                        await self._retire(attempt, "stalled")
+                        reason = f"stalled for {watch.stalled_for(now):.1f} s: reconnecting"
+                        return _Outcome("stalled", True, reason)
+                elif now - started > self.policy.connect_deadline_s:
+                    await self._retire(attempt, "connect deadline")
+                    where = self.spec.host_port or self.spec.display
+                    return _Outcome("error", False, f"no video from {where} within {now - started:.0f} s")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), tick)
+        except asyncio.CancelledError:
+            self._stop_requested.set()
+            await self._retire(attempt, "cancelled")
+            raise
+        finally:
+            self._corrupt_done += attempt.session.corrupt_packets
+            self._current = None if self._current is attempt else self._current
+        if not live and attempt.frames > 0 and not self._stop_requested.is_set():
+            live = True  # a short file can end before the loop saw its first frame
+            self._transition(StreamState.LIVE, attempt=number)
+        return self._attempt_outcome(attempt, live)
+
+    def _attempt_outcome(self, attempt: _Attempt, went_live: bool) -> _Outcome:
+        assert attempt.done is not None
+        error = attempt.done.result()
+        if self._stop_requested.is_set():
+            return _Outcome("stopped", went_live)
+        if self._end_reason is not None:
+            kind = "limit" if self._end_reason.startswith("frame limit") else "closed"
+            return _Outcome(kind, went_live, self._end_reason)
+        if error is not None:
+            return _Outcome("error", went_live, error, permanent=attempt.permanent)
+        if self.spec.is_file:
+            return _Outcome("ended", went_live, "end of file" if went_live else None)
+        return _Outcome("ended", went_live, "stream ended (the server closed the connection)")
+
+    async def _retire(self, attempt: _Attempt | None, why: str) -> None:
+        """Signal a session to end and wait a bounded time for its thread."""
+        if attempt is None:
+            return
+        attempt.stop.set()
+        attempt.session.interrupt()
+        if attempt.done is None or attempt.done.done():
+            return
+        await asyncio.wait({attempt.done}, timeout=self.policy.reader_join_s)
+        if not attempt.done.done():
+            self._stats.abandoned_readers += 1
+            log.warning(
+                "reader thread did not stop in time; abandoning it (it ends at its read timeout)",
+                extra={
+                    "stream_id": self.stream_id,
+                    "source": self.spec.display,
+                    "why": why,
+                    "backend": self.backend,
+                    "attempt": attempt.number,
+                },
+            )
+
+    async def _sleep_unless_stopped(self, delay: float) -> bool:
+        """Wait `delay` seconds; True if stop() came first."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), delay)
+        return self._stop_requested.is_set()
+
+    # -- the reader thread --------------------------------------------------------------
+
+    def _reader_main(self, attempt: _Attempt, loop: asyncio.AbstractEventLoop) -> None:
+        session = attempt.session
+        error: str | None = None
+        try:
+            session.open()
+            attempt.opened = True
+            _call_soon(loop, self._on_opened, attempt)
+            session.run(self._video_sink(attempt), self._audio_sink(attempt), attempt.stop)
+        except SourceError as exc:
+            error = self.spec.redact(str(exc))
+            attempt.permanent = isinstance(exc, BackendUnavailable)
+        except Exception as exc:  # a bug in a backend must not take the supervisor down
+            error = f"internal error in the {self.backend} reader: {self.spec.redact(str(exc)) or type(exc).__name__}"
+            log.error(
+                "reader crashed",
+                extra={
+                    "stream_id": self.stream_id,
+                    "source": self.spec.display,
+                    "traceback": self.spec.redact("".join(traceback.format_exception(exc))),
+                },
+            )
+        finally:
+            try:
+                session.close()
+            except Exception as exc:
+                log.warning(
+                    "closing the reader failed",
+                    extra={"stream_id": self.stream_id, "error": self.spec.redact(repr(exc))},
+                )
+            assert attempt.done is not None
+            _call_soon(loop, _resolve, attempt.done, error)
+            _call_soon(loop, self._wake.set)
+
+    def _on_opened(self, attempt: _Attempt) -> None:
+        self._stats.connects += 1
+        log.debug(
+            "source opened",
+            extra={
+                "stream_id": self.stream_id,
+                "source": self.spec.display,
+                "backend": self.backend,
+                "attempt": attempt.number,
+            },
+        )
+
+    def _video_sink(self, attempt: _Attempt) -> Callable[[np.ndarray, float, float], bool]:
+        pacer = RealtimePacer() if self.realtime else NoPacing()
+        assert self._loop is not None
+        loop = self._loop
+
+        def deliver(image: np.ndarray, pts: float, captured_at: float) -> bool:
+            if attempt is not self._current or attempt.stop.is_set():
+                return False
+            attempt.delivering = True
+            try:
+                if not pacer.wait(pts, attempt.stop):
+                    return False
+                if self.realtime:
+                    captured_at = time.time()  # a paced file "arrives" when its frame is due
+                with self._seq_lock:
+                    if attempt is not self._current:
+                        return False
+                    seq = self._seq
+                    self._seq += 1
+                frame = VideoFrame(self.stream_id, seq, pts, captured_at, image)
+                if not self._video.put(frame):
+                    if not self._stop_requested.is_set():
+                        self._end_reason = "the frame consumer closed its mailbox"
+                    return False
+            finally:
+                attempt.delivering = False
+                attempt.last_frame_at = time.monotonic()
+            self._stats.frames += 1
+            attempt.frames += 1
+            if attempt.frames == 1:
+                attempt.first_frame_at = attempt.last_frame_at
+                _call_soon(loop, self._wake.set)
+            if self.max_frames is not None and self._stats.frames >= self.max_frames:
+                self._end_reason = f"frame limit reached ({self.max_frames} frames)"
+                return False
+            return True
+
+        return deliver
+
+    def _audio_sink(self, attempt: _Attempt) -> Callable[[np.ndarray, float, float], bool] | None:
+        audio = self._audio
+        if audio is None:
+            return None
+
+        def deliver(samples: np.ndarray, pts: float, captured_at: float) -> bool:
+            if attempt is not self._current or attempt.stop.is_set():
+                return False
+            chunk = AudioChunk(self.stream_id, pts, captured_at, samples)
+            if audio.put(chunk):  # a closed audio buffer only ends audio, video goes on
+                self._stats.audio_seconds += chunk.duration
+            return True
+
+        return deliver
+
+    # -- status -------------------------------------------------------------------------
+
+    def _transition(
+        self, state: StreamState, *, reason: str | None = None, attempt: int = 0, retry_in: float | None = None
+    ) -> None:
+        previous = self._state if self._reported else None
+        self._state = state
+        self._reported = True
+        reason = self.spec.redact(reason) if reason is not None else None
+        change = StatusChange(self.stream_id, state, previous, time.time(), reason, attempt, retry_in)
+        level = logging.WARNING if state in (StreamState.STALLED, StreamState.FAILED) else logging.INFO
+        log.log(
+            level,
+            "stream %s: %s",
+            self.stream_id,
+            state.value,
+            extra={
+                "stream_id": self.stream_id,
+                "state": state.value,
+                "previous": previous.value if previous is not None else None,
+                "reason": reason,
+                "attempt": attempt,
+                "retry_in": retry_in,
+                "source": self.spec.display,
+                "backend": self.backend,
+            },
+        )
+        try:
+            self._on_status(change)
+        except Exception:
+            log.exception("on_status callback failed", extra={"stream_id": self.stream_id})
+
+    def _finish(self, state: StreamState, reason: str | None, attempt: int = 0) -> StreamState:
+        self._transition(state, reason=reason, attempt=attempt)
+        return state
+
+    def _set_stopping(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def _close_outputs(self) -> None:
+        self._video.close()
+        if self._audio is not None:
+            self._audio.close()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., Any], *args: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening any more
+        loop.call_soon_threadsafe(callback, *args)
+
+
+def _resolve(future: asyncio.Future[str | None], error: str | None) -> None:
+    if not future.done():
+        future.set_result(error)

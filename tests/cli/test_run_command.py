@@ -1,0 +1,164 @@
+"""`vidsentry run` end to end as a user meets it: real models, real NATS, real decoding."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import pytest
+
+from realtime.bus.embedded import EmbeddedNatsServer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def vidsentry(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "realtime.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("vidsentry: error:")]
+    assert len(errors) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle.lower() in errors[0].lower(), errors[0]
+
+
+@pytest.fixture(scope="module")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
+    with EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("nats")) as server:
+        yield server
+
+
+def test_bad_scheme(nats_server: EmbeddedNatsServer) -> None:
+    assert_usage_error(vidsentry("run", "ftp://example.com/cam", "--nats-url", nats_server.url), "scheme")
+
+
+def test_missing_file(nats_server: EmbeddedNatsServer, tmp_path: Path) -> None:
+    assert_usage_error(vidsentry("run", str(tmp_path / "nope.mp4"), "--nats-url", nats_server.url), "nope.mp4")
+
+
+def test_bad_stream_id(sample_clip: Path, nats_server: EmbeddedNatsServer) -> None:
+    proc = vidsentry("run", str(sample_clip), "--id", "front door!", "--nats-url", nats_server.url)
+    assert_usage_error(proc, "stream id")
+
+
+def test_unknown_model_file(sample_clip: Path, nats_server: EmbeddedNatsServer, tmp_path: Path) -> None:
+    assert_usage_error(
+        vidsentry("run", str(sample_clip), "--model", str(tmp_path / "yolo.onnx"), "--nats-url", nats_server.url),
+        "yolo.onnx",
+    )
+    not_a_model = tmp_path / "notes.onnx"
+    not_a_model.write_text("this is not a model")
+    assert_usage_error(
+        vidsentry("run", str(sample_clip), "--model", str(not_a_model), "--nats-url", nats_server.url), "notes.onnx"
+    )
+
+
+def test_engine_that_is_missing_here(sample_clip: Path, nats_server: EmbeddedNatsServer) -> None:
+    proc = vidsentry("run", str(sample_clip), "--engine", "tensorrt", "--nats-url", nats_server.url)
+    assert_usage_error(proc, "tensorrt")
+
+
+def test_unreachable_camera(nats_server: EmbeddedNatsServer) -> None:
+    proc = vidsentry(
+        "run", "rtsp://127.0.0.1:1/cam", "--connect-attempts", "2", "--nats-url", nats_server.url, "--json"
+    )
+    assert_usage_error(proc, "127.0.0.1:1")
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["state"] == "failed" and summary["frames_in"] == 0
+
+
+def test_garbage_file(nats_server: EmbeddedNatsServer, tmp_path: Path) -> None:
+    garbage = tmp_path / "camera.mp4"
+    garbage.write_bytes(os.urandom(300_000))
+    assert_usage_error(vidsentry("run", str(garbage), "--nats-url", nats_server.url), "camera.mp4")
+
+
+def test_truncated_file(sample_clip: Path, nats_server: EmbeddedNatsServer, tmp_path: Path) -> None:
+    truncated = tmp_path / "cut.mp4"
+    truncated.write_bytes(sample_clip.read_bytes()[:150_000])
+    proc = vidsentry("run", str(truncated), "--nats-url", nats_server.url, "--json")
+    assert_usage_error(proc, "cut.mp4")
+
+
+def test_unreachable_nats_is_a_runtime_error(sample_clip: Path) -> None:
+    proc = vidsentry("run", str(sample_clip), "--nats-url", "nats://127.0.0.1:1", "--duration", "2")
+    assert proc.returncode == 1, proc.stderr
+    assert "127.0.0.1:1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+async def collect(url: str, subject: str, into: list[nats.aio.msg.Msg], ready: asyncio.Event) -> None:
+    nc = await nats.connect(url)
+    try:
+
+        async def append(msg: nats.aio.msg.Msg) -> None:
+            into.append(msg)
+
+        await nc.subscribe(subject, cb=append)
+        await nc.flush()
+        ready.set()
+        await asyncio.Event().wait()
+    finally:
+        await nc.close()
+
+
+async def test_run_publishes_detections_tracks_and_status(sample_clip: Path, nats_server: EmbeddedNatsServer) -> None:
+    received: list[nats.aio.msg.Msg] = []
+    ready = asyncio.Event()
+    listener = asyncio.create_task(collect(nats_server.url, "vidsentry.lobby.>", received, ready))
+    await asyncio.wait_for(ready.wait(), 10)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "realtime.cli", "run", str(sample_clip), "--id", "lobby", "--realtime",
+        "--duration", "6", "--nats-url", nats_server.url, "--json",
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), 120)
+    await asyncio.sleep(0.5)
+    listener.cancel()
+    assert proc.returncode == 0, stderr.decode()
+    summary = json.loads(stdout.decode().strip().splitlines()[-1])
+    assert summary["state"] == "stopped"
+    assert summary["frames_processed"] > 5 and summary["detections"] > 10
+    assert summary["audio_seconds"] > 3  # the narration is decoded alongside
+    accounted = sum(summary[k] for k in ("frames_processed", "frames_dropped", "frames_skipped", "frames_failed"))
+    assert summary["frames_in"] - accounted in (0, 1)  # at most one frame was still in the mailbox at stop
+
+    by_kind: dict[str, list[nats.aio.msg.Msg]] = {}
+    for msg in received:
+        by_kind.setdefault(msg.subject.rsplit(".", 1)[-1], []).append(msg)
+    assert set(by_kind) >= {"detections", "tracks", "status"}
+    assert len(by_kind["detections"]) == summary["frames_processed"]
+    states = [json.loads(m.data)["state"] for m in by_kind["status"]]
+    assert states[0] == "connecting" and "live" in states and states[-1] == "stopped"
+    for msg in received:
+        headers = msg.headers or {}
+        kind = msg.subject.rsplit(".", 1)[-1]
+        assert headers["ce-specversion"] == "1.0"
+        assert headers["ce-type"] == f"io.vidsentry.{kind}.v1"
+        assert headers["ce-source"].endswith("/lobby")
+        assert headers["Nats-Msg-Id"] == headers["ce-id"]
+        body = json.loads(msg.data)
+        assert body["stream_id"] == "lobby"
+        assert {"pts", "captured_at", "published_at"} <= set(body)
+    det = json.loads(by_kind["detections"][-1].data)
+    assert det["width"] == 768 and det["height"] == 576 and det["objects"]
+    assert {"class", "score", "box", "track_id"} <= set(det["objects"][0])
+    track_events = [json.loads(m.data)["event"] for m in by_kind["tracks"]]
+    assert "new" in track_events and track_events.count("end") >= 1  # open tracks end at stop

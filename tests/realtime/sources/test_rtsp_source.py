@@ -1,0 +1,128 @@
+"""RTSP through the supervisor against a real server that we kill, freeze and restart."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+
+import pytest
+
+from pipelines.frames import AudioChunk, StreamState
+from pipelines.mailbox import AudioBuffer, FrameMailbox
+from realtime.sources import CameraSupervisor, SupervisorPolicy, parse_source
+from tests.realtime.sources.util import (
+    FAST_POLICY,
+    FrameLog,
+    StatusLog,
+    drain_audio,
+    drain_frames,
+    eventually,
+    strictly_increasing,
+)
+from tests.support.rtsp import RtspServer
+
+S = StreamState
+
+
+class Running:
+    """A supervisor running in a task with consumers draining its outputs."""
+
+    def __init__(self, url: str, backend: str, stream_id: str = "cam", policy: SupervisorPolicy = FAST_POLICY) -> None:
+        self.mailbox = FrameMailbox()
+        self.audio = AudioBuffer(max_seconds=30.0)
+        self.status = StatusLog()
+        self.frames = FrameLog()
+        self.chunks: list[AudioChunk] = []
+        self.supervisor = CameraSupervisor(
+            stream_id,
+            parse_source(url),
+            video=self.mailbox,
+            audio=self.audio,
+            on_status=self.status,
+            backend=backend,
+            policy=policy,
+        )
+        self._tasks: list[asyncio.Task[object]] = []
+
+    async def __aenter__(self) -> Running:
+        self._tasks = [
+            asyncio.create_task(self.supervisor.run()),
+            asyncio.create_task(drain_frames(self.mailbox, self.frames)),
+            asyncio.create_task(drain_audio(self.audio, self.chunks)),
+        ]
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self.supervisor.stop()
+        state = await asyncio.wait_for(self._tasks[0], timeout=10)
+        await asyncio.wait_for(asyncio.gather(*self._tasks[1:]), timeout=5)
+        assert state is S.STOPPED
+
+
+def _pattern(states: list[StreamState]) -> str:
+    return " ".join(state.value for state in states)
+
+
+async def test_clip_over_rtsp_goes_live_with_audio(backend: str, rtsp_server: RtspServer) -> None:
+    async with Running(rtsp_server.url("/vtest"), backend) as run:
+        await run.status.wait_for(S.LIVE, within=20)
+        await eventually(lambda: len(run.frames.seqs) >= 20 and sum(c.duration for c in run.chunks) >= 1.0, within=20)
+    assert run.status.states[:2] == [S.CONNECTING, S.LIVE]
+    assert run.frames.shapes == {(576, 768, 3)}
+    assert strictly_increasing(run.frames.seqs) and strictly_increasing(run.frames.pts)
+    assert run.frames.pts[0] < 1.0  # network timestamps are rebased to the session start
+    assert {c.sample_rate for c in run.chunks} == {16_000}
+
+
+async def test_server_killed_and_restarted_comes_back_live(backend: str, rtsp_server: RtspServer) -> None:
+    async with Running(rtsp_server.url("/test"), backend) as run:
+        await run.status.wait_for(S.LIVE, within=20)
+        await asyncio.sleep(0.5)
+        seq_before = run.frames.seqs[-1]
+        rtsp_server.kill()
+        first_reconnect = await run.status.wait_for(S.RECONNECTING, within=20)
+        await run.status.wait_for(S.CONNECTING, after=first_reconnect, within=10)
+        rtsp_server.restart()
+        live_again = await run.status.wait_for(S.LIVE, after=first_reconnect, within=30)
+        await asyncio.sleep(0.5)
+
+    states = run.status.states
+    assert re.fullmatch(
+        r"connecting live reconnecting( connecting reconnecting)* connecting live stopped", _pattern(states)
+    ), states
+    assert all(event.previous is prev for event, prev in zip(run.status.events[1:], states, strict=False))
+    reconnects = [e for e in run.status.events if e.state is S.RECONNECTING]
+    assert reconnects[0].retry_in == pytest.approx(FAST_POLICY.backoff_initial)  # backoff reset after live
+    assert all(e.reason for e in reconnects)
+    assert run.status.events[live_again].attempt >= 1
+    # One sequence for the stream: frames after the reconnect continue the numbering.
+    assert strictly_increasing(run.frames.seqs) and run.frames.seqs[-1] > seq_before
+    assert run.supervisor.stats.reconnects == len(reconnects)
+    assert run.supervisor.stats.connects >= 2
+
+
+async def test_frozen_server_stalls_then_recovers(backend: str, rtsp_server: RtspServer) -> None:
+    """SIGSTOP: the connection stays open and nothing arrives. The watchdog reports STALLED;
+    SIGCONT brings frames (and LIVE) back on the same connection; a longer freeze makes the
+    supervisor give up on the session and reconnect (before the reader's own read timeout)."""
+    policy = dataclasses.replace(FAST_POLICY, read_timeout_s=10.0)
+    async with Running(rtsp_server.url("/test"), backend, policy=policy) as run:
+        await run.status.wait_for(S.LIVE, within=20)
+        rtsp_server.pause()
+        stalled = await run.status.wait_for(S.STALLED, within=15)
+        rtsp_server.resume()
+        resumed = await run.status.wait_for(S.LIVE, after=stalled, within=15)
+        assert run.status.since(stalled) == [S.STALLED, S.LIVE]
+        assert run.status.events[resumed].reason == "frames resumed"
+
+        rtsp_server.pause()
+        stalled_again = await run.status.wait_for(S.STALLED, after=resumed, within=15)
+        restarting = await run.status.wait_for(S.RECONNECTING, after=stalled_again, within=20)
+        assert run.status.since(stalled_again)[:2] == [S.STALLED, S.RECONNECTING]
+        assert "stalled for" in (run.status.events[restarting].reason or "")
+        rtsp_server.resume()
+        await run.status.wait_for(S.LIVE, after=restarting, within=30)
+
+    assert run.supervisor.stats.stalls == 2
+    assert strictly_increasing(run.frames.seqs)
