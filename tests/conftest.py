@@ -46,3 +46,11 @@ def nudenet_model() -> Path:
     from engines.models import nudenet_model_path
 
     return nudenet_model_path()
+
+
+# Real servers for any test: nats-server (fresh per test, or one per session) and the
+# GStreamer RTSP server (a subprocess tests may kill, freeze and restart).
+from tests.support.nats import nats_server, shared_nats_server  # noqa: E402
+from tests.support.rtsp import rtsp_server  # noqa: E402
+
+__all__ = ["nats_server", "rtsp_server", "shared_nats_server"]

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import nats
@@ -40,10 +39,9 @@ def assert_usage_error(proc: subprocess.CompletedProcess[str], *needles: str) ->
         assert needle.lower() in errors[0].lower(), errors[0]
 
 
-@pytest.fixture(scope="module")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
-    with EmbeddedNatsServer(store_dir=tmp_path_factory.mktemp("nats")) as server:
-        yield server
+@pytest.fixture
+def nats_server(shared_nats_server: EmbeddedNatsServer) -> EmbeddedNatsServer:
+    return shared_nats_server
 
 
 def test_bad_scheme(nats_server: EmbeddedNatsServer) -> None:
