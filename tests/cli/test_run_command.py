@@ -160,3 +160,37 @@ async def test_run_publishes_detections_tracks_and_status(sample_clip: Path, nat
     assert {"class", "score", "box", "track_id"} <= set(det["objects"][0])
     track_events = [json.loads(m.data)["event"] for m in by_kind["tracks"]]
     assert "new" in track_events and track_events.count("end") >= 1  # open tracks end at stop
+
+
+def test_doctor_lists_engines() -> None:
+    proc = vidsentry("doctor")
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.strip()}
+    assert " yes " in lines["onnxruntime-cpu"]
+    assert " no " in lines["tensorrt"] and "pip install" in lines["tensorrt"]
+
+
+async def test_subscribe_prints_json_lines(nats_server: EmbeddedNatsServer) -> None:
+    from pipelines.events import Event, EventKind
+    from realtime.bus.publisher import NatsEventPublisher
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "realtime.cli", "subscribe", "vidsentry.door.>", "--nats-url", nats_server.url,
+        "--count", "2", "--duration", "30",
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    async with NatsEventPublisher(nats_server.url, node="t") as publisher:
+        # Keep publishing until the subscriber (a separate process) has seen two events.
+        for i in range(200):
+            await publisher.publish(Event(EventKind.DETECTIONS, "door", float(i), 1.7e9, {"objects": []}))
+            await publisher.flush(timeout=2)
+            if proc.returncode is not None:
+                break
+            await asyncio.sleep(0.1)
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 0, stderr.decode()
+    lines = [json.loads(line) for line in stdout.decode().splitlines()]
+    assert len(lines) == 2
+    assert lines[0]["subject"] == "vidsentry.door.detections"
+    assert lines[0]["headers"]["ce-type"] == "io.vidsentry.detections.v1"
+    assert lines[0]["data"]["stream_id"] == "door"
