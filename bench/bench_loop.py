@@ -107,8 +107,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 try:
                     for streams in args.streams:
                         batch = min(streams, detector.max_batch)
-                        bare = bare_fps(detector, frames, batch, args.seconds)
+                        # Bare before and after the pipeline, averaged, so drift on a shared machine
+                        # hits both sides of the ratio alike.
+                        bare_before = bare_fps(detector, frames, batch, args.seconds / 2)
                         piped, _ = await pipeline_run(detector, publisher, clip, streams, args.seconds, realtime=False)
+                        bare = (bare_before + bare_fps(detector, frames, batch, args.seconds / 2)) / 2
                         row = {
                             "model": model,
                             "streams": streams,

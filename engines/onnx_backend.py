@@ -76,6 +76,10 @@ class OnnxRuntimeBackend:
         # One model, one operator at a time: intra-op threads do the work, inter-op would oversubscribe.
         options.intra_op_num_threads = threads or os.cpu_count() or 1
         options.inter_op_num_threads = 1
+        # Idle intra-op threads normally spin; in a pipeline that decodes, tracks and publishes
+        # on the same cores the spinning steals CPU from that work. Measured on 2 cores with a
+        # decoder thread beside it: 320n ran at ~62 fps without spinning vs ~48 fps with it.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3  # errors only; a CUDA fallback is detected below, not logged
         try:
             self._session = ort.InferenceSession(str(model_path), sess_options=options, providers=providers)

@@ -1,9 +1,12 @@
 """One detector shared by every stream, fed through a cross-stream batcher.
 
 Each stream has at most one frame in flight, so the queue is bounded by the number of
-streams. The batcher never waits for a batch to fill: it takes whatever frames are ready
-when the model is free (a paused camera can never hold the others back), up to the
-model's batch limit, and runs them in one call on its own inference thread.
+streams. When the model is free the batcher takes the frames that are ready, up to the
+model's batch limit, and runs them in one call on its own inference thread. Streams that
+just got their results back need a moment to track, publish and submit their next frame,
+so while fewer frames are queued than streams are registered the batcher waits for them,
+but never longer than `gather_window_s`: a paused camera costs the others at most that.
+Without the window, four streams settle into alternating batches of two.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
@@ -50,10 +53,22 @@ class BatcherStats:
     busy_s: float = 0.0
 
 
+DEFAULT_GATHER_WINDOW_S = 0.005
+
+
 class DetectionBatcher:
-    def __init__(self, detector: BatchDetector, *, max_batch: int | None = None) -> None:
+    def __init__(
+        self,
+        detector: BatchDetector,
+        *,
+        max_batch: int | None = None,
+        gather_window_s: float = DEFAULT_GATHER_WINDOW_S,
+    ) -> None:
         self.detector = detector
         self.max_batch = max(1, min(max_batch or detector.max_batch, detector.max_batch))
+        self.gather_window_s = gather_window_s
+        self._clients = 0
+        self._arrived = asyncio.Event()
         self._pending: asyncio.Queue[tuple[np.ndarray, asyncio.Future[DetectionOutcome]]] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vidsentry-infer")
         self._runner: asyncio.Task[None] | None = None
@@ -70,20 +85,44 @@ class DetectionBatcher:
         if self._runner is None:
             self._runner = asyncio.create_task(self._run(), name="detection-batcher")
 
+    @contextlib.contextmanager
+    def client(self) -> Iterator[None]:
+        """Register a stream for the lifetime of its frame loop (sizes the gather window's wait)."""
+        self._clients += 1
+        try:
+            yield
+        finally:
+            self._clients -= 1
+
     async def detect(self, image: np.ndarray) -> DetectionOutcome:
         """Detect on one RGB frame. Raises the engine's error if the model call failed."""
         if self._runner is None:
             raise RuntimeError("DetectionBatcher.start() was not called")
         future: asyncio.Future[DetectionOutcome] = asyncio.get_running_loop().create_future()
         self._pending.put_nowait((image, future))
+        self._arrived.set()
         return await future
+
+    async def _gather(self) -> list[tuple[np.ndarray, asyncio.Future[DetectionOutcome]]]:
+        batch = [await self._pending.get()]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.gather_window_s
+        while len(batch) < self.max_batch:
+            if not self._pending.empty():
+                batch.append(self._pending.get_nowait())
+                continue
+            remaining = deadline - loop.time()
+            if len(batch) >= self._clients or remaining <= 0:
+                break
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+        return batch
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = [await self._pending.get()]
-            while len(batch) < self.max_batch and not self._pending.empty():
-                batch.append(self._pending.get_nowait())
+            batch = await self._gather()
             live = [(img, fut) for img, fut in batch if not fut.cancelled()]
             if not live:
                 continue

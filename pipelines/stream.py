@@ -67,14 +67,15 @@ class FrameLoop:
     async def run(self) -> None:
         """Process frames until the mailbox is closed and empty, then end open tracks."""
         try:
-            while True:
-                try:
-                    frame = await self.mailbox.get()
-                except MailboxClosed:
-                    break
-                if self._skip_for_cap(frame):
-                    continue
-                await self._process(frame)
+            with self.batcher.client():
+                while True:
+                    try:
+                        frame = await self.mailbox.get()
+                    except MailboxClosed:
+                        break
+                    if self._skip_for_cap(frame):
+                        continue
+                    await self._process(frame)
         finally:
             await self._finish_tracks()
 

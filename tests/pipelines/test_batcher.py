@@ -1,0 +1,62 @@
+"""Cross-stream batching on the real dynamic-batch model."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines.registry import create_detector
+from pipelines.detect import DetectionBatcher
+
+
+@pytest.fixture
+async def batcher(nudenet_model: Path) -> AsyncIterator[DetectionBatcher]:
+    detector = create_detector(nudenet_model, "onnx-cpu")
+    async with DetectionBatcher(detector, max_batch=4) as batcher:
+        yield batcher
+    detector.close()
+
+
+async def stream_loop(
+    batcher: DetectionBatcher, image: np.ndarray, frames: int, sizes: Counter[int], work_steps: int = 1
+) -> None:
+    with batcher.client():
+        for _ in range(frames):
+            outcome = await batcher.detect(image)
+            sizes[outcome.batch_size] += 1
+            # Between frames a stream tracks, publishes and takes its next frame; streams
+            # differ in how long that takes.
+            for _ in range(work_steps):
+                await asyncio.sleep(0)
+
+
+async def test_four_busy_streams_share_full_batches(batcher: DetectionBatcher) -> None:
+    image = np.random.default_rng(0).integers(0, 255, (240, 320, 3), dtype=np.uint8)
+    sizes: Counter[int] = Counter()
+    await asyncio.gather(*(stream_loop(batcher, image, 12, sizes, work_steps=1 + i) for i in range(4)))
+    # Without the gather window this settles into alternating batches of two.
+    assert sizes[4] >= 0.75 * sum(sizes.values()), sizes
+    assert batcher.stats.frames == 48
+
+
+async def test_a_paused_stream_does_not_hold_the_others(batcher: DetectionBatcher) -> None:
+    image = np.zeros((240, 320, 3), np.uint8)
+    sizes: Counter[int] = Counter()
+    with batcher.client():  # a registered camera that sends nothing (paused at a keyframe, say)
+        await asyncio.wait_for(
+            asyncio.gather(*(stream_loop(batcher, image, 10, sizes) for _ in range(3))), timeout=60
+        )
+    assert batcher.stats.frames == 30
+    assert max(sizes) <= 3 and sizes[3] >= 5, sizes
+
+
+async def test_engine_failure_fails_only_those_frames(batcher: DetectionBatcher) -> None:
+    with pytest.raises(ValueError, match="3 channels|shape|image"):
+        await batcher.detect(np.zeros((10, 10), np.uint8))  # not an RGB image
+    outcome = await batcher.detect(np.zeros((64, 64, 3), np.uint8))
+    assert outcome.batch_size == 1 and batcher.stats.failures == 1
