@@ -11,7 +11,9 @@ Then latency: one stream paced like a live camera (--realtime); capture → dete
 published, p50/p99, and the overhead beyond the model: total − time waiting for the model
 (mailbox + batch queue) − the model call (target p99 overhead ≤ 15 ms).
 
-Usage: python bench/bench_loop.py [--seconds 20] [--models fall,nudenet] [--streams 1,4] [--quick]
+Each ratio is the median of --rounds rounds, each round a pipeline run between two bare runs.
+
+Usage: python bench/bench_loop.py [--seconds 10] [--rounds 3] [--models fall,nudenet] [--streams 1,4] [--quick]
 """
 
 from __future__ import annotations
@@ -107,18 +109,27 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 try:
                     for streams in args.streams:
                         batch = min(streams, detector.max_batch)
-                        # Bare before and after the pipeline, averaged, so drift on a shared machine
-                        # hits both sides of the ratio alike.
-                        bare_before = bare_fps(detector, frames, batch, args.seconds / 2)
-                        piped, _ = await pipeline_run(detector, publisher, clip, streams, args.seconds, realtime=False)
-                        bare = (bare_before + bare_fps(detector, frames, batch, args.seconds / 2)) / 2
+                        rounds = []
+                        for _ in range(args.rounds):
+                            # Bare before and after each pipeline run, averaged, so drift on a shared
+                            # machine hits both sides of the ratio alike; the median round is reported.
+                            before = bare_fps(detector, frames, batch, args.seconds / 2)
+                            piped, _ = await pipeline_run(
+                                detector, publisher, clip, streams, args.seconds, realtime=False
+                            )
+                            bare = (before + bare_fps(detector, frames, batch, args.seconds / 2)) / 2
+                            rounds.append((piped / bare, bare, piped))
+                        rounds.sort()
+                        ratio, bare, piped = rounds[len(rounds) // 2]
                         row = {
                             "model": model,
                             "streams": streams,
                             "batch": batch,
                             "bare_fps": round(bare, 2),
                             "pipeline_fps": round(piped, 2),
-                            "ratio": round(piped / bare, 3),
+                            "ratio": round(ratio, 3),
+                            "ratio_min": round(rounds[0][0], 3),
+                            "ratio_max": round(rounds[-1][0], 3),
                         }
                         loop_rows.append(row)
                         print(table([row], list(row)), flush=True)
@@ -136,6 +147,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     print(table(latency_rows, list(latency_rows[0])))
     return {
         "seconds_per_measurement": args.seconds,
+        "rounds": args.rounds,
         "loop": loop_rows,
         "latency": latency_rows,
         "peak_rss_mb": round(peak_rss_mb(), 1),
@@ -144,15 +156,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=10.0, help="pipeline seconds per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per configuration (median reported)")
     parser.add_argument("--models", default="fall,nudenet")
     parser.add_argument("--streams", default="1,4")
-    parser.add_argument("--quick", action="store_true", help="5 s per measurement")
+    parser.add_argument("--quick", action="store_true", help="5 s per measurement, one round")
     args = parser.parse_args()
     args.models = args.models.split(",")
     args.streams = [int(s) for s in args.streams.split(",")]
     if args.quick:
-        args.seconds = 5.0
+        args.seconds, args.rounds = 5.0, 1
     result = asyncio.run(main_async(args))
     print(f"\nwrote {write_results('loop', result)}")
 
