@@ -146,7 +146,9 @@ class StreamRunner:
         status_task = asyncio.create_task(self._publish_status(), name=f"{spec.stream_id}-status")
         try:
             async with asyncio.TaskGroup() as group:
-                group.create_task(self._supervise(), name=f"{spec.stream_id}-source")
+                # The supervisor closes the mailbox and audio buffer when it ends; the frame loop then
+                # finishes what is inside, ends open tracks and returns.
+                group.create_task(self.supervisor.run(), name=f"{spec.stream_id}-source")
                 group.create_task(self.frame_loop.run(), name=f"{spec.stream_id}-frames")
                 if self.audio is not None:
                     self.audio_meter = AudioMeter(self.audio)
@@ -158,25 +160,12 @@ class StreamRunner:
                 StatusChange(spec.stream_id, StreamState.FAILED, self.state, time.time(), reason=repr(first))
             )
         finally:
-            self.mailbox.close()
-            if self.audio is not None:
-                self.audio.close()
             # Let queued status changes out before the publisher task goes.
             await self._status_queue.join()
             status_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await status_task
         return self.state
-
-    async def _supervise(self) -> None:
-        assert self.supervisor is not None and self.mailbox is not None
-        try:
-            await self.supervisor.run()
-        finally:
-            # The frame loop finishes what is in the mailbox, ends open tracks, then returns.
-            self.mailbox.close()
-            if self.audio is not None:
-                self.audio.close()
 
     def _status_changed(self, change: StatusChange) -> None:
         self.state = change.state

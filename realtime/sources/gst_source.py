@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.frames import AUDIO_SAMPLE_RATE
 from realtime.sources.session import (
     AudioSink,
     BackendUnavailable,
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 
 NS = 1_000_000_000
 PULL_TIMEOUT_NS = 50_000_000  # how often the reader looks at the bus and the stop flag
-AUDIO_CAPS = "audio/x-raw,format=F32LE,rate=16000,channels=1,layout=interleaved"
+AUDIO_CAPS = f"audio/x-raw,format=F32LE,rate={AUDIO_SAMPLE_RATE},channels=1,layout=interleaved"
 VIDEO_CAPS = "video/x-raw,format=RGB"
 AUDIO_LEAD_S = 0.5  # files: audio may run this far ahead of the video it is muxed with
 REQUIRED_ELEMENTS = {

@@ -21,6 +21,7 @@ from typing import Any
 import av
 import av.error
 
+from pipelines.frames import AUDIO_SAMPLE_RATE
 from realtime.sources.session import (
     AudioSink,
     PtsOrigin,
@@ -33,7 +34,6 @@ from realtime.sources.spec import SourceSpec
 
 log = logging.getLogger(__name__)
 
-AUDIO_RATE = 16_000
 # This many undecodable packets in a row, with no good frame between, ends the session.
 MAX_CONSECUTIVE_CORRUPT = 300
 RTSP_ANALYZE_US = 500_000  # probe half a second of stream: first frame in well under 1 s
@@ -82,7 +82,7 @@ class PyAVSession:
             audio = container.streams.audio[0]
             if audio.codec_context is not None:
                 self._audio = audio
-                self._resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_RATE)
+                self._resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_SAMPLE_RATE)
         log.debug(
             "pyav source opened",
             extra={
