@@ -1,0 +1,1 @@
+"""Per-stream rules that turn tracks into alerts."""
