@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pipelines.detect import DetectionBatcher
@@ -18,11 +18,17 @@ from pipelines.event_bodies import detections_event, track_event
 from pipelines.events import EventSink
 from pipelines.frames import FrameResult, VideoFrame
 from pipelines.mailbox import AudioBuffer, FrameMailbox, MailboxClosed
+from pipelines.rules.snapshots import SnapshotStore
+from pipelines.rules.specs import RuleSpec
 from pipelines.tracker import ByteTracker, LifecycleKind, TrackerConfig
 
 log = logging.getLogger(__name__)
 
 LATENCY_WINDOW = 4096  # samples kept for percentiles; older ones fall off
+
+# Called after each processed frame's detections event is published, with the frame's
+# result and its capture → publish latency in ms (metrics hang off this).
+FrameObserver = Callable[[FrameResult, float], None]
 
 
 @dataclass(slots=True)
@@ -51,8 +57,14 @@ class FrameLoop:
         *,
         tracker_config: TrackerConfig | None = None,
         detect_fps: float | None = None,
+        rules: Sequence[RuleSpec] = (),
+        snapshots: SnapshotStore | None = None,
+        on_frame: FrameObserver | None = None,
     ) -> None:
         self.stream_id = stream_id
+        self.rules = tuple(rules)
+        self.snapshots = snapshots
+        self.on_frame = on_frame
         self.mailbox = mailbox
         self.batcher = batcher
         self.sink = sink
@@ -127,7 +139,10 @@ class FrameLoop:
         stats.track_events += len(tracked.events)
         stats.tracks_started += sum(1 for e in tracked.events if e.kind == LifecycleKind.NEW)
         await self.sink.publish(events[0])
-        stats.latency_ms.append((time.time() - frame.captured_at) * 1000)
+        latency_ms = (time.time() - frame.captured_at) * 1000
+        stats.latency_ms.append(latency_ms)
+        if self.on_frame is not None:
+            self.on_frame(result, latency_ms)
         stats.wait_ms.append((outcome.started_at - frame.captured_at) * 1000)
         stats.inference_ms.append(outcome.inference_ms)
         for event in events[1:]:

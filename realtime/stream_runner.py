@@ -19,7 +19,9 @@ from pipelines.event_bodies import status_event
 from pipelines.events import EventSink
 from pipelines.frames import StatusChange, StreamState, validate_stream_id
 from pipelines.mailbox import AudioBuffer, FrameMailbox
-from pipelines.stream import AudioMeter, FrameLoop
+from pipelines.rules.snapshots import SnapshotStore
+from pipelines.rules.specs import RuleSpec
+from pipelines.stream import AudioMeter, FrameLoop, FrameObserver
 from pipelines.tracker import TrackerConfig
 from realtime.sources.spec import SourceSpec, parse_source
 from realtime.sources.supervisor import CameraSupervisor, SupervisorPolicy
@@ -42,6 +44,7 @@ class StreamSpec:
     detect_fps: float | None = None
     policy: SupervisorPolicy = field(default_factory=SupervisorPolicy)
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
+    rules: tuple[RuleSpec, ...] = ()
 
     def validated(self) -> SourceSpec:
         """Check the id and URL; raises ValueError subclasses with a one-line reason."""
@@ -91,8 +94,12 @@ class StreamRunner:
         sink: EventSink,
         *,
         on_status: Callable[[StatusChange], None] | None = None,
+        snapshots: SnapshotStore | None = None,
+        on_frame: FrameObserver | None = None,
     ) -> None:
         self.spec = spec
+        self._snapshots = snapshots
+        self._on_frame = on_frame
         self.source = spec.validated()
         self.batcher = batcher
         self.sink = sink
@@ -140,6 +147,9 @@ class StreamRunner:
             self.sink,
             tracker_config=spec.tracker,
             detect_fps=spec.detect_fps,
+            rules=spec.rules,
+            snapshots=self._snapshots,
+            on_frame=self._on_frame,
         )
         if self._stop_requested:
             self.supervisor.stop()
