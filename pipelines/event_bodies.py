@@ -8,6 +8,7 @@ from typing import Any
 from engines.types import Detections
 from pipelines.events import Event, EventKind
 from pipelines.frames import FrameResult, StatusChange
+from pipelines.rules.types import AlertChange
 from pipelines.tracker import TrackEvent
 
 
@@ -93,4 +94,36 @@ def status_event(change: StatusChange, *, source: str) -> Event:
             "retry_in": change.retry_in,
             "source": source,
         },
+    )
+
+
+def alert_event(stream_id: str, change: AlertChange, *, captured_at: float, snapshot: str | None) -> Event:
+    """`start` when a rule fires, `end` when it clears; both carry the alert's stable id.
+
+    The event id is derived from the alert id, so a start or end published twice (a retry,
+    a replay) is dropped by JetStream's duplicate window instead of reaching subscribers twice.
+    """
+    data: dict[str, Any] = {
+        "alert_id": change.alert_id,
+        "rule_id": change.rule_id,
+        "rule_type": change.rule_type,
+        "event": change.kind.value,
+        "severity": change.severity,
+        "track_ids": list(change.track_ids),
+        "class": change.class_name,
+        "evidence": dict(change.evidence),
+        "started_pts": round(change.started_pts, 3),
+    }
+    if change.ended_pts is not None:
+        data["ended_pts"] = round(change.ended_pts, 3)
+    if change.duration_s is not None:
+        data["duration_s"] = change.duration_s
+    data["snapshot"] = snapshot
+    return Event(
+        kind=EventKind.ALERTS,
+        stream_id=stream_id,
+        pts=change.pts,
+        captured_at=captured_at,
+        data=data,
+        id=f"alert-{change.alert_id}-{change.kind.value}",
     )

@@ -1,4 +1,4 @@
-"""One stream's frame loop: newest frame → detector → tracker → events.
+"""One stream's frame loop: newest frame → detector → tracker → rules → events.
 
 The loop takes the newest frame from the mailbox as soon as the previous one is done,
 so detection runs on every frame the hardware allows; `detect_fps` caps it lower when
@@ -7,6 +7,7 @@ asked. The capture time of the frame travels into every event it produces.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -18,9 +19,12 @@ from pipelines.event_bodies import detections_event, track_event
 from pipelines.events import EventSink
 from pipelines.frames import FrameResult, VideoFrame
 from pipelines.mailbox import AudioBuffer, FrameMailbox, MailboxClosed
+from pipelines.rules.engine import RuleEngine
+from pipelines.rules.publishing import AlertPublisher, AlertStats
 from pipelines.rules.snapshots import SnapshotStore
 from pipelines.rules.specs import RuleSpec
-from pipelines.tracker import ByteTracker, LifecycleKind, TrackerConfig
+from pipelines.rules.types import AlertChange, tracked_objects
+from pipelines.tracker import ByteTracker, LifecycleKind, TrackerConfig, TrackEvent
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,7 @@ class FrameLoopStats:
     latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     wait_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     inference_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    alerts: AlertStats = field(default_factory=AlertStats)  # alert events and their snapshots
 
 
 class FrameLoop:
@@ -75,21 +80,36 @@ class FrameLoop:
         self.stats = FrameLoopStats()
         self._last_processed_at: float | None = None
         self._last_frame: VideoFrame | None = None
+        self.rule_engine: RuleEngine | None = None
+        self.alerts: AlertPublisher | None = None
 
     async def run(self) -> None:
-        """Process frames until the mailbox is closed and empty, then end open tracks."""
-        try:
-            with self.batcher.client():
-                while True:
-                    try:
-                        frame = await self.mailbox.get()
-                    except MailboxClosed:
-                        break
-                    if self._skip_for_cap(frame):
-                        continue
-                    await self._process(frame)
-        finally:
-            await self._finish_tracks()
+        """Process frames until the mailbox is closed and empty, then end open tracks and alerts."""
+        # Built here rather than in __init__: rules that do not fit the model (a class it does not
+        # have) then fail this stream with a reason, inside its task group, like any stage error.
+        if self.rules:
+            # The tracker reports ends itself; the engine's own timeout is only a memory bound.
+            lost_timeout_s = 2 * self.tracker.config.lost_timeout_s
+            self.rule_engine = RuleEngine(self.stream_id, self.rules, self.names, lost_timeout_s=lost_timeout_s)
+        # Snapshot tasks live here; leaving the group waits for them (each is time-bounded), so
+        # every alert start is out before run() returns.
+        async with asyncio.TaskGroup() as background:
+            if self.rule_engine is not None:
+                self.alerts = AlertPublisher(
+                    self.stream_id, self.sink, background, self.snapshots, stats=self.stats.alerts
+                )
+            try:
+                with self.batcher.client():
+                    while True:
+                        try:
+                            frame = await self.mailbox.get()
+                        except MailboxClosed:
+                            break
+                        if self._skip_for_cap(frame):
+                            continue
+                        await self._process(frame)
+            finally:
+                await self._finish_tracks()
 
     def _skip_for_cap(self, frame: VideoFrame) -> bool:
         if not self.min_interval or self._last_processed_at is None:
@@ -119,6 +139,7 @@ class FrameLoop:
             inference_ms=outcome.inference_ms,
         )
         tracked = self.tracker.update(outcome.detections, frame.pts)
+        alert_changes = self._evaluate_rules(frame, tracked.events)
         events = [
             detections_event(
                 result,
@@ -147,6 +168,18 @@ class FrameLoop:
         stats.inference_ms.append(outcome.inference_ms)
         for event in events[1:]:
             await self.sink.publish(event)
+        if alert_changes and self.alerts is not None:
+            await self.alerts.publish(alert_changes, captured_at=frame.captured_at, frame=frame)
+
+    def _evaluate_rules(self, frame: VideoFrame, track_events: list[TrackEvent]) -> list[AlertChange]:
+        if self.rule_engine is None:
+            return []
+        return self.rule_engine.evaluate(
+            frame.pts,
+            tracked_objects(self.tracker.active_tracks, self.names),
+            ended=[e.track_id for e in track_events if e.kind is LifecycleKind.END],
+            frame_size=(frame.width, frame.height),
+        )
 
     async def _finish_tracks(self) -> None:
         frame = self._last_frame
@@ -157,6 +190,8 @@ class FrameLoop:
             await self.sink.publish(
                 track_event(self.stream_id, change, self.names, pts=pts, captured_at=captured_at)
             )
+        if self.rule_engine is not None and self.alerts is not None:
+            await self.alerts.publish(self.rule_engine.finish(pts), captured_at=captured_at)
 
 
 @dataclass(slots=True)

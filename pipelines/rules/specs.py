@@ -1,12 +1,222 @@
 """Rule definitions as they appear in a stream's config (`streams[].rules`).
 
-Placeholder until the rule engine lands: no rule types are accepted yet.
+A rule is one of six types, told apart by its `type` key. Every model forbids unknown keys,
+so a typo is an error that names the key instead of a rule that silently never fires.
+Coordinates are source pixels, or 0-1 fractions of the frame with `normalized: true`.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from pipelines.rules.geometry import Point, is_simple_polygon, signed_area
+
+RULE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+RULE_TYPES = ("present", "absent", "count", "zone", "line", "fall")
+
+Severity = Literal["info", "warning", "critical"]
+ZoneTrigger = Literal["enter", "exit", "dwell"]
+Direction = Literal["a_to_b", "b_to_a", "any"]
 
 
-class RuleSpec(BaseModel):
+def _check_points(points: tuple[Point, ...], normalized: bool) -> None:
+    for x, y in points:
+        if normalized and not (0.0 <= x <= 1.0 and 0.0 <= y <= 1.0):
+            raise ValueError(f"point [{x:g}, {y:g}] is outside 0-1, but normalized is true")
+        if not normalized and (x < 0 or y < 0):
+            raise ValueError(f"point [{x:g}, {y:g}] is negative; pixel coordinates start at 0")
+
+
+def _check_polygon(polygon: tuple[Point, ...], normalized: bool) -> tuple[Point, ...]:
+    if len(polygon) < 3:
+        raise ValueError(f"a polygon needs at least 3 points [x, y], got {len(polygon)}")
+    _check_points(polygon, normalized)
+    if not is_simple_polygon(polygon):
+        raise ValueError("the polygon's edges cross each other or repeat a point; list the corners in order")
+    if signed_area(polygon) == 0:
+        raise ValueError("the polygon has no area (its points are on one line)")
+    return polygon
+
+
+def _normalized(info: ValidationInfo) -> bool:
+    # `normalized` is declared before the geometry fields, so it is validated first.
+    return bool(info.data.get("normalized", False))
+
+
+class _Rule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=RULE_ID_PATTERN)
+    severity: Severity = "warning"
+    # After an alert ends, the same rule and subject (track, or the whole stream) cannot start a
+    # new one for this long: the main defence against floods of repeated alerts.
+    cooldown_s: float = Field(30.0, ge=0)
+    # An alert ends once its condition has been false this long; rides over detector flicker.
+    clear_s: float = Field(1.0, ge=0)
+    snapshot: bool = False
+
+
+class _ClassFiltered(_Rule):
+    # Class names of the model (e.g. Normal, Fall for the bundled people model); None: all.
+    classes: tuple[str, ...] | None = None
+
+    @field_validator("classes")
+    @classmethod
+    def _classes(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and not value:
+            raise ValueError("list at least one class name, or leave classes out for all classes")
+        return value
+
+
+class _OptionalZone(_ClassFiltered):
+    normalized: bool = False
+    # Only objects whose bottom-centre is in this polygon count; None: the whole frame.
+    zone: tuple[Point, ...] | None = None
+    hysteresis: float = Field(0.1, ge=0, le=1)
+    for_s: float = Field(0.0, ge=0)
+
+    @field_validator("zone")
+    @classmethod
+    def _zone(cls, value: tuple[Point, ...] | None, info: ValidationInfo) -> tuple[Point, ...] | None:
+        return None if value is None else _check_polygon(value, _normalized(info))
+
+
+class PresentRule(_OptionalZone):
+    """At least one object of the classes (in the zone) for `for_s` seconds."""
+
+    type: Literal["present"]
+
+
+class AbsentRule(_OptionalZone):
+    """No object of the classes (in the zone) for `for_s` seconds."""
+
+    type: Literal["absent"]
+
+
+class CountRule(_OptionalZone):
+    """More than `above`, or fewer than `below`, objects for `for_s` seconds (set exactly one)."""
+
+    type: Literal["count"]
+    above: int | None = Field(None, ge=0)
+    below: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_threshold(self) -> CountRule:
+        if (self.above is None) == (self.below is None):
+            raise ValueError("set exactly one of above or below")
+        return self
+
+
+class ZoneRule(_ClassFiltered):
+    """Objects entering, leaving, or staying longer than `dwell_s` in a polygon.
+
+    Membership is decided by the bottom-centre of the box with a hysteresis band of
+    `hysteresis` x box height on each side of the outline, so jitter at the edge cannot flap.
+    """
+
+    type: Literal["zone"]
+    normalized: bool = False
+    polygon: tuple[Point, ...]
+    events: tuple[ZoneTrigger, ...] = ("enter",)
+    dwell_s: float | None = Field(None, gt=0, validate_default=True)
+    for_s: float = Field(0.0, ge=0)  # an object must be inside this long before `enter` fires
+    hysteresis: float = Field(0.1, ge=0, le=1)
+
+    @field_validator("polygon")
+    @classmethod
+    def _polygon(cls, value: tuple[Point, ...], info: ValidationInfo) -> tuple[Point, ...]:
+        return _check_polygon(value, _normalized(info))
+
+    @field_validator("events")
+    @classmethod
+    def _events(cls, value: tuple[ZoneTrigger, ...]) -> tuple[ZoneTrigger, ...]:
+        if not value:
+            raise ValueError("list at least one of enter, exit, dwell")
+        if len(set(value)) != len(value):
+            raise ValueError("an event is listed twice")
+        return value
+
+    @field_validator("dwell_s")
+    @classmethod
+    def _dwell(cls, value: float | None, info: ValidationInfo) -> float | None:
+        events = info.data.get("events")
+        if events is None:
+            return value  # events itself was invalid; that error is reported
+        if "dwell" in events and value is None:
+            raise ValueError("required when events include dwell")
+        if "dwell" not in events and value is not None:
+            raise ValueError("set, but events do not include dwell")
+        return value
+
+
+class LineRule(_ClassFiltered):
+    """Tracks crossing the segment `points[0]`-`points[1]`.
+
+    Side `a` is on the left of someone standing at the first point facing the second, as the
+    image is shown (a line drawn left to right has side `a` above it); `b` is the other side.
+    """
+
+    type: Literal["line"]
+    normalized: bool = False
+    points: tuple[Point, Point]
+    direction: Direction = "any"
+    hysteresis: float = Field(0.1, ge=0, le=1)
+
+    @field_validator("points")
+    @classmethod
+    def _points(cls, value: tuple[Point, Point], info: ValidationInfo) -> tuple[Point, Point]:
+        _check_points(value, _normalized(info))
+        if value[0] == value[1]:
+            raise ValueError("the two points of a line must differ")
+        return value
+
+
+class FallRule(_Rule):
+    """A track whose (smoothed) class is `fall_class` for `for_s` seconds."""
+
+    type: Literal["fall"]
+    fall_class: str = Field("Fall", min_length=1)
+    for_s: float = Field(2.0, ge=0)
+
+
+AnyRule = PresentRule | AbsentRule | CountRule | ZoneRule | LineRule | FallRule
+
+
+def _known_type(value: Any) -> Any:
+    # Say which key is wrong; pydantic's own message for a bad tag does not read well in a config.
+    if isinstance(value, dict):
+        kind = value.get("type")
+        if kind is None:
+            raise ValueError(f"type: missing; use one of {', '.join(RULE_TYPES)}")
+        if kind not in RULE_TYPES:
+            raise ValueError(f"type: {kind!r} is not a rule type; use one of {', '.join(RULE_TYPES)}")
+    return value
+
+
+# What `streams[].rules` holds. Validation errors read `streams.0.rules.1.zone.polygon: ...`
+# (the rule's type, then the key).
+RuleSpec = Annotated[AnyRule, Field(discriminator="type"), BeforeValidator(_known_type)]
+
+
+def check_unique_ids(rules: list[AnyRule]) -> list[AnyRule]:
+    seen: set[str] = set()
+    for rule in rules:
+        if rule.id in seen:
+            raise ValueError(f"duplicate rule id {rule.id!r}")
+        seen.add(rule.id)
+    return rules
+
+
+# A stream's whole rule list: rule ids must be unique within the stream.
+RuleList = Annotated[list[RuleSpec], AfterValidator(check_unique_ids)]
