@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pipelines.clock import StreamClock
 from pipelines.detect import DetectionBatcher
 from pipelines.event_bodies import detections_event, track_event
 from pipelines.events import EventSink
@@ -74,6 +75,7 @@ class FrameLoop:
         self.batcher = batcher
         self.sink = sink
         self.tracker = ByteTracker(tracker_config)
+        self.clock = StreamClock()  # the tracker's time: media seconds that survive pts restarts
         self.min_interval = 1.0 / detect_fps if detect_fps else 0.0
         self.names: Mapping[int, str] = batcher.detector.info.names
         self.model_name = batcher.detector.info.path.rsplit("/", 1)[-1]
@@ -138,7 +140,7 @@ class FrameLoop:
             detections=outcome.detections,
             inference_ms=outcome.inference_ms,
         )
-        tracked = self.tracker.update(outcome.detections, frame.pts)
+        tracked = self.tracker.update(outcome.detections, self.clock(frame.pts, frame.captured_at))
         alert_changes = self._evaluate_rules(frame, tracked.events)
         events = [
             detections_event(

@@ -1,0 +1,30 @@
+"""A per-stream media clock that never runs backwards.
+
+Network sources rebase pts to about 0 on every (re)connect. Anything that measures time
+in media seconds (track loss timeouts, durations) would then see time stand still or run
+backwards until pts caught up. The clock follows pts while it advances; when pts jumps
+back, it continues from where it was plus the wall-clock time that passed meanwhile.
+"""
+
+from __future__ import annotations
+
+# A backwards step larger than this is a restart of the source's clock, not jitter.
+REBASE_THRESHOLD_S = 0.5
+
+
+class StreamClock:
+    def __init__(self) -> None:
+        self._offset = 0.0
+        self._last_time: float | None = None
+        self._last_captured_at = 0.0
+
+    def __call__(self, pts: float, captured_at: float) -> float:
+        time = pts + self._offset
+        if self._last_time is not None and time < self._last_time - REBASE_THRESHOLD_S:
+            gap = max(0.0, captured_at - self._last_captured_at)
+            self._offset = self._last_time + gap - pts
+            time = pts + self._offset
+        elif self._last_time is not None:
+            time = max(time, self._last_time)  # small jitter: hold, never step back
+        self._last_time, self._last_captured_at = time, captured_at
+        return time
