@@ -1,10 +1,11 @@
-"""The NATS event bus: CloudEvents encoding, the publisher (an EventSink), the subscriber,
-and an embedded nats-server for running without a broker."""
+"""The NATS event bus: CloudEvents encoding, the publisher (an EventSink) with its disk outbox
+for outages, the subscriber, and an embedded nats-server for running without a broker."""
 
 from realtime.bus.cloudevents import EventEncodingError, decode, encode, rfc3339, subject_for
 from realtime.bus.connection import BusUnavailable
 from realtime.bus.delivery import DeliveryHooks, KindStats, PublisherStats, WireMessage
 from realtime.bus.embedded import EmbeddedNatsServer, NatsServerError
+from realtime.bus.outbox import Outbox, OutboxLockedError, OutboxRecord, OutboxStats, OutboxWriteError
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.stream import DURABLE_SUBJECTS, STREAM_NAME, StreamSetupError
 from realtime.bus.subscriber import subscribe
@@ -19,6 +20,11 @@ __all__ = [
     "KindStats",
     "NatsEventPublisher",
     "NatsServerError",
+    "Outbox",
+    "OutboxLockedError",
+    "OutboxRecord",
+    "OutboxStats",
+    "OutboxWriteError",
     "PublisherStats",
     "StreamSetupError",
     "WireMessage",

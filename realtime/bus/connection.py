@@ -81,8 +81,12 @@ async def connect_nats(
     error_cb: Callable[[Exception], Awaitable[None]] | None = None,
     closed_cb: Callable[[], Awaitable[None]] | None = None,
     drain_timeout: float = 5.0,
+    pending_size: int | None = None,
 ) -> NatsClient:
-    """A connected client that reconnects forever, or BusUnavailable within `connect_timeout` s."""
+    """A connected client that reconnects forever, or BusUnavailable within `connect_timeout` s.
+
+    `pending_size=0` turns off nats-py's reconnect buffer: publishing while disconnected raises
+    OutboundBufferLimitError at once (for callers that keep such messages themselves)."""
     servers = split_servers(url)
     shown = redact_url(url)
     deadline = time.monotonic() + connect_timeout
@@ -116,6 +120,8 @@ async def connect_nats(
         "reconnected_cb": reconnected_cb,
         "closed_cb": closed_cb,
     }
+    if pending_size is not None:
+        options["pending_size"] = pending_size
     try:
         await asyncio.wait_for(nc.connect(**options), max(deadline - time.monotonic(), 0.1))
     except asyncio.CancelledError:
@@ -135,3 +141,27 @@ async def _close_quietly(nc: NatsClient) -> None:
         await nc.close()
     except Exception as exc:  # closing a half-built client: nothing more to do
         log.debug("closing NATS client after failed connect: %r", exc)
+
+
+_PUBLISH_COMMANDS = (b"PUB ", b"HPUB ")
+
+
+def discard_unsent_publishes(nc: NatsClient) -> int:
+    """Forget publishes nats-py still holds unsent after its connection broke; returns how many.
+
+    nats-py writes its pending buffer out first thing after a reconnect. A caller that re-sends
+    everything unacknowledged itself, in order, needs those stale copies gone: one of them could
+    otherwise reach the broker ahead of an older message that was lost with the connection.
+    nats-py has no public call for this, so this touches two private attributes and does nothing
+    (returns 0) if they ever change shape. Only call it while `nc` is not connected.
+    """
+    pending = getattr(nc, "_pending", None)
+    size = getattr(nc, "_pending_data_size", None)
+    if nc.is_connected or not isinstance(pending, list) or not isinstance(size, int):
+        return 0
+    keep = [cmd for cmd in pending if not (isinstance(cmd, bytes | bytearray) and cmd.startswith(_PUBLISH_COMMANDS))]
+    dropped = len(pending) - len(keep)
+    if dropped:
+        pending[:] = keep
+        nc._pending_data_size = sum(len(cmd) for cmd in keep)
+    return dropped

@@ -1,8 +1,10 @@
 """What the publisher tracks per message, what it counts, and where failed messages go.
 
-`DeliveryHooks.on_undeliverable` is the seam for the disk outbox: it receives every durable
-message the publisher gave up on, already encoded, and can hand it back via
-`NatsEventPublisher.resend` once the broker is back (JetStream dedups on the same id).
+With an `Outbox` the publisher keeps durable messages through outages itself (in order, on
+disk). `DeliveryHooks.on_undeliverable` receives what it still gives up on, already encoded:
+messages the broker rejects for good, and ones neither the broker nor the outbox could take
+(no outbox configured, or a full disk); `NatsEventPublisher.resend` takes them back later
+(JetStream dedups on the same id). Overflow drops are counted, not handed over.
 """
 
 from __future__ import annotations
@@ -27,10 +29,15 @@ class WireMessage:
     payload: bytes
     headers: dict[str, str]
     created_at: float  # time.monotonic() when publish() accepted it; for creation->ack delay
+    severity: str | None = None  # alerts: data["severity"]; decides what an overfull outbox keeps
 
     @property
     def durable(self) -> bool:
         return self.kind in DURABLE_KINDS
+
+    @property
+    def stream_id(self) -> str:
+        return self.subject.split(".", 2)[1]  # vidsentry.<stream_id>.<kind>
 
 
 class DeliveryHooks(Protocol):
@@ -78,11 +85,26 @@ def is_retryable(error: BaseException) -> bool:
     return isinstance(error, RETRYABLE_ERRORS)
 
 
+# Refused for good: sending the same bytes again cannot succeed.
+_PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    nats.errors.MaxPayloadError,
+    nats.errors.BadSubjectError,
+    nats.errors.BadHeaderError,
+    nats.js.errors.BadRequestError,
+)
+
+
+def is_permanent(error: BaseException) -> bool:
+    return isinstance(error, _PERMANENT_ERRORS) and not is_retryable(error)
+
+
 @dataclass(slots=True)
 class KindStats:
     """Counts per event kind.
 
-    Durable kinds: published == acked + failed + still in flight.
+    Durable kinds: published == acked + failed + dropped_overflow + still in flight or queued in
+    the outbox. Records an outbox brought from a previous run count in acked, failed or
+    dropped_overflow, but not in published.
     Core kinds: published == sent + failed + dropped (sent is not counted separately).
     """
 
@@ -92,6 +114,9 @@ class KindStats:
     retries: int = 0  # durable: re-sends after a retryable failure
     failed: int = 0  # given up on (durable: after retries; core: the client raised)
     dropped: int = 0  # core: skipped while disconnected, on purpose (live-only data)
+    spooled: int = 0  # durable: queued in the outbox instead of sent directly
+    replayed: int = 0  # durable: acked after waiting in the outbox (part of acked)
+    dropped_overflow: int = 0  # durable: dropped by a full outbox (oldest low-severity first)
 
 
 @dataclass(slots=True)
@@ -99,6 +124,10 @@ class PublisherStats:
     kinds: dict[str, KindStats] = field(default_factory=dict)
     pending_acks: int = 0  # durable messages sent and not yet acked
     retry_backlog: int = 0  # durable messages waiting for their next attempt
+    outbox_depth: int = 0  # durable messages queued on disk (in flight from there included)
+    outbox_bytes: int = 0
+    outbox_oldest_age_s: float = 0.0
+    outbox_replayed: int = 0  # acked out of the outbox since start
     connected: bool = False
     disconnects: int = 0
     reconnects: int = 0
