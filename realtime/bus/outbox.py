@@ -32,32 +32,32 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import logging
 import os
 import struct
 import time
-import zlib
 from collections import OrderedDict, deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.events import EventKind
 from realtime.bus.delivery import WireMessage
+from realtime.bus.outbox_codec import (
+    SEQ,
+    SEVERITY_CODE,
+    OutboxRecord,
+    decode,
+    decode_head,
+    encode,
+    frame_at,
+    frame_record,
+    scan,
+)
 
 log = logging.getLogger(__name__)
 
 SEVERITIES = ("info", "warning", "critical")
 
-_MAGIC = b"VSOB"
-_FRAME = struct.Struct("<4sII")  # magic, body length, CRC-32 of the body
-# seq, enqueued_at, severity code, then the lengths of kind, event id, stream id, subject, headers, payload
-_BODY = struct.Struct("<QdBBHHHII")
-_SEQ = struct.Struct("<Q")
-_MAX_BODY = 64 * 2**20
-_SEVERITY_CODE = {"info": 1, "warning": 2, "critical": 3}
-_SEVERITY_NAME = {code: name for name, code in _SEVERITY_CODE.items()}
 _ALERT_RANK_UNKNOWN = 2  # an alert without a known severity is kept like a warning
 _DROP_LOG_INTERVAL_S = 10.0
 _ACKS_NAME = "acks.log"
@@ -77,26 +77,6 @@ class OutboxWriteError(OutboxError):
 
 class OutboxClosedError(OutboxError):
     """The outbox was used after close()."""
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxRecord:
-    """One queued event, as read back from disk."""
-
-    seq: int
-    event_id: str
-    stream_id: str
-    kind: EventKind
-    severity: str | None
-    subject: str
-    headers: dict[str, str]
-    payload: bytes
-    enqueued_at: float  # time.time() when it was appended
-
-    def to_wire(self) -> WireMessage:
-        # created_at is monotonic; rebuild it from the wall-clock age so delays stay meaningful.
-        created = time.monotonic() - max(0.0, time.time() - self.enqueued_at)
-        return WireMessage(self.event_id, self.kind, self.subject, self.payload, self.headers, created, self.severity)
 
 
 @dataclass(slots=True)
@@ -140,7 +120,7 @@ def drop_rank(kind: str, severity: str | None) -> int:
     """0 for non-alert kinds, then 1 info, 2 warning (or unknown), 3 critical alerts."""
     if kind != EventKind.ALERTS.value:
         return 0
-    return _SEVERITY_CODE.get(severity or "", _ALERT_RANK_UNKNOWN)
+    return SEVERITY_CODE.get(severity or "", _ALERT_RANK_UNKNOWN)
 
 
 class Outbox:
@@ -250,10 +230,10 @@ class Outbox:
         """Queue one durable message; returns its sequence number. May drop older records (or this
         one) to stay inside the bounds. Raises OutboxWriteError when the disk refuses the write."""
         self._check_open()
-        severity = msg.severity if msg.severity in _SEVERITY_CODE else None
+        severity = msg.severity if msg.severity in SEVERITY_CODE else None
         seq = self._next_seq
         enqueued_at = time.time()
-        frame = _frame(_encode(seq, enqueued_at, msg, severity))
+        frame = frame_record(encode(seq, enqueued_at, msg, severity))
         segment = self._writable_segment(len(frame))
         offset = segment.size
         try:
@@ -549,7 +529,7 @@ class Outbox:
 
     def _log_removal(self, seq: int) -> None:
         try:
-            _write_all(self._acks_fd, _frame(_SEQ.pack(seq)))
+            _write_all(self._acks_fd, frame_record(SEQ.pack(seq)))
         except OSError as exc:
             # Removed in memory anyway; after a restart the record is re-sent (a JetStream duplicate).
             self._write_errors += 1
@@ -567,7 +547,7 @@ class Outbox:
             with open(tmp, "wb") as fh:
                 for start in range(0, len(dead), 4096):
                     chunk = dead[start : start + 4096]
-                    fh.write(_frame(struct.pack(f"<{len(chunk)}Q", *chunk)))
+                    fh.write(frame_record(struct.pack(f"<{len(chunk)}Q", *chunk)))
                 fh.flush()
                 self._fsync(fh.fileno())
             os.replace(tmp, path)
@@ -618,8 +598,8 @@ class Outbox:
             data = os.pread(entry.segment.fd, entry.size, entry.offset)
         except OSError:
             return None
-        body = _frame_at(data, 0)
-        record = _decode(body) if body is not None else None
+        body = frame_at(data, 0)
+        record = decode(body) if body is not None else None
         return record if record is not None and record.seq == entry.seq else None
 
     def _check_open(self) -> None:
@@ -649,8 +629,8 @@ class Outbox:
             data = path.read_bytes()
             segment = self._segments[path] = _Segment(path, os.open(path, os.O_RDONLY), len(data))
             self._disk_bytes += len(data)
-            for offset, size, body in _scan(data):
-                head = _decode_head(body) if body is not None else None
+            for offset, size, body in scan(data):
+                head = decode_head(body) if body is not None else None
                 if head is not None and head[0] in found:
                     continue  # a second copy left by a merge cut short; the first one counts
                 if head is None:
@@ -683,101 +663,13 @@ class Outbox:
         if not path.exists():
             return set()
         removed: set[int] = set()
-        for offset, size, body in _scan(path.read_bytes()):
-            if body is None or len(body) % _SEQ.size:
+        for offset, size, body in scan(path.read_bytes()):
+            if body is None or len(body) % SEQ.size:
                 self._corrupt += 1
                 log.warning("outbox %s: skipped %d damaged bytes at offset %d", _ACKS_NAME, size, offset)
                 continue
-            removed.update(struct.unpack(f"<{len(body) // _SEQ.size}Q", body))
+            removed.update(struct.unpack(f"<{len(body) // SEQ.size}Q", body))
         return removed
-
-
-# -- record codec ---------------------------------------------------------------------------------
-
-
-def _frame(body: bytes) -> bytes:
-    return _FRAME.pack(_MAGIC, len(body), zlib.crc32(body)) + body
-
-
-def _frame_at(data: bytes, pos: int) -> bytes | None:
-    """The body of an intact frame starting at pos, else None."""
-    if len(data) - pos < _FRAME.size:
-        return None
-    magic, length, crc = _FRAME.unpack_from(data, pos)
-    start = pos + _FRAME.size
-    if magic != _MAGIC or length > _MAX_BODY or start + length > len(data):
-        return None
-    body = data[start : start + length]
-    return body if zlib.crc32(body) == crc else None
-
-
-def _scan(data: bytes) -> Iterator[tuple[int, int, bytes | None]]:
-    """(offset, size, body) per intact frame; (offset, size, None) per damaged stretch, after
-    which scanning resumes at the next magic (a false magic inside a payload fails its CRC)."""
-    pos = 0
-    while pos < len(data):
-        body = _frame_at(data, pos)
-        if body is not None:
-            size = _FRAME.size + len(body)
-            yield pos, size, body
-            pos += size
-            continue
-        resume = data.find(_MAGIC, pos + 1)
-        end = len(data) if resume < 0 else resume
-        yield pos, end - pos, None
-        pos = end
-
-
-def _encode(seq: int, enqueued_at: float, msg: WireMessage, severity: str | None) -> bytes:
-    parts = [
-        msg.kind.value.encode(),
-        msg.event_id.encode(),
-        msg.stream_id.encode(),
-        msg.subject.encode(),
-        json.dumps(msg.headers, separators=(",", ":")).encode(),
-        msg.payload,
-    ]
-    head = _BODY.pack(seq, enqueued_at, _SEVERITY_CODE.get(severity or "", 0), *map(len, parts))
-    return b"".join([head, *parts])
-
-
-def _decode_head(body: bytes) -> tuple[int, float, str, str | None] | None:
-    """seq, enqueued_at, kind, severity: what the index needs, without copying the payload."""
-    if len(body) < _BODY.size:
-        return None
-    seq, enqueued_at, severity, *lengths = _BODY.unpack_from(body)
-    if _BODY.size + sum(lengths) != len(body):
-        return None
-    kind = body[_BODY.size : _BODY.size + lengths[0]].decode("ascii", errors="replace")
-    return seq, enqueued_at, kind, _SEVERITY_NAME.get(severity)
-
-
-def _decode(body: bytes) -> OutboxRecord | None:
-    head = _decode_head(body)
-    if head is None:
-        return None
-    seq, enqueued_at, kind, severity = head
-    _, _, _, *lengths = _BODY.unpack_from(body)
-    fields: list[bytes] = []
-    pos = _BODY.size
-    for length in lengths:
-        fields.append(body[pos : pos + length])
-        pos += length
-    try:
-        headers = json.loads(fields[4])
-        return OutboxRecord(
-            seq=seq,
-            event_id=fields[1].decode(),
-            stream_id=fields[2].decode(),
-            kind=EventKind(kind),
-            severity=severity,
-            subject=fields[3].decode(),
-            headers={str(k): str(v) for k, v in headers.items()},
-            payload=bytes(fields[5]),
-            enqueued_at=enqueued_at,
-        )
-    except (ValueError, AttributeError):
-        return None
 
 
 # -- small OS helpers -----------------------------------------------------------------------------
