@@ -273,6 +273,11 @@ class NatsEventPublisher:
         return self._nc is not None and self._nc.is_connected
 
     @property
+    def nc(self) -> NatsClient | None:
+        """The live connection, for helpers that share it (object store); None before connect / after close."""
+        return self._nc
+
+    @property
     def stats(self) -> PublisherStats:
         """A snapshot: published/acked/failed/... per kind, pending acks, last error."""
         snap = self._stats.snapshot()

@@ -117,8 +117,7 @@ class NatsSnapshotStore:
         if isinstance(self._source, NatsClient):
             nc: NatsClient | None = self._source
         else:
-            # NatsEventPublisher keeps its connection private; None before connect / after close.
-            nc = self._source._nc
+            nc = self._source.nc  # None before connect / after close
         if nc is None or nc.is_closed:
             raise SnapshotStoreError("NATS is not connected")
         return nc
