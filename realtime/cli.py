@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 
 from realtime.logs import setup_logging
@@ -11,10 +12,14 @@ from realtime.logs import setup_logging
 
 def _parser() -> argparse.ArgumentParser:
     from realtime.run_command import add_run_arguments
+    from realtime.serve_command import add_serve_arguments
 
     parser = argparse.ArgumentParser(prog="vidsentry", description="Real-time video analytics with events over NATS")
     parser.add_argument("--log-level", help="debug, info, warning (default), error")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the service: HTTP API, the config's streams, events over NATS")
+    add_serve_arguments(serve)
 
     run = commands.add_parser("run", help="process one source in the foreground")
     add_run_arguments(run)
@@ -49,10 +54,16 @@ async def _subscribe(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    setup_logging(args.log_level)
+    # A service's progress is its log: info by default for serve, warnings only for the foreground tools.
+    default_level = "INFO" if args.command == "serve" else None
+    setup_logging(args.log_level or os.environ.get("VIDSENTRY_LOG_LEVEL") or default_level)
     from realtime.run_command import CommandError
 
     try:
+        if args.command == "serve":
+            from realtime.serve_command import serve_command
+
+            return asyncio.run(serve_command(args))
         if args.command == "run":
             from realtime.run_command import run_command
 

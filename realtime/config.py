@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from pipelines.frames import STREAM_ID_PATTERN
 from pipelines.rules.specs import RuleSpec
@@ -37,6 +37,10 @@ class NatsSettings(_Strict):
     url: str | None = None  # None: start an embedded nats-server
     connect_timeout_s: float = Field(5.0, gt=0)
     stream_max_age_s: float = Field(7 * 24 * 3600, gt=0)
+    # Durable events the broker could not take are kept here until it is back (None: no outbox).
+    outbox_dir: Path | None = None
+    outbox_max_events: int = Field(100_000, ge=1)
+    outbox_max_bytes: int = Field(256 * 1024 * 1024, ge=1)
 
     @field_validator("url")
     @classmethod
@@ -109,9 +113,31 @@ class StreamSettings(_Strict):
         return value
 
 
+class HttpSettings(_Strict):
+    """The HTTP API of `vidsentry serve` (flags --host / --port win over these)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)  # 0: any free port (printed at start)
+    # Bearer token for /api; VIDSENTRY_API_TOKEN wins over this. SecretStr keeps it out of reprs and logs.
+    api_token: SecretStr | None = None
+    # Serving a non-loopback address without a token is refused unless this says it is intended.
+    allow_unauthenticated: bool = False
+    sse_queue_events: int = Field(256, ge=1)  # per viewer; the oldest go first when a viewer lags
+    sse_heartbeat_s: float = Field(15.0, gt=0)
+    shutdown_timeout_s: float = Field(20.0, gt=0)  # for streams to stop and events to flush
+
+    @field_validator("api_token")
+    @classmethod
+    def _token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            return None  # an empty token means "no token", as an empty environment variable does
+        return value
+
+
 class Config(_Strict):
     node: str = Field(default_factory=socket.gethostname)
     nats: NatsSettings = NatsSettings()
+    http: HttpSettings = HttpSettings()
     detector: DetectorSettings = DetectorSettings()
     tracker: TrackerSettings = TrackerSettings()
     supervisor: SupervisorSettings = SupervisorSettings()

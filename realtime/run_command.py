@@ -21,6 +21,7 @@ from engines.registry import create_detector
 from pipelines.detect import DetectionBatcher
 from pipelines.frames import StatusChange, StreamState
 from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import BusUnavailable, NatsEventPublisher
 from realtime.config import Config, ConfigError, DetectorSettings, NatsSettings, load_config
 from realtime.progress import report_progress
@@ -89,13 +90,20 @@ def build_spec(args: argparse.Namespace, config: Config) -> StreamSpec:
 
 
 async def load_detector(args: argparse.Namespace, settings: DetectorSettings) -> Any:
+    return await load_configured_detector(settings, model=args.model, engine=args.engine, conf=args.conf)
+
+
+async def load_configured_detector(
+    settings: DetectorSettings, *, model: str | None = None, engine: str | None = None, conf: float | None = None
+) -> Any:
+    """The detector the settings describe (arguments win); a bad model or engine is a CommandError."""
     try:
-        model = Path(args.model) if args.model else settings.model or default_detector_model()
+        path = Path(model) if model else settings.model or default_detector_model()
         return await asyncio.to_thread(
             create_detector,
-            model,
-            args.engine or settings.engine,
-            conf=args.conf or settings.conf,
+            path,
+            engine or settings.engine,
+            conf=conf or settings.conf,
             iou=settings.iou,
             threads=settings.threads,
         )
@@ -103,9 +111,20 @@ async def load_detector(args: argparse.Namespace, settings: DetectorSettings) ->
         raise CommandError(str(exc)) from exc
 
 
+def open_outbox(settings: NatsSettings) -> Outbox | None:
+    """The disk outbox the settings ask for (None without `outbox_dir`); the publisher owns it."""
+    if settings.outbox_dir is None:
+        return None
+    try:
+        return Outbox(settings.outbox_dir, max_events=settings.outbox_max_events, max_bytes=settings.outbox_max_bytes)
+    except OSError as exc:  # OutboxError is one too (e.g. another process has the directory locked)
+        raise CommandError(f"nats.outbox_dir {settings.outbox_dir}: {exc}", EXIT_RUNTIME) from exc
+
+
 @contextlib.asynccontextmanager
 async def open_bus(nats_url: str | None, settings: NatsSettings, node: str) -> AsyncIterator[NatsEventPublisher]:
-    """Connect to the given NATS, or start an embedded server for the duration."""
+    """Connect to the given NATS, or start an embedded server for the duration; with the
+    configured disk outbox in front of it."""
     embedded: EmbeddedNatsServer | None = None
     store: tempfile.TemporaryDirectory[str] | None = None
     if nats_url is None:
@@ -115,18 +134,30 @@ async def open_bus(nats_url: str | None, settings: NatsSettings, node: str) -> A
         nats_url = embedded.url
         print(f"vidsentry: embedded NATS at {nats_url} (vidsentry subscribe --nats-url {nats_url})",
               file=sys.stderr)
-    publisher = NatsEventPublisher(
-        nats_url, node=node, connect_timeout=settings.connect_timeout_s, stream_max_age_s=settings.stream_max_age_s
-    )
     try:
+        outbox = open_outbox(settings)
         try:
-            await publisher.connect()
-        except BusUnavailable as exc:
-            raise CommandError(str(exc), EXIT_RUNTIME) from exc
-        yield publisher
+            publisher = NatsEventPublisher(
+                nats_url,
+                node=node,
+                connect_timeout=settings.connect_timeout_s,
+                stream_max_age_s=settings.stream_max_age_s,
+                outbox=outbox,
+            )
+        except BaseException:
+            if outbox is not None:
+                outbox.close()
+            raise
+        try:
+            try:
+                await publisher.connect()
+            except BusUnavailable as exc:
+                raise CommandError(str(exc), EXIT_RUNTIME) from exc
+            yield publisher
+        finally:
+            with contextlib.suppress(Exception):
+                await publisher.close()  # closes the outbox too
     finally:
-        with contextlib.suppress(Exception):
-            await publisher.close()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
         if store is not None:

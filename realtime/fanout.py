@@ -1,0 +1,146 @@
+"""A tee in front of the NATS publisher that also hands each stream's events to live viewers.
+
+Pipelines publish into `EventFanout` exactly as into the publisher. After the publisher has
+accepted an event, every viewer watching that stream gets a copy, encoded once as the same
+JSON body NATS carries. A viewer is a bounded queue: a slow viewer loses its oldest events
+(counted) and never slows the pipeline or the other viewers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pipelines.events import Event, EventSink
+from realtime.bus import cloudevents
+
+
+@dataclass(frozen=True, slots=True)
+class SseMessage:
+    """One server-sent event."""
+
+    event: str
+    data: str
+    id: str | None = None
+
+    def encode(self) -> bytes:
+        lines = [f"id: {self.id}"] if self.id else []
+        lines.append(f"event: {self.event}")
+        # A data value may not contain raw newlines; each line becomes its own data field.
+        lines += [f"data: {line}" for line in self.data.split("\n")]
+        return ("\n".join(lines) + "\n\n").encode("utf-8")
+
+
+class ViewerClosed(Exception):
+    """The viewer was closed and everything queued has been taken."""
+
+
+class Viewer:
+    """One client's bounded queue of a stream's events (drop-oldest)."""
+
+    def __init__(self, stream_id: str, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        self.stream_id = stream_id
+        self.limit = limit
+        self.dropped = 0
+        self._queue: deque[SseMessage] = deque()
+        self._ready = asyncio.Event()
+        self._closed = False
+
+    def offer(self, message: SseMessage) -> None:
+        if self._closed:
+            return
+        if len(self._queue) >= self.limit:
+            self._queue.popleft()
+            self.dropped += 1
+        self._queue.append(message)
+        self._ready.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._ready.set()
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    async def next(self, wait_s: float) -> SseMessage | None:
+        """The oldest queued event; None if none came within `wait_s` (time for a heartbeat).
+        Raises ViewerClosed once closed and drained, so final events still reach the client."""
+        if not self._queue:
+            if self._closed:
+                raise ViewerClosed
+            self._ready.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait_s):
+                    await self._ready.wait()
+        if self._queue:
+            return self._queue.popleft()
+        if self._closed:
+            raise ViewerClosed
+        return None
+
+
+class EventFanout:
+    """An EventSink: forwards to `sink`, then offers the event to the stream's viewers."""
+
+    def __init__(self, sink: EventSink, *, node: str, queue_limit: int = 256) -> None:
+        self._sink = sink
+        self._node = node
+        self._queue_limit = queue_limit
+        self._viewers: dict[str, set[Viewer]] = {}
+        self._closed = False
+        self.dropped_by_gone_viewers = 0  # drops of viewers that have since left, for a monotonic total
+
+    async def publish(self, event: Event) -> None:
+        await self._sink.publish(event)
+        viewers = self._viewers.get(event.stream_id)
+        if not viewers:
+            return
+        # Encoded only when someone watches; the same body as on NATS (published_at differs by microseconds).
+        payload, headers = cloudevents.encode(event, self._node, time.time())
+        message = SseMessage(event=event.kind.value, data=payload.decode("utf-8"), id=headers["ce-id"])
+        for viewer in viewers:
+            viewer.offer(message)
+
+    @contextlib.contextmanager
+    def watch(self, stream_id: str) -> Iterator[Viewer]:
+        """A viewer of `stream_id` for the duration of the block (closed at once after close())."""
+        viewer = Viewer(stream_id, self._queue_limit)
+        if self._closed:
+            viewer.close()
+        self._viewers.setdefault(stream_id, set()).add(viewer)
+        try:
+            yield viewer
+        finally:
+            viewers = self._viewers.get(stream_id)
+            if viewers is not None:
+                viewers.discard(viewer)
+                if not viewers:
+                    del self._viewers[stream_id]
+            self.dropped_by_gone_viewers += viewer.dropped
+
+    def close_stream(self, stream_id: str) -> None:
+        """The stream is gone: its viewers get what is queued, then their responses end."""
+        for viewer in self._viewers.get(stream_id, ()):
+            viewer.close()
+
+    def close(self) -> None:
+        self._closed = True
+        for viewers in self._viewers.values():
+            for viewer in viewers:
+                viewer.close()
+
+    @property
+    def viewer_count(self) -> int:
+        return sum(len(v) for v in self._viewers.values())
+
+    @property
+    def dropped_total(self) -> int:
+        live = sum(v.dropped for viewers in self._viewers.values() for v in viewers)
+        return self.dropped_by_gone_viewers + live

@@ -1,0 +1,106 @@
+"""`/api/streams`: the desired set of streams, read and written over HTTP.
+
+A POST body is one stream object with the same fields as a stream in the YAML config and is
+validated by the same pydantic model, so the API and the file accept exactly the same things.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from pipelines.frames import STREAM_ID_PATTERN
+from realtime.config import StreamSettings
+from realtime.http.context import context_of
+from realtime.http.errors import ApiError
+from realtime.registry import RegistryClosed, StreamExists, UnknownStream
+
+ID_RULE = "use 1-64 characters from A-Z a-z 0-9 _ -"
+
+
+def stream_id_of(request: web.Request) -> str:
+    stream_id = request.match_info["stream_id"]
+    if not STREAM_ID_PATTERN.fullmatch(stream_id):
+        raise ApiError(400, "invalid stream id", {"field": "id", "message": ID_RULE})
+    return stream_id
+
+
+def unknown_stream(stream_id: str) -> ApiError:
+    return ApiError(404, "unknown stream", {"id": stream_id})
+
+
+async def read_json_object(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()  # bounded by the app's client_max_size (413 past it)
+    if not raw.strip():
+        raise ApiError(400, "missing body", "send one stream object as JSON, e.g. {\"id\": \"cam1\", \"url\": \"rtsp://...\"}")
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:  # includes UnicodeDecodeError
+        raise ApiError(400, "bad JSON", str(exc)) from None
+    except RecursionError:
+        raise ApiError(400, "bad JSON", "nested too deeply") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "bad JSON", f"expected one stream object, got {type(body).__name__}")
+    return body
+
+
+def validation_problems(error: ValidationError) -> list[dict[str, str]]:
+    problems = []
+    for item in error.errors(include_input=False, include_url=False):
+        field = ".".join(str(part) for part in item["loc"]) or "(body)"
+        message = "unknown field" if item["type"] == "extra_forbidden" else item["msg"].removeprefix("Value error, ")
+        problems.append({"field": field, "message": message})
+    return problems
+
+
+async def list_streams(request: web.Request) -> web.Response:
+    views = context_of(request).registry.views()
+    return web.json_response({"streams": [view.to_json() for view in views]})
+
+
+async def create_stream(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    try:
+        settings = StreamSettings.model_validate(body)
+    except ValidationError as exc:
+        problems = validation_problems(exc)
+        summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
+        raise ApiError(400, f"invalid stream: {summary}", problems) from None
+    try:
+        view = context_of(request).registry.add(settings)
+    except StreamExists:
+        raise ApiError(409, "stream exists", {"id": settings.id}) from None
+    except RegistryClosed:
+        raise ApiError(503, "shutting down", "the service is draining", headers={"Retry-After": "5"}) from None
+    return web.json_response(view.to_json(), status=201, headers={"Location": f"/api/streams/{settings.id}"})
+
+
+async def get_stream(request: web.Request) -> web.Response:
+    stream_id = stream_id_of(request)
+    try:
+        view = context_of(request).registry.get(stream_id)
+    except UnknownStream:
+        raise unknown_stream(stream_id) from None
+    return web.json_response(view.to_json())
+
+
+async def delete_stream(request: web.Request) -> web.Response:
+    """Removes the stream from the desired set; the reconciler stops it (its open tracks end)."""
+    stream_id = stream_id_of(request)
+    try:
+        context_of(request).registry.remove(stream_id)
+    except UnknownStream:
+        raise unknown_stream(stream_id) from None
+    except RegistryClosed:
+        raise ApiError(503, "shutting down", "the service is draining", headers={"Retry-After": "5"}) from None
+    return web.Response(status=204)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/api/streams", list_streams)
+    app.router.add_post("/api/streams", create_stream)
+    app.router.add_get("/api/streams/{stream_id}", get_stream)
+    app.router.add_delete("/api/streams/{stream_id}", delete_stream)

@@ -1,0 +1,30 @@
+"""What the HTTP handlers reach: one object stored on the aiohttp application."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from realtime.fanout import EventFanout
+from realtime.metrics import ServiceMetrics
+from realtime.registry import StreamRegistry
+
+
+@dataclass(eq=False)
+class HttpContext:
+    registry: StreamRegistry
+    fanout: EventFanout
+    metrics: ServiceMetrics
+    readiness: Callable[[], dict[str, bool]]  # named checks; ready when all are true
+    api_token: bytes | None = field(default=None, repr=False)  # None: /api is open (loopback only)
+    sse_heartbeat_s: float = 15.0
+    draining: bool = False  # shutting down: mutations are refused, readiness fails
+
+
+APP_CONTEXT = web.AppKey("vidsentry_context", HttpContext)
+
+
+def context_of(request: web.Request) -> HttpContext:
+    return request.app[APP_CONTEXT]

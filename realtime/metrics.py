@@ -1,0 +1,279 @@
+"""Prometheus metrics for `vidsentry serve`.
+
+Counters and gauges are read from the stats the parts already keep (streams, publisher,
+batcher, SSE fan-out) at scrape time by one custom collector, so nothing is counted twice
+and the hot path pays nothing for them. Only the two latency histograms are fed per frame,
+by the frame loop's `on_frame` observer. Frame rates come from a sampler that reads the
+frame counters once a second and keeps a short window per stream.
+
+Each service has its own CollectorRegistry, so several services in one process (tests)
+never collide, and a deleted stream's labels are removed so churn cannot grow them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from pipelines.detect import BatcherStats
+from pipelines.frames import FrameResult, StreamState
+from pipelines.stream import FrameObserver
+from realtime.bus.delivery import PublisherStats
+from realtime.stream_view import PENDING, StreamView
+
+INFERENCE_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+LATENCY_BUCKETS_S = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0)
+RATE_WINDOW_S = 10.0
+SAMPLE_EVERY_S = 1.0
+STATES = (PENDING, *(s.value for s in StreamState))
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSources:
+    """Where the collector reads at scrape time."""
+
+    streams: Callable[[], Sequence[StreamView]]
+    active_runs: Callable[[], int]  # stream runs alive, including those still stopping
+    publisher: Callable[[], PublisherStats]
+    batcher: Callable[[], BatcherStats]
+    sse_viewers: Callable[[], int]
+    sse_dropped: Callable[[], int]
+    outbox_depth: Callable[[], tuple[int, int] | None]  # (events, bytes) or None without an outbox
+
+
+class FrameRates:
+    """Frames per second over the last RATE_WINDOW_S, per stream and stage (in / processed / dropped)."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._samples: dict[str, deque[tuple[float, int, int, int]]] = {}
+
+    def sample(self, views: Iterable[StreamView], now: float) -> None:
+        seen = set()
+        for view in views:
+            c = view.counters
+            ring = self._samples.setdefault(view.stream_id, deque())
+            if ring and (c.frames_in < ring[-1][1] or c.frames_processed < ring[-1][2]):
+                ring.clear()  # a new run started its counters over
+            ring.append((now, c.frames_in, c.frames_processed, c.frames_dropped))
+            while len(ring) > 2 and now - ring[0][0] > self.window_s:
+                ring.popleft()
+            seen.add(view.stream_id)
+        for stream_id in [s for s in self._samples if s not in seen]:
+            del self._samples[stream_id]
+
+    def rates(self, stream_id: str) -> tuple[float, float, float]:
+        ring = self._samples.get(stream_id)
+        if not ring or len(ring) < 2:
+            return (0.0, 0.0, 0.0)
+        (t0, in0, proc0, drop0), (t1, in1, proc1, drop1) = ring[0], ring[-1]
+        span = t1 - t0
+        if span <= 0:
+            return (0.0, 0.0, 0.0)
+        return ((in1 - in0) / span, (proc1 - proc0) / span, (drop1 - drop0) / span)
+
+
+class ServiceMetrics:
+    def __init__(self, sources: MetricSources) -> None:
+        self.sources = sources
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.rates = FrameRates()
+        self.inference = Histogram(
+            "vidsentry_inference_seconds",
+            "Model call time of each processed frame (its batch's call, pre/post-processing included)",
+            ["stream"],
+            buckets=INFERENCE_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "vidsentry_capture_to_publish_seconds",
+            "From a frame reaching the service to its detections event being published",
+            ["stream"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.registry.register(_ServiceCollector(sources, self.rates))
+        self.registry.register(_RuntimeCollector())
+        ProcessCollector(registry=self.registry)
+
+    def frame_observer(self, stream_id: str) -> FrameObserver:
+        inference = self.inference.labels(stream_id)
+        latency = self.latency.labels(stream_id)
+
+        def observe(result: FrameResult, latency_ms: float) -> None:
+            inference.observe(result.inference_ms / 1000)
+            latency.observe(latency_ms / 1000)
+
+        return observe
+
+    def forget(self, stream_id: str) -> None:
+        """Drop a deleted stream's histogram series."""
+        for histogram in (self.inference, self.latency):
+            with contextlib.suppress(KeyError):  # it never processed a frame
+                histogram.remove(stream_id)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def sample_rates(self) -> None:
+        """Feed the frame-rate window forever (cancel to stop)."""
+        while True:
+            self.rates.sample(self.sources.streams(), time.monotonic())
+            await asyncio.sleep(SAMPLE_EVERY_S)
+
+
+class _ServiceCollector(Collector):
+    def __init__(self, sources: MetricSources, rates: FrameRates) -> None:
+        self.sources = sources
+        self.rates = rates
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self._streams()
+        yield from self._events()
+        yield from self._detector()
+        yield from self._viewers()
+
+    def _streams(self) -> Iterable[Metric]:
+        views = self.sources.streams()
+        frames = CounterMetricFamily(
+            "vidsentry_stream_frames",
+            "Video frames per stream: in (decoded), processed, dropped (latest-frame-wins), skipped (detect_fps), "
+            "failed (detector error)",
+            labels=["stream", "stage"],
+        )
+        fps = GaugeMetricFamily(
+            "vidsentry_stream_fps", f"Frames per second over the last {RATE_WINDOW_S:g} s", labels=["stream", "stage"]
+        )
+        simple_counters = {
+            "detections": ("vidsentry_stream_detections", "Objects detected"),
+            "track_events": ("vidsentry_stream_track_events", "Track lifecycle events"),
+            "reconnects": ("vidsentry_stream_reconnects", "Times the source went reconnecting"),
+            "stalls": ("vidsentry_stream_stalls", "Times the frame watchdog declared the source stalled"),
+            "corrupt_packets": ("vidsentry_stream_corrupt_packets", "Undecodable packets skipped"),
+            "status_events_dropped": ("vidsentry_stream_status_events_dropped", "Status events dropped (queue full)"),
+        }
+        counters = {
+            key: CounterMetricFamily(name, text, labels=["stream"]) for key, (name, text) in simple_counters.items()
+        }
+        depth = GaugeMetricFamily(
+            "vidsentry_stream_queue_depth",
+            "Items waiting per stream queue: mailbox (frames), status (events)",
+            labels=["stream", "queue"],
+        )
+        audio = GaugeMetricFamily("vidsentry_stream_audio_buffered_seconds", "Audio waiting", labels=["stream"])
+        state = GaugeMetricFamily(
+            "vidsentry_stream_state", "1 for the stream's current state", labels=["stream", "state"]
+        )
+        restarts = CounterMetricFamily(
+            "vidsentry_stream_restarts", "Runs started after the stream ended by itself", labels=["stream"]
+        )
+        for view in views:
+            sid, c = view.stream_id, view.counters
+            for stage, value in (
+                ("in", c.frames_in),
+                ("processed", c.frames_processed),
+                ("dropped", c.frames_dropped),
+                ("skipped", c.frames_skipped),
+                ("failed", c.frames_failed),
+            ):
+                frames.add_metric([sid, stage], value)
+            for stage, rate in zip(("in", "processed", "dropped"), self.rates.rates(sid), strict=True):
+                fps.add_metric([sid, stage], rate)
+            for key, family in counters.items():
+                family.add_metric([sid], getattr(c, key))
+            depth.add_metric([sid, "mailbox"], c.mailbox_depth)
+            depth.add_metric([sid, "status"], c.status_queue_depth)
+            audio.add_metric([sid], c.audio_buffered_s)
+            for name in STATES:
+                state.add_metric([sid, name], 1.0 if view.state == name else 0.0)
+            restarts.add_metric([sid], view.restarts)
+        streams = GaugeMetricFamily("vidsentry_streams", "Desired streams")
+        streams.add_metric([], len(views))
+        runs = GaugeMetricFamily("vidsentry_stream_runs_active", "Stream runs alive, including runs still stopping")
+        runs.add_metric([], self.sources.active_runs())
+        yield from (streams, runs, frames, fps, *counters.values(), depth, audio, state, restarts)
+
+    def _events(self) -> Iterable[Metric]:
+        stats = self.sources.publisher()
+        kinds = sorted(stats.kinds.items())
+        for field, text in (
+            ("published", "Events handed to the publisher"),
+            ("acked", "Durable events stored by JetStream"),
+            ("failed", "Events that could not be delivered"),
+            ("dropped", "Live events dropped while NATS was disconnected"),
+            ("retries", "Durable publish retries"),
+        ):
+            family = CounterMetricFamily(f"vidsentry_events_{field}", text, labels=["kind"])
+            for kind, counts in kinds:
+                family.add_metric([kind], getattr(counts, field))
+            yield family
+        connected = GaugeMetricFamily("vidsentry_nats_connected", "1 while connected to NATS")
+        connected.add_metric([], 1.0 if stats.connected else 0.0)
+        pending = GaugeMetricFamily("vidsentry_nats_pending_acks", "Durable events waiting for their JetStream ack")
+        pending.add_metric([], stats.pending_acks)
+        backlog = GaugeMetricFamily("vidsentry_nats_retry_backlog", "Durable events waiting for a retry")
+        backlog.add_metric([], stats.retry_backlog)
+        reconnects = CounterMetricFamily("vidsentry_nats_reconnects", "Reconnects to NATS")
+        reconnects.add_metric([], stats.reconnects)
+        yield from (connected, pending, backlog, reconnects)
+        outbox = self.sources.outbox_depth()
+        if outbox is not None:
+            events = GaugeMetricFamily("vidsentry_outbox_events", "Durable events spooled on disk")
+            events.add_metric([], outbox[0])
+            size = GaugeMetricFamily("vidsentry_outbox_bytes", "Bytes spooled on disk")
+            size.add_metric([], outbox[1])
+            yield from (events, size)
+
+    def _detector(self) -> Iterable[Metric]:
+        stats = self.sources.batcher()
+        calls = CounterMetricFamily("vidsentry_detector_calls", "Model calls (batches)")
+        calls.add_metric([], stats.calls)
+        frames = CounterMetricFamily("vidsentry_detector_frames", "Frames through the model")
+        frames.add_metric([], stats.frames)
+        failures = CounterMetricFamily("vidsentry_detector_failures", "Model calls that raised")
+        failures.add_metric([], stats.failures)
+        busy = CounterMetricFamily("vidsentry_detector_busy_seconds", "Time the model was busy")
+        busy.add_metric([], stats.busy_s)
+        yield from (calls, frames, failures, busy)
+
+    def _viewers(self) -> Iterable[Metric]:
+        viewers = GaugeMetricFamily("vidsentry_sse_viewers", "Open server-sent event streams")
+        viewers.add_metric([], self.sources.sse_viewers())
+        dropped = CounterMetricFamily("vidsentry_sse_events_dropped", "Events dropped for viewers that lagged")
+        dropped.add_metric([], self.sources.sse_dropped())
+        yield from (viewers, dropped)
+
+
+class _RuntimeCollector(Collector):
+    """What leaks show up in first: event-loop tasks and threads (RSS and fds come from ProcessCollector)."""
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            tasks = len(asyncio.all_tasks(asyncio.get_running_loop()))
+        except RuntimeError:
+            tasks = None  # scraped off the event loop (not the case when served over HTTP)
+        if tasks is not None:
+            family = GaugeMetricFamily("vidsentry_asyncio_tasks", "Tasks alive on the service's event loop")
+            family.add_metric([], tasks)
+            yield family
+        python = GaugeMetricFamily("vidsentry_python_threads", "Python threads alive")
+        python.add_metric([], threading.active_count())
+        yield python
+        try:
+            native = len(os.listdir("/proc/self/task"))
+        except OSError:
+            return  # not Linux
+        family = GaugeMetricFamily("vidsentry_os_threads", "Threads of this process, native ones included")
+        family.add_metric([], native)
+        yield family

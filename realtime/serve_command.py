@@ -1,0 +1,144 @@
+"""`vidsentry serve`: the HTTP API and the config's streams, until SIGTERM / SIGINT.
+
+Order of start: config (bad keys: exit 2) → listen address and token (a non-loopback
+address without a token: exit 2) → detector → NATS (embedded when none is configured) →
+HTTP → streams. Order of stop: see realtime.service; then the publisher is flushed and
+drained, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pipelines.detect import DetectionBatcher
+from realtime.config import Config, ConfigError, load_config
+from realtime.http import ListenError
+from realtime.memory import cap_malloc_arenas
+from realtime.run_command import EXIT_OK, EXIT_RUNTIME, CommandError, load_configured_detector, open_bus
+from realtime.service import Service
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "VIDSENTRY_API_TOKEN"
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config: streams, detector, NATS, HTTP (see samples/vidsentry.yaml)")
+    parser.add_argument("--host", help="address to listen on (default: http.host, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (default: http.port, 8080; 0 picks a free one)")
+    parser.add_argument("--nats-url", help="NATS server; default: nats.url, else an embedded one on loopback")
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help=f"serve a non-loopback address without an API token ({TOKEN_ENV} / http.api_token)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ListenPlan:
+    host: str
+    port: int
+    token: str | None = field(repr=False)
+
+
+def is_loopback(host: str) -> bool:
+    if host.rstrip(".").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # another name may resolve anywhere: treat it as exposed
+
+
+def plan_listen(args: argparse.Namespace, config: Config, environ: Mapping[str, str]) -> ListenPlan:
+    host = args.host if args.host is not None else config.http.host
+    port = args.port if args.port is not None else config.http.port
+    if not 0 <= port <= 65535:
+        raise CommandError(f"--port must be between 0 and 65535, got {port}")
+    configured = config.http.api_token.get_secret_value() if config.http.api_token else ""
+    # Secrets mounted from files often end in a newline; it is never part of the token.
+    token = environ.get(TOKEN_ENV, "").strip() or configured.strip() or None
+    allowed = args.allow_unauthenticated or config.http.allow_unauthenticated
+    if token is None and not is_loopback(host):
+        if not allowed:
+            raise CommandError(
+                f"refusing to serve the API on {host} without a token: set {TOKEN_ENV} (or http.api_token), "
+                "or pass --allow-unauthenticated if anyone who can reach it may control it"
+            )
+        log.warning("serving a non-loopback address without an API token", extra={"host": host})
+    return ListenPlan(host, port, token)
+
+
+def _print_listening(url: str, token: str | None) -> None:
+    auth = "bearer token required on /api" if token else "no API token"
+    print(f"vidsentry: serving on {url} ({auth})", file=sys.stderr, flush=True)
+
+
+async def serve_command(args: argparse.Namespace) -> int:
+    # Before any thread exists (the detector loads on one): only arenas created after this are capped.
+    cap_malloc_arenas()
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from exc
+    plan = plan_listen(args, config, os.environ)
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    stop_requested_at: list[float] = []
+
+    def on_signal(name: str) -> None:
+        if stop.is_set():
+            log.warning("already shutting down", extra={"signal": name})
+            return
+        log.info("shutting down", extra={"signal": name})
+        stop_requested_at.append(loop.time())
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig.name)
+    try:
+        detector = await load_configured_detector(config.detector)
+        try:
+            log.info("detector loaded", extra={"model": detector.info.path, "backend": detector.backend})
+            async with (
+                open_bus(args.nats_url or config.nats.url, config.nats, config.node) as publisher,
+                DetectionBatcher(detector) as batcher,
+            ):
+                service = Service(config, batcher, publisher, api_token=plan.token)
+                try:
+                    await service.run(
+                        plan.host, plan.port, stop, on_listening=lambda url: _print_listening(url, plan.token)
+                    )
+                except ListenError as exc:
+                    raise CommandError(str(exc), EXIT_RUNTIME) from None
+                # One budget for stopping streams and flushing, so the whole drain fits the grace period.
+                spent = loop.time() - stop_requested_at[0] if stop_requested_at else 0.0
+                flushed = await publisher.flush(max(2.0, config.http.shutdown_timeout_s - spent))
+                stats = publisher.stats
+                log.info(
+                    "service stopped",
+                    extra={
+                        "flushed": flushed,
+                        "events": {
+                            kind: {"published": k.published, "acked": k.acked, "failed": k.failed, "dropped": k.dropped}
+                            for kind, k in sorted(stats.kinds.items())
+                        },
+                    },
+                )
+                if not flushed:
+                    log.warning("some durable events were still unacknowledged at shutdown")
+        finally:
+            detector.close()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return EXIT_OK

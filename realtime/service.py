@@ -1,0 +1,197 @@
+"""The long-running service, assembled: one detector and batcher for every stream, the NATS
+publisher behind the SSE fan-out, the stream registry and its reconciler, metrics, and the
+HTTP server; and the order in which they stop.
+
+Shutdown (`stop` is set): mutations get 503 and /readyz fails; the registry wants nothing
+any more, so the reconciler stops every stream (each ends its open tracks and publishes its
+`stopped` status); event viewers get what is queued and their responses end; the HTTP server
+closes. Flushing and draining the publisher is left to its owner, after this returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from pipelines.detect import DetectionBatcher
+from realtime.bus.publisher import NatsEventPublisher
+from realtime.bus.snapshots import NatsSnapshotStore
+from realtime.config import Config, StreamSettings
+from realtime.fanout import EventFanout
+from realtime.http import HttpContext, HttpServer, create_app
+from realtime.memory import release_free_memory
+from realtime.metrics import MetricSources, ServiceMetrics
+from realtime.registry import StreamRegistry
+from realtime.stream_runner import StreamRunner, StreamSpec
+from realtime.stream_view import StreamView
+
+log = logging.getLogger(__name__)
+
+HEALTH_LOG_INTERVAL_S = 30.0
+
+
+def stream_spec(settings: StreamSettings, config: Config) -> StreamSpec:
+    return StreamSpec(
+        stream_id=settings.id,
+        url=settings.url,
+        ingest=settings.ingest,
+        realtime=settings.realtime,
+        audio=settings.audio,
+        detect_fps=settings.detect_fps,
+        policy=config.supervisor.to_policy(),  # a service retries cameras forever
+        tracker=config.tracker.to_config(),
+        rules=tuple(settings.rules),
+    )
+
+
+def outbox_depth(publisher: NatsEventPublisher, config: Config) -> tuple[int, int] | None:
+    """(events, bytes) waiting in the disk outbox, or None when none is configured."""
+    if config.nats.outbox_dir is None:
+        return None
+    stats = publisher.stats
+    return stats.outbox_depth, stats.outbox_bytes
+
+
+class Service:
+    def __init__(
+        self,
+        config: Config,
+        batcher: DetectionBatcher,
+        publisher: NatsEventPublisher,
+        *,
+        api_token: str | None = None,
+    ) -> None:
+        self.config = config
+        self.batcher = batcher
+        self.publisher = publisher
+        self.fanout = EventFanout(publisher, node=config.node, queue_limit=config.http.sse_queue_events)
+        self.metrics = ServiceMetrics(
+            MetricSources(
+                streams=self._views,
+                active_runs=lambda: self.registry.running_count,
+                publisher=lambda: publisher.stats,
+                batcher=lambda: batcher.stats,
+                sse_viewers=lambda: self.fanout.viewer_count,
+                sse_dropped=lambda: self.fanout.dropped_total,
+                outbox_depth=lambda: outbox_depth(publisher, config),
+            )
+        )
+        # Alert snapshots share the publisher's connection (the bucket is created on first use).
+        self.snapshots = NatsSnapshotStore(publisher)
+        self.registry = StreamRegistry(self._make_runner, on_gone=self._stream_gone)
+        self.context = HttpContext(
+            registry=self.registry,
+            fanout=self.fanout,
+            metrics=self.metrics,
+            readiness=self.readiness,
+            api_token=api_token.encode("utf-8") if api_token else None,
+            sse_heartbeat_s=config.http.sse_heartbeat_s,
+        )
+        self.app = create_app(self.context)
+        self.url: str | None = None
+
+    def readiness(self) -> dict[str, bool]:
+        # The detector is loaded before the service is built, so that check holds whenever the service
+        # answers; it is listed so /readyz names every precondition of processing.
+        return {"nats": self.publisher.connected, "detector": self.batcher.detector is not None}
+
+    async def run(
+        self, host: str, port: int, stop: asyncio.Event, *, on_listening: Callable[[str], None] | None = None
+    ) -> None:
+        """Serve until `stop` is set, then shut down in order. ListenError if the address is unusable."""
+        server = HttpServer(self.app)
+        self.url = await server.start(host, port)  # before any stream starts: a bad address costs nothing
+        try:
+            if not stop.is_set():  # a signal during start-up: no stream needs starting only to stop
+                self.registry.apply(self.config.streams)
+            log.info(
+                "service listening",
+                extra={
+                    "url": self.url,
+                    "streams": len(self.config.streams),
+                    "auth": "token" if self.context.api_token else "none",
+                },
+            )
+            if on_listening is not None:
+                on_listening(self.url)
+            async with asyncio.TaskGroup() as group:
+                reconciler = group.create_task(self.registry.run(), name="stream-reconciler")
+                helpers = [
+                    group.create_task(self.metrics.sample_rates(), name="frame-rates"),
+                    group.create_task(self._report_health(), name="health-log"),
+                ]
+                try:
+                    await stop.wait()
+                finally:
+                    await self._stop_streams(reconciler)
+                    for task in helpers:
+                        task.cancel()
+        finally:
+            self.fanout.close()
+            await server.stop()
+
+    async def _stop_streams(self, reconciler: asyncio.Task[None]) -> None:
+        self.context.draining = True
+        log.info("draining: stopping streams", extra={"running": self.registry.running_count})
+        self.registry.close()
+        timeout = self.config.http.shutdown_timeout_s
+        done, _ = await asyncio.wait({reconciler}, timeout=timeout)
+        if not done:
+            log.warning(
+                "streams did not stop in time; cancelling them",
+                extra={"timeout_s": timeout, "running": self.registry.running_count},
+            )
+            reconciler.cancel()
+            await asyncio.wait({reconciler})
+
+    def _make_runner(self, settings: StreamSettings) -> StreamRunner:
+        return StreamRunner(
+            stream_spec(settings, self.config),
+            self.batcher,
+            self.fanout,
+            snapshots=self.snapshots,
+            on_frame=self.metrics.frame_observer(settings.id),
+        )
+
+    def _stream_gone(self, stream_id: str) -> None:
+        self.fanout.close_stream(stream_id)
+        self.metrics.forget(stream_id)
+        release_free_memory()
+
+    def _views(self) -> list[StreamView]:
+        return self.registry.views()
+
+    async def _report_health(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_LOG_INTERVAL_S)
+            views = self.registry.views()
+            totals = self.publisher.stats.totals()
+            log.info(
+                "service health",
+                extra={
+                    "streams": len(views),
+                    "live": sum(1 for v in views if v.state == "live"),
+                    "nats_connected": self.publisher.connected,
+                    "events_published": totals.published,
+                    "events_failed": totals.failed,
+                    "sse_viewers": self.fanout.viewer_count,
+                },
+            )
+            for view in views:
+                fps_in, fps_processed, fps_dropped = self.metrics.rates.rates(view.stream_id)
+                c = view.counters
+                log.info(
+                    "stream health",
+                    extra={
+                        "stream_id": view.stream_id,
+                        "state": view.state,
+                        "reason": view.reason,
+                        "fps_in": round(fps_in, 1),
+                        "fps_processed": round(fps_processed, 1),
+                        "fps_dropped": round(fps_dropped, 1),
+                        "frames_processed": c.frames_processed,
+                        "reconnects": c.reconnects,
+                        "stalls": c.stalls,
+                    },
+                )

@@ -1,0 +1,142 @@
+"""An in-process `serve`: the real Service on a free loopback port, with a real nats-server,
+the real (small) nudenet detector, and an aiohttp client pointed at it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from engines.detector import Detector
+from engines.registry import create_detector
+from pipelines.detect import DetectionBatcher
+from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.bus.publisher import NatsEventPublisher
+from realtime.config import Config
+from realtime.service import Service
+
+# Cameras in tests come and go within seconds.
+FAST_SUPERVISOR = {
+    "backoff_initial_s": 0.2,
+    "backoff_max_s": 1.0,
+    "watchdog_s": 1.5,
+    "stall_restart_s": 4.0,
+    "open_timeout_s": 3.0,
+}
+
+
+async def wait_until(condition: Callable[[], bool], within_s: float, what: str) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: Any  # parsed JSON, or text when not JSON
+
+    @property
+    def is_json(self) -> bool:
+        return self.headers.get("Content-Type", "").startswith("application/json")
+
+
+@dataclass
+class LiveService:
+    service: Service
+    url: str
+    session: aiohttp.ClientSession
+    token: str | None = None
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        data: bytes | str | None = None,
+        token: str | None = "default",
+    ) -> Reply:
+        headers = {}
+        use = self.token if token == "default" else token
+        if use is not None:
+            headers["Authorization"] = f"Bearer {use}"
+        if json_body is not None:
+            data = json.dumps(json_body)
+        async with self.session.request(method, self.url + path, data=data, headers=headers) as response:
+            text = await response.text()
+            try:
+                body: Any = json.loads(text) if text else None
+            except ValueError:
+                body = text
+            return Reply(response.status, dict(response.headers), body)
+
+    async def stream(self, stream_id: str) -> dict[str, Any]:
+        reply = await self.call("GET", f"/api/streams/{stream_id}")
+        assert reply.status == 200, reply
+        body: dict[str, Any] = reply.body
+        return body
+
+    async def wait_for_state(self, stream_id: str, state: str, within_s: float = 20, min_processed: int = 0) -> None:
+        deadline = time.monotonic() + within_s
+        while True:
+            body = await self.stream(stream_id)
+            if body["state"] == state and body["counters"]["frames_processed"] >= min_processed:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{stream_id} never reached {state}: {body}")
+            await asyncio.sleep(0.02)
+
+
+def make_config(**overrides: Any) -> Config:
+    raw: dict[str, Any] = {"node": "test", "supervisor": FAST_SUPERVISOR, "http": {"sse_heartbeat_s": 0.5}}
+    for key, value in overrides.items():
+        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
+    return Config.model_validate(raw)
+
+
+@contextlib.asynccontextmanager
+async def live_service(
+    detector: Detector, nats_url: str, *, config: Config | None = None, token: str | None = None
+) -> AsyncIterator[LiveService]:
+    config = config or make_config()
+    async with NatsEventPublisher(nats_url, node="test") as publisher, DetectionBatcher(detector) as batcher:
+        service = Service(config, batcher, publisher, api_token=token)
+        stop = asyncio.Event()
+        listening = asyncio.Event()
+        task = asyncio.create_task(service.run("127.0.0.1", 0, stop, on_listening=lambda _: listening.set()))
+        try:
+            await wait_until(lambda: listening.is_set() or task.done(), 10, "the service to listen")
+            if task.done():
+                task.result()
+            assert service.url is not None
+            async with aiohttp.ClientSession() as session:
+                yield LiveService(service, service.url, session, token)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+
+
+@pytest.fixture(scope="module")
+def detector(nudenet_model: Path) -> Iterator[Detector]:
+    # The 320n model on one thread: cheap enough that stream churn, not inference, dominates.
+    det = create_detector(nudenet_model, "onnx-cpu", threads=1)
+    yield det
+    det.close()
+
+
+@pytest.fixture
+async def svc(detector: Detector, shared_nats_server: EmbeddedNatsServer) -> AsyncIterator[LiveService]:
+    async with live_service(detector, shared_nats_server.url) as live:
+        yield live

