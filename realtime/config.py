@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from pipelines.frames import STREAM_ID_PATTERN
-from pipelines.rules.specs import RuleSpec
+from pipelines.rules.specs import RuleList
 from pipelines.tracker import TrackerConfig
 from realtime.sources.spec import parse_source
 from realtime.sources.supervisor import SupervisorPolicy
@@ -97,7 +97,7 @@ class StreamSettings(_Strict):
     audio: bool = True
     realtime: bool = True  # files in a long-running service behave like cameras
     detect_fps: float | None = Field(None, gt=0)
-    rules: list[RuleSpec] = []
+    rules: RuleList = []
 
     @field_validator("id")
     @classmethod

@@ -182,7 +182,7 @@ def summary_text(s: StreamSummary, extra: dict[str, Any]) -> str:
         f"  speed       {s.fps_processed:.2f} fps processed over {s.elapsed_s:.1f} s",
         f"  detections  {s.detections} in {s.tracks} tracks ({s.track_events} track events)",
         f"  audio       {s.audio_seconds:.1f} s decoded, captions {extra['captions']}",
-        f"  alerts      {extra['alerts']}",
+        f"  alerts      {s.alerts}",
         f"  source      reconnects {s.reconnects}, stalls {s.stalls}, corrupt packets {s.corrupt_packets}",
         f"  latency     capture→publish p50 {ms(s.latency_p50_ms)}, p99 {ms(s.latency_p99_ms)}; "
         f"model p50 {ms(s.inference_p50_ms)}",
@@ -237,7 +237,6 @@ async def run_command(args: argparse.Namespace) -> int:
 
     extra = {
         "captions": 0,
-        "alerts": 0,
         "events_published": totals.published,
         "events_failed": totals.failed,
         "events_dropped": totals.dropped,

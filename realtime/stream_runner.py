@@ -67,6 +67,7 @@ class StreamSummary:
     detections: int
     tracks: int
     track_events: int
+    alerts: int
     audio_seconds: float
     audio_dropped_seconds: float
     reconnects: int
@@ -202,6 +203,24 @@ class StreamRunner:
             finally:
                 self._status_queue.task_done()
 
+    @property
+    def status_queue_depth(self) -> int:
+        return self._status_queue.qsize()
+
+    def release(self) -> None:
+        """Drop a finished run's parts now rather than at the next full GC pass.
+
+        The supervisor holds this runner's bound status callback, so a finished runner is a
+        reference cycle that keeps its last frame (a megabyte or more) alive until a
+        generation-2 collection, which may be dozens of runs away: RSS rose 8 % over 200
+        add/remove cycles. Read what you need from summary() first.
+        """
+        self.supervisor = None
+        self.frame_loop = None
+        self.mailbox = None
+        self.audio = None
+        self.audio_meter = None
+
     def summary(self) -> StreamSummary:
         elapsed = time.monotonic() - self._started
         loop = self.frame_loop.stats if self.frame_loop else None
@@ -222,6 +241,7 @@ class StreamRunner:
             detections=loop.detections if loop else 0,
             tracks=loop.tracks_started if loop else 0,
             track_events=loop.track_events if loop else 0,
+            alerts=loop.alerts.started if loop else 0,
             audio_seconds=round(audio.seconds_in, 2) if audio else 0.0,
             audio_dropped_seconds=round(audio.seconds_dropped, 2) if audio else 0.0,
             reconnects=source.reconnects if source else 0,

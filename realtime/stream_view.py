@@ -42,9 +42,7 @@ def read_counters(runner: StreamRunner) -> StreamCounters:
     loop = runner.frame_loop.stats if runner.frame_loop else None
     source = runner.supervisor.stats if runner.supervisor else None
     audio = runner.audio
-    # TODO(stream_runner): expose the status queue depth publicly; read here to show a flapping
-    # camera's backlog in metrics without changing the runner in this change.
-    status_queue = runner._status_queue.qsize()
+    status_queue = runner.status_queue_depth
     return StreamCounters(
         frames_in=source.frames if source else 0,
         frames_processed=loop.frames_processed if loop else 0,

@@ -46,6 +46,11 @@ def test_env_overrides_nested_keys(tmp_path: Path) -> None:
         ("streams:\n  - id: a\n", "streams.0.url"),
         ("streams:\n  - {id: a, url: rtsp://c/1}\n  - {id: a, url: rtsp://c/2}\n", "duplicate stream id"),
         ("nats:\n  url: http://bus\n", "nats.url"),
+        (
+            "streams:\n  - id: a\n    url: rtsp://c/1\n    rules:\n"
+            "      - {id: r, type: fall}\n      - {id: r, type: fall}\n",
+            "streams.0.rules: duplicate rule id 'r'",
+        ),
         ("- just\n- a list\n", "top level"),
         ("detector: [unclosed\n", "not valid YAML"),
     ],

@@ -34,13 +34,13 @@ class ListSink:
 class HeldRunner(StreamRunner):
     """A runner whose run only returns once the test lets it (a slow camera shutdown)."""
 
-    def __init__(self, *args: object, release: asyncio.Event, **kwargs: object) -> None:
+    def __init__(self, *args: object, let_go: asyncio.Event, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.release = release
+        self.let_go = let_go
 
     async def run(self) -> StreamState:
         state = await super().run()
-        await self.release.wait()
+        await self.let_go.wait()
         return state
 
 
@@ -60,7 +60,7 @@ class Factory:
         spec = StreamSpec(settings.id, settings.url, audio=settings.audio, policy=self.policy)
         runner: StreamRunner
         if self.hold is not None:
-            runner = HeldRunner(spec, self.batcher, self.sink, release=self.hold)
+            runner = HeldRunner(spec, self.batcher, self.sink, let_go=self.hold)
         else:
             runner = StreamRunner(spec, self.batcher, self.sink)
         self.built.append(runner)
