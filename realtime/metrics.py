@@ -198,10 +198,12 @@ class _ServiceCollector(Collector):
             for name in STATES:
                 state.add_metric([sid, name], 1.0 if view.state == name else 0.0)
             restarts.add_metric([sid], view.restarts)
-        streams = GaugeMetricFamily("vidsentry_streams", "Desired streams")
-        streams.add_metric([], len(views))
-        runs = GaugeMetricFamily("vidsentry_stream_runs_active", "Stream runs alive, including runs still stopping")
-        runs.add_metric([], self.sources.active_runs())
+        streams = GaugeMetricFamily("vidsentry_streams", "Desired streams", value=len(views))
+        runs = GaugeMetricFamily(
+            "vidsentry_stream_runs_active",
+            "Stream runs alive, including runs still stopping",
+            value=self.sources.active_runs(),
+        )
         yield from (streams, runs, frames, fps, *counters.values(), depth, audio, state, restarts)
 
     def _events(self) -> Iterable[Metric]:
@@ -218,40 +220,38 @@ class _ServiceCollector(Collector):
             for kind, counts in kinds:
                 family.add_metric([kind], getattr(counts, field))
             yield family
-        connected = GaugeMetricFamily("vidsentry_nats_connected", "1 while connected to NATS")
-        connected.add_metric([], 1.0 if stats.connected else 0.0)
-        pending = GaugeMetricFamily("vidsentry_nats_pending_acks", "Durable events waiting for their JetStream ack")
-        pending.add_metric([], stats.pending_acks)
-        backlog = GaugeMetricFamily("vidsentry_nats_retry_backlog", "Durable events waiting for a retry")
-        backlog.add_metric([], stats.retry_backlog)
-        reconnects = CounterMetricFamily("vidsentry_nats_reconnects", "Reconnects to NATS")
-        reconnects.add_metric([], stats.reconnects)
+        connected = GaugeMetricFamily(
+            "vidsentry_nats_connected", "1 while connected to NATS", value=1.0 if stats.connected else 0.0
+        )
+        pending = GaugeMetricFamily(
+            "vidsentry_nats_pending_acks", "Durable events waiting for their JetStream ack", value=stats.pending_acks
+        )
+        backlog = GaugeMetricFamily(
+            "vidsentry_nats_retry_backlog", "Durable events waiting for a retry", value=stats.retry_backlog
+        )
+        reconnects = CounterMetricFamily("vidsentry_nats_reconnects", "Reconnects to NATS", value=stats.reconnects)
         yield from (connected, pending, backlog, reconnects)
         outbox = self.sources.outbox_depth()
         if outbox is not None:
-            events = GaugeMetricFamily("vidsentry_outbox_events", "Durable events spooled on disk")
-            events.add_metric([], outbox[0])
-            size = GaugeMetricFamily("vidsentry_outbox_bytes", "Bytes spooled on disk")
-            size.add_metric([], outbox[1])
+            events = GaugeMetricFamily("vidsentry_outbox_events", "Durable events spooled on disk", value=outbox[0])
+            size = GaugeMetricFamily("vidsentry_outbox_bytes", "Bytes spooled on disk", value=outbox[1])
             yield from (events, size)
 
     def _detector(self) -> Iterable[Metric]:
         stats = self.sources.batcher()
-        calls = CounterMetricFamily("vidsentry_detector_calls", "Model calls (batches)")
-        calls.add_metric([], stats.calls)
-        frames = CounterMetricFamily("vidsentry_detector_frames", "Frames through the model")
-        frames.add_metric([], stats.frames)
-        failures = CounterMetricFamily("vidsentry_detector_failures", "Model calls that raised")
-        failures.add_metric([], stats.failures)
-        busy = CounterMetricFamily("vidsentry_detector_busy_seconds", "Time the model was busy")
-        busy.add_metric([], stats.busy_s)
+        calls = CounterMetricFamily("vidsentry_detector_calls", "Model calls (batches)", value=stats.calls)
+        frames = CounterMetricFamily("vidsentry_detector_frames", "Frames through the model", value=stats.frames)
+        failures = CounterMetricFamily("vidsentry_detector_failures", "Model calls that raised", value=stats.failures)
+        busy = CounterMetricFamily("vidsentry_detector_busy_seconds", "Time the model was busy", value=stats.busy_s)
         yield from (calls, frames, failures, busy)
 
     def _viewers(self) -> Iterable[Metric]:
-        viewers = GaugeMetricFamily("vidsentry_sse_viewers", "Open server-sent event streams")
-        viewers.add_metric([], self.sources.sse_viewers())
-        dropped = CounterMetricFamily("vidsentry_sse_events_dropped", "Events dropped for viewers that lagged")
-        dropped.add_metric([], self.sources.sse_dropped())
+        viewers = GaugeMetricFamily(
+            "vidsentry_sse_viewers", "Open server-sent event streams", value=self.sources.sse_viewers()
+        )
+        dropped = CounterMetricFamily(
+            "vidsentry_sse_events_dropped", "Events dropped for viewers that lagged", value=self.sources.sse_dropped()
+        )
         yield from (viewers, dropped)
 
 
@@ -264,16 +264,17 @@ class _RuntimeCollector(Collector):
         except RuntimeError:
             tasks = None  # scraped off the event loop (not the case when served over HTTP)
         if tasks is not None:
-            family = GaugeMetricFamily("vidsentry_asyncio_tasks", "Tasks alive on the service's event loop")
-            family.add_metric([], tasks)
+            family = GaugeMetricFamily(
+                "vidsentry_asyncio_tasks", "Tasks alive on the service's event loop", value=tasks
+            )
             yield family
-        python = GaugeMetricFamily("vidsentry_python_threads", "Python threads alive")
-        python.add_metric([], threading.active_count())
+        python = GaugeMetricFamily("vidsentry_python_threads", "Python threads alive", value=threading.active_count())
         yield python
         try:
             native = len(os.listdir("/proc/self/task"))
         except OSError:
             return  # not Linux
-        family = GaugeMetricFamily("vidsentry_os_threads", "Threads of this process, native ones included")
-        family.add_metric([], native)
+        family = GaugeMetricFamily(
+            "vidsentry_os_threads", "Threads of this process, native ones included", value=native
+        )
         yield family
