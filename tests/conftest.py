@@ -52,5 +52,6 @@ def nudenet_model() -> Path:
 # GStreamer RTSP server (a subprocess tests may kill, freeze and restart).
 from tests.support.nats import nats_server, shared_nats_server  # noqa: E402
 from tests.support.rtsp import rtsp_server  # noqa: E402
+from tests.support.vtest import vtest_detections  # noqa: E402
 
-__all__ = ["nats_server", "rtsp_server", "shared_nats_server"]
+__all__ = ["nats_server", "rtsp_server", "shared_nats_server", "vtest_detections"]

@@ -3,38 +3,24 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
-import av
 import numpy as np
 import pytest
 
-from engines.registry import create_detector
 from pipelines.tracker import ByteTracker, LifecycleKind
-
-FRAMES = 40
-START = 100  # people are spread over the plaza from here on
+from tests.support.vtest import FRAMES, VtestDetections
 
 
 @pytest.fixture(scope="module")
-def vtest_run(vtest_avi: Path, fall_model: Path) -> dict[str, object]:
-    detector = create_detector(fall_model, "onnx-cpu")
+def vtest_run(vtest_detections: VtestDetections) -> dict[str, object]:
     tracker = ByteTracker()
     per_frame = []
     events = []
-    with av.open(str(vtest_avi)) as container:
-        for index, frame in enumerate(container.decode(video=0)):
-            if index < START:
-                continue
-            if index >= START + FRAMES:
-                break
-            image = frame.to_ndarray(format="rgb24")
-            dets = detector.detect([image])[0]
-            out = tracker.update(dets, pts=index / 10)
-            per_frame.append((image.shape, dets, out.track_ids))
-            events += out.events
-    detector.close()
-    return {"frames": per_frame, "events": events, "names": detector.info.names}
+    for frame in vtest_detections.frames:
+        out = tracker.update(frame.detections, pts=frame.pts)
+        per_frame.append((frame.shape, frame.detections, out.track_ids))
+        events += out.events
+    return {"frames": per_frame, "events": events, "names": vtest_detections.names}
 
 
 def test_several_standing_people_on_most_frames(vtest_run: dict) -> None:

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
-import av
 import pytest
 
-from engines.registry import create_detector
 from pipelines.rules.engine import RuleEngine
 from pipelines.rules.types import AlertChange, AlertEventKind, tracked_objects
 from pipelines.tracker import ByteTracker, LifecycleKind
 from tests.pipelines.rules.script import rules
-
-FRAMES = 40
-START = 100  # people are spread over the plaza from here on (as in test_vtest_tracking)
-FPS = 10.0
+from tests.support.vtest import VtestDetections
 
 # The right part of the plaza (the frame is 768 x 576): people walk in and out of it...
 PLAZA_EAST = [[580, 140], [768, 140], [768, 420], [580, 420]]
@@ -25,9 +19,8 @@ CROSSING = [[600, 140], [600, 420]]
 
 
 @pytest.fixture(scope="module")
-def alerts(vtest_avi: Path, fall_model: Path) -> list[AlertChange]:
-    detector = create_detector(fall_model, "onnx-cpu")
-    names = detector.info.names
+def alerts(vtest_detections: VtestDetections) -> list[AlertChange]:
+    names = vtest_detections.names
     engine = RuleEngine(
         "plaza",
         rules(
@@ -40,21 +33,12 @@ def alerts(vtest_avi: Path, fall_model: Path) -> list[AlertChange]:
     tracker = ByteTracker()
     changes: list[AlertChange] = []
     pts = 0.0
-    try:
-        with av.open(str(vtest_avi)) as container:
-            for index, frame in enumerate(container.decode(video=0)):
-                if index < START:
-                    continue
-                if index >= START + FRAMES:
-                    break
-                image = frame.to_ndarray(format="rgb24")
-                pts = index / FPS
-                out = tracker.update(detector.detect([image])[0], pts)
-                ended = [e.track_id for e in out.events if e.kind is LifecycleKind.END]
-                objects = tracked_objects(tracker.active_tracks, names)
-                changes += engine.evaluate(pts, objects, ended=ended, frame_size=(image.shape[1], image.shape[0]))
-    finally:
-        detector.close()
+    for frame in vtest_detections.frames:
+        pts = frame.pts
+        out = tracker.update(frame.detections, pts)
+        ended = [e.track_id for e in out.events if e.kind is LifecycleKind.END]
+        objects = tracked_objects(tracker.active_tracks, names)
+        changes += engine.evaluate(pts, objects, ended=ended, frame_size=(frame.shape[1], frame.shape[0]))
     return changes + engine.finish(pts)
 
 
