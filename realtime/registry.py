@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pipelines.frames import StreamState
 from realtime.config import StreamSettings
 from realtime.sources.spec import InvalidSource, parse_source
-from realtime.stream_runner import StreamRunner
-from realtime.stream_view import PENDING, StreamCounters, StreamView, public_url, read_counters
+from realtime.stream_runner import StreamCounters, StreamRunner
+from realtime.stream_view import PENDING, StreamView, public_url
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ class StreamRegistry:
         runner = running.runner
         state = StreamState.STOPPED if running.task.cancelled() else running.task.result()
         wanted.ended, wanted.reason = state, runner.reason
-        wanted.last_counters = read_counters(runner)
+        wanted.last_counters = runner.counters()
         self._schedule_restart(wanted, ran_for=time.monotonic() - running.started_at)
 
     def _schedule_restart(self, wanted: _Wanted, *, ran_for: float) -> None:
@@ -301,7 +301,7 @@ class StreamRegistry:
         restart_in: float | None = None
         if running is not None and running.generation == wanted.generation:
             runner = running.runner
-            state, reason, counters = runner.state.value, runner.reason, read_counters(runner)
+            state, reason, counters = runner.state.value, runner.reason, runner.counters()
         elif running is not None:
             state, reason, counters = PENDING, "waiting for the previous run of this id to stop", StreamCounters()
         elif wanted.ended is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -53,30 +54,42 @@ class StreamSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class StreamSummary:
-    stream_id: str
-    state: str
-    reason: str | None
-    elapsed_s: float
-    frames_in: int
-    frames_processed: int
-    frames_dropped: int
-    frames_skipped: int
-    frames_failed: int
-    fps_processed: float
-    detections: int
-    tracks: int
-    track_events: int
-    alerts: int
-    audio_seconds: float
-    audio_dropped_seconds: float
-    reconnects: int
-    stalls: int
-    corrupt_packets: int
-    latency_p50_ms: float | None
-    latency_p99_ms: float | None
-    inference_p50_ms: float | None
-    status_events_dropped: int
+class StreamCounters:
+    """One stream's counters and queue depths: cheap to read, so metrics scrapes can."""
+
+    frames_in: int = 0
+    frames_processed: int = 0
+    frames_dropped: int = 0  # replaced in the mailbox before the detector took them
+    frames_skipped: int = 0  # left out by the detect_fps cap
+    frames_failed: int = 0
+    detections: int = 0
+    tracks: int = 0
+    track_events: int = 0
+    alerts: int = 0
+    reconnects: int = 0
+    stalls: int = 0
+    corrupt_packets: int = 0
+    audio_seconds: float = 0.0
+    audio_dropped_seconds: float = 0.0
+    status_events_dropped: int = 0
+    # Queue depths right now.
+    mailbox_depth: int = 0
+    audio_buffered_s: float = 0.0
+    status_queue_depth: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSummary(StreamCounters):
+    """The counters plus rates and latency percentiles (sorts the latency windows: not per scrape)."""
+
+    stream_id: str = ""
+    state: str = ""
+    reason: str | None = None
+    elapsed_s: float = 0.0
+    fps_processed: float = 0.0
+    latency_p50_ms: float | None = None
+    latency_p99_ms: float | None = None
+    inference_p50_ms: float | None = None
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -221,34 +234,44 @@ class StreamRunner:
         self.audio = None
         self.audio_meter = None
 
-    def summary(self) -> StreamSummary:
-        elapsed = time.monotonic() - self._started
+    def counters(self) -> StreamCounters:
         loop = self.frame_loop.stats if self.frame_loop else None
         source = self.supervisor.stats if self.supervisor else None
-        audio = self.audio.stats if self.audio else None
-        processed = loop.frames_processed if loop else 0
-        return StreamSummary(
-            stream_id=self.stream_id,
-            state=self.state.value,
-            reason=self.reason,
-            elapsed_s=round(elapsed, 2),
+        audio = self.audio
+        return StreamCounters(
             frames_in=source.frames if source else 0,
-            frames_processed=processed,
+            frames_processed=loop.frames_processed if loop else 0,
             frames_dropped=self.mailbox.stats.dropped if self.mailbox else 0,
             frames_skipped=loop.frames_skipped if loop else 0,
             frames_failed=loop.frames_failed if loop else 0,
-            fps_processed=round(processed / elapsed, 2) if elapsed > 0 else 0.0,
             detections=loop.detections if loop else 0,
             tracks=loop.tracks_started if loop else 0,
             track_events=loop.track_events if loop else 0,
             alerts=loop.alerts.started if loop else 0,
-            audio_seconds=round(audio.seconds_in, 2) if audio else 0.0,
-            audio_dropped_seconds=round(audio.seconds_dropped, 2) if audio else 0.0,
             reconnects=source.reconnects if source else 0,
             stalls=source.stalls if source else 0,
             corrupt_packets=source.corrupt_packets if source else 0,
-            latency_p50_ms=percentile(list(loop.latency_ms), 50) if loop else None,
-            latency_p99_ms=percentile(list(loop.latency_ms), 99) if loop else None,
-            inference_p50_ms=percentile(list(loop.inference_ms), 50) if loop else None,
+            audio_seconds=round(audio.stats.seconds_in, 2) if audio else 0.0,
+            audio_dropped_seconds=round(audio.stats.seconds_dropped, 2) if audio else 0.0,
             status_events_dropped=self.status_dropped,
+            mailbox_depth=self.mailbox.pending() if self.mailbox else 0,
+            audio_buffered_s=round(audio.buffered_seconds, 3) if audio else 0.0,
+            status_queue_depth=self.status_queue_depth,
+        )
+
+    def summary(self) -> StreamSummary:
+        elapsed = time.monotonic() - self._started
+        counters = self.counters()
+        loop = self.frame_loop.stats if self.frame_loop else None
+        latency = list(loop.latency_ms) if loop else []
+        return StreamSummary(
+            **dataclasses.asdict(counters),
+            stream_id=self.stream_id,
+            state=self.state.value,
+            reason=self.reason,
+            elapsed_s=round(elapsed, 2),
+            fps_processed=round(counters.frames_processed / elapsed, 2) if elapsed > 0 else 0.0,
+            latency_p50_ms=percentile(latency, 50),
+            latency_p99_ms=percentile(latency, 99),
+            inference_p50_ms=percentile(list(loop.inference_ms), 50) if loop else None,
         )
