@@ -38,7 +38,7 @@ from engines.registry import create_detector
 from pipelines.detect import DetectionBatcher
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
-from realtime.stream_runner import StreamRunner, StreamSpec
+from realtime.streams.runner import StreamRunner, StreamSpec
 
 MODELS = {"fall": fall_model_path, "nudenet": nudenet_model_path}
 WARMUP_S = 3.0

@@ -16,7 +16,7 @@ from pipelines.frames import STREAM_ID_PATTERN
 from realtime.config import StreamSettings
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
-from realtime.registry import RegistryClosed, StreamExists, UnknownStream
+from realtime.service.registry import RegistryClosed, StreamExists, UnknownStream
 
 ID_RULE = "use 1-64 characters from A-Z a-z 0-9 _ -"
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from realtime.fanout import EventFanout
-from realtime.metrics import ServiceMetrics
-from realtime.registry import StreamRegistry
+from realtime.http.metrics import ServiceMetrics
+from realtime.service.registry import StreamRegistry
+from realtime.streams.fanout import EventFanout
 
 
 @dataclass(eq=False)

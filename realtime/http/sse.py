@@ -16,10 +16,10 @@ import logging
 
 from aiohttp import web
 
-from realtime.fanout import SseMessage, Viewer, ViewerClosed
 from realtime.http.api import stream_id_of, unknown_stream
 from realtime.http.context import context_of
-from realtime.registry import UnknownStream
+from realtime.service.registry import UnknownStream
+from realtime.streams.fanout import SseMessage, Viewer, ViewerClosed
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from pipelines.frames import StreamState
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.sources.supervisor import SupervisorPolicy
-from realtime.stream_runner import StreamRunner, StreamSpec
+from realtime.streams.runner import StreamRunner, StreamSpec
 from tests.support.rtsp import RtspServer
 
 FAST_POLICY = SupervisorPolicy(

@@ -21,7 +21,7 @@ from pipelines.detect import DetectionBatcher
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.config import Config
-from realtime.service import Service
+from realtime.service.service import Service
 
 # Cameras in tests come and go within seconds.
 FAST_SUPERVISOR = {

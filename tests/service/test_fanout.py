@@ -9,7 +9,7 @@ import pytest
 
 from pipelines.events import Event, EventKind
 from realtime.bus import cloudevents
-from realtime.fanout import EventFanout, SseMessage, Viewer, ViewerClosed
+from realtime.streams.fanout import EventFanout, SseMessage, Viewer, ViewerClosed
 
 
 class ListSink:

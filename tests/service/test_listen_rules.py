@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from realtime.cli.errors import CommandError
+from realtime.cli.serve import is_loopback, plan_listen
 from realtime.config import Config, ConfigError, load_config
-from realtime.run_command import CommandError
-from realtime.serve_command import is_loopback, plan_listen
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,9 +15,9 @@ from pipelines.detect import DetectionBatcher
 from pipelines.events import Event
 from pipelines.frames import StreamState
 from realtime.config import StreamSettings
-from realtime.registry import RegistryClosed, RestartPolicy, StreamExists, StreamRegistry, UnknownStream
+from realtime.service.registry import RegistryClosed, RestartPolicy, StreamExists, StreamRegistry, UnknownStream
 from realtime.sources.supervisor import SupervisorPolicy
-from realtime.stream_runner import StreamRunner, StreamSpec
+from realtime.streams.runner import StreamRunner, StreamSpec
 from tests.service.conftest import wait_until
 
 REFUSED = "rtsp://127.0.0.1:1/cam"  # connection refused at once

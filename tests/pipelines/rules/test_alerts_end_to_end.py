@@ -21,7 +21,7 @@ from pipelines.frames import StreamState
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
-from realtime.stream_runner import StreamRunner, StreamSpec
+from realtime.streams.runner import StreamRunner, StreamSpec
 from tests.pipelines.rules.script import rules
 
 CONTRACT = {"alert_id", "rule_id", "rule_type", "event", "severity", "track_ids", "class", "evidence",

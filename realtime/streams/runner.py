@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pipelines.detect import DetectionBatcher
 from pipelines.event_bodies import status_event
 from pipelines.events import EventSink
+from pipelines.frame_loop import AudioMeter, FrameLoop, FrameObserver
 from pipelines.frames import StatusChange, StreamState, validate_stream_id
 from pipelines.mailbox import AudioBuffer, FrameMailbox
 from pipelines.rules.snapshots import SnapshotStore
 from pipelines.rules.specs import RuleSpec
-from pipelines.stream import AudioMeter, FrameLoop, FrameObserver
 from pipelines.tracker import TrackerConfig
 from realtime.sources.spec import SourceSpec, parse_source
 from realtime.sources.supervisor import CameraSupervisor, SupervisorPolicy

@@ -11,7 +11,7 @@ from typing import Any
 
 from realtime.config import StreamSettings
 from realtime.sources.spec import InvalidSource, parse_source
-from realtime.stream_runner import StreamCounters
+from realtime.streams.runner import StreamCounters
 
 PENDING = "pending"  # desired, not started yet (or waiting for its previous run to stop)
 

@@ -6,7 +6,7 @@ import asyncio
 import sys
 from typing import TextIO
 
-from realtime.stream_runner import StreamRunner
+from realtime.streams.runner import StreamRunner
 
 
 def progress_line(runner: StreamRunner) -> str:

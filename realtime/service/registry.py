@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pipelines.frames import StreamState
 from realtime.config import StreamSettings
 from realtime.sources.spec import InvalidSource, parse_source
-from realtime.stream_runner import StreamCounters, StreamRunner
-from realtime.stream_view import PENDING, StreamView, public_url
+from realtime.streams.runner import StreamCounters, StreamRunner
+from realtime.streams.view import PENDING, StreamView, public_url
 
 log = logging.getLogger(__name__)
 

@@ -18,13 +18,13 @@ from pipelines.detect import DetectionBatcher
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import Config, StreamSettings
-from realtime.fanout import EventFanout
 from realtime.http import HttpContext, HttpServer, create_app
-from realtime.memory import release_free_memory
-from realtime.metrics import MetricSources, ServiceMetrics
-from realtime.registry import StreamRegistry
-from realtime.stream_runner import StreamRunner, StreamSpec
-from realtime.stream_view import StreamView
+from realtime.http.metrics import MetricSources, ServiceMetrics
+from realtime.service.memory import release_free_memory
+from realtime.service.registry import StreamRegistry
+from realtime.streams.fanout import EventFanout
+from realtime.streams.runner import StreamRunner, StreamSpec
+from realtime.streams.view import StreamView
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from pipelines.detect import BatcherStats
+from pipelines.frame_loop import FrameObserver
 from pipelines.frames import FrameResult, StreamState
-from pipelines.stream import FrameObserver
 from realtime.bus.delivery import PublisherStats
-from realtime.stream_view import PENDING, StreamView
+from realtime.streams.view import PENDING, StreamView
 
 INFERENCE_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 LATENCY_BUCKETS_S = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0)

@@ -2,7 +2,7 @@
 
 Order of start: config (bad keys: exit 2) → listen address and token (a non-loopback
 address without a token: exit 2) → detector → NATS (embedded when none is configured) →
-HTTP → streams. Order of stop: see realtime.service; then the publisher is flushed and
+HTTP → streams. Order of stop: see realtime.service.service; then the publisher is flushed and
 drained, and the process exits 0.
 """
 
@@ -19,27 +19,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pipelines.detect import DetectionBatcher
+from realtime.cli.args import TOKEN_ENV
+from realtime.cli.bootstrap import load_configured_detector, open_bus
+from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
 from realtime.config import Config, ConfigError, load_config
 from realtime.http import ListenError
-from realtime.memory import cap_malloc_arenas
-from realtime.run_command import EXIT_OK, EXIT_RUNTIME, CommandError, load_configured_detector, open_bus
-from realtime.service import Service
+from realtime.service.memory import cap_malloc_arenas
+from realtime.service.service import Service
 
 log = logging.getLogger(__name__)
-
-TOKEN_ENV = "VIDSENTRY_API_TOKEN"
-
-
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML config: streams, detector, NATS, HTTP (see samples/vidsentry.yaml)")
-    parser.add_argument("--host", help="address to listen on (default: http.host, 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port to listen on (default: http.port, 8080; 0 picks a free one)")
-    parser.add_argument("--nats-url", help="NATS server; default: nats.url, else an embedded one on loopback")
-    parser.add_argument(
-        "--allow-unauthenticated",
-        action="store_true",
-        help=f"serve a non-loopback address without an API token ({TOKEN_ENV} / http.api_token)",
-    )
 
 
 @dataclass(frozen=True, slots=True)

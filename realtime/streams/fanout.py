@@ -4,6 +4,10 @@ Pipelines publish into `EventFanout` exactly as into the publisher. After the pu
 accepted an event, every viewer watching that stream gets a copy, encoded once as the same
 JSON body NATS carries. A viewer is a bounded queue: a slow viewer loses its oldest events
 (counted) and never slows the pipeline or the other viewers.
+
+The number of viewers is bounded too, per stream and in total: each one costs a queue of
+up to `queue_limit` encoded events and an open connection. Past either bound `watch` raises
+`ViewerLimitReached` before anything is registered (counted in `rejected`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,15 @@ class SseMessage:
 
 class ViewerClosed(Exception):
     """The viewer was closed and everything queued has been taken."""
+
+
+class ViewerLimitReached(Exception):
+    """No room for another viewer; `setting` is the config key of the bound that was hit."""
+
+    def __init__(self, message: str, *, limit: int, setting: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.setting = setting
 
 
 class Viewer:
@@ -89,13 +102,26 @@ class Viewer:
 class EventFanout:
     """An EventSink: forwards to `sink`, then offers the event to the stream's viewers."""
 
-    def __init__(self, sink: EventSink, *, node: str, queue_limit: int = 256) -> None:
+    def __init__(
+        self,
+        sink: EventSink,
+        *,
+        node: str,
+        queue_limit: int = 256,
+        max_viewers_per_stream: int = 16,
+        max_viewers: int = 256,
+    ) -> None:
+        if max_viewers_per_stream < 1 or max_viewers < 1:
+            raise ValueError("viewer limits must be >= 1")
         self._sink = sink
         self._node = node
         self._queue_limit = queue_limit
+        self.max_viewers_per_stream = max_viewers_per_stream  # http.sse_max_viewers_per_stream
+        self.max_viewers = max_viewers  # http.sse_max_viewers
         self._viewers: dict[str, set[Viewer]] = {}
         self._closed = False
         self.dropped_by_gone_viewers = 0  # drops of viewers that have since left, for a monotonic total
+        self.rejected = 0  # viewers refused by either limit (monotonic)
 
     async def publish(self, event: Event) -> None:
         await self._sink.publish(event)
@@ -110,7 +136,10 @@ class EventFanout:
 
     @contextlib.contextmanager
     def watch(self, stream_id: str) -> Iterator[Viewer]:
-        """A viewer of `stream_id` for the duration of the block (closed at once after close())."""
+        """A viewer of `stream_id` for the duration of the block (closed at once after close()).
+
+        ViewerLimitReached on entering when the stream or the service has no room for another viewer."""
+        self._check_room(stream_id)
         viewer = Viewer(stream_id, self._queue_limit)
         if self._closed:
             viewer.close()
@@ -124,6 +153,23 @@ class EventFanout:
                 if not viewers:
                     del self._viewers[stream_id]
             self.dropped_by_gone_viewers += viewer.dropped
+
+    def _check_room(self, stream_id: str) -> None:
+        if len(self._viewers.get(stream_id, ())) >= self.max_viewers_per_stream:
+            self.rejected += 1
+            limit = self.max_viewers_per_stream
+            raise ViewerLimitReached(
+                f"viewer limit reached: {limit} viewers of stream {stream_id!r} (http.sse_max_viewers_per_stream)",
+                limit=limit,
+                setting="http.sse_max_viewers_per_stream",
+            )
+        if self.viewer_count >= self.max_viewers:
+            self.rejected += 1
+            raise ViewerLimitReached(
+                f"viewer limit reached: {self.max_viewers} viewers in total (http.sse_max_viewers)",
+                limit=self.max_viewers,
+                setting="http.sse_max_viewers",
+            )
 
     def close_stream(self, stream_id: str) -> None:
         """The stream is gone: its viewers get what is queued, then their responses end."""

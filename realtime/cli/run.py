@@ -10,54 +10,17 @@ import json
 import logging
 import signal
 import sys
-import tempfile
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-from engines.errors import EngineUnavailable
-from engines.models import ModelNotFound, default_detector_model
-from engines.registry import create_detector
 from pipelines.detect import DetectionBatcher
 from pipelines.frames import StatusChange, StreamState
-from realtime.bus.embedded import EmbeddedNatsServer
-from realtime.bus.outbox import Outbox
-from realtime.bus.publisher import BusUnavailable, NatsEventPublisher
-from realtime.config import Config, ConfigError, DetectorSettings, NatsSettings, load_config
-from realtime.progress import report_progress
-from realtime.stream_runner import StreamRunner, StreamSpec, StreamSummary
+from realtime.cli.bootstrap import load_configured_detector, open_bus
+from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CommandError
+from realtime.cli.progress import report_progress
+from realtime.config import Config, ConfigError, DetectorSettings, load_config
+from realtime.streams.runner import StreamRunner, StreamSpec, StreamSummary
 
 log = logging.getLogger(__name__)
-
-EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
-
-
-class CommandError(Exception):
-    """A failure to report as one line on stderr, with an exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help="file path, rtsp://… or http(s)://… URL")
-    parser.add_argument("--id", dest="stream_id", default="cam", help="stream id (A-Z a-z 0-9 _ -, ≤ 64)")
-    parser.add_argument("--model", help="Ultralytics YOLO detect export (.onnx); default: bundled people model")
-    parser.add_argument("--config", help="YAML config: detector, tracker, supervisor and NATS settings (flags win)")
-    parser.add_argument("--engine", choices=["auto", "tensorrt", "onnx-cuda", "onnx-cpu"], help="default: auto")
-    parser.add_argument("--ingest", default="pyav", choices=["pyav", "gstreamer"], help="decoder backend")
-    parser.add_argument("--nats-url", help="NATS server; default: start an embedded one on loopback")
-    parser.add_argument("--duration", type=float, help="stop after this many seconds")
-    parser.add_argument("--realtime", action="store_true", help="pace a file like a live camera")
-    parser.add_argument("--no-audio", action="store_true", help="do not decode audio")
-    parser.add_argument("--detect-fps", type=float, help="cap detection rate (default: every frame possible)")
-    parser.add_argument("--conf", type=float, help="detection score threshold (default 0.25)")
-    parser.add_argument("--vlm-url", help="OpenAI-compatible VLM endpoint for scene descriptions")
-    parser.add_argument("--connect-attempts", type=int, default=3,
-                        help="give up when a network source cannot be reached this many times in a row "
-                        "before it was ever live (0: retry forever)")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON on the last stdout line")
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -91,77 +54,6 @@ def build_spec(args: argparse.Namespace, config: Config) -> StreamSpec:
 
 async def load_detector(args: argparse.Namespace, settings: DetectorSettings) -> Any:
     return await load_configured_detector(settings, model=args.model, engine=args.engine, conf=args.conf)
-
-
-async def load_configured_detector(
-    settings: DetectorSettings, *, model: str | None = None, engine: str | None = None, conf: float | None = None
-) -> Any:
-    """The detector the settings describe (arguments win); a bad model or engine is a CommandError."""
-    try:
-        path = Path(model) if model else settings.model or default_detector_model()
-        return await asyncio.to_thread(
-            create_detector,
-            path,
-            engine or settings.engine,
-            conf=conf or settings.conf,
-            iou=settings.iou,
-            threads=settings.threads,
-        )
-    except (ValueError, ModelNotFound, EngineUnavailable) as exc:  # ModelLoadError is a ValueError
-        raise CommandError(str(exc)) from exc
-
-
-def open_outbox(settings: NatsSettings) -> Outbox | None:
-    """The disk outbox the settings ask for (None without `outbox_dir`); the publisher owns it."""
-    if settings.outbox_dir is None:
-        return None
-    try:
-        return Outbox(settings.outbox_dir, max_events=settings.outbox_max_events, max_bytes=settings.outbox_max_bytes)
-    except OSError as exc:  # OutboxError is one too (e.g. another process has the directory locked)
-        raise CommandError(f"nats.outbox_dir {settings.outbox_dir}: {exc}", EXIT_RUNTIME) from exc
-
-
-@contextlib.asynccontextmanager
-async def open_bus(nats_url: str | None, settings: NatsSettings, node: str) -> AsyncIterator[NatsEventPublisher]:
-    """Connect to the given NATS, or start an embedded server for the duration; with the
-    configured disk outbox in front of it."""
-    embedded: EmbeddedNatsServer | None = None
-    store: tempfile.TemporaryDirectory[str] | None = None
-    if nats_url is None:
-        store = tempfile.TemporaryDirectory(prefix="vidsentry-nats-")
-        embedded = EmbeddedNatsServer(store_dir=Path(store.name))
-        await asyncio.to_thread(embedded.start)
-        nats_url = embedded.url
-        print(f"vidsentry: embedded NATS at {nats_url} (vidsentry subscribe --nats-url {nats_url})",
-              file=sys.stderr)
-    try:
-        outbox = open_outbox(settings)
-        try:
-            publisher = NatsEventPublisher(
-                nats_url,
-                node=node,
-                connect_timeout=settings.connect_timeout_s,
-                stream_max_age_s=settings.stream_max_age_s,
-                outbox=outbox,
-            )
-        except BaseException:
-            if outbox is not None:
-                outbox.close()
-            raise
-        try:
-            try:
-                await publisher.connect()
-            except BusUnavailable as exc:
-                raise CommandError(str(exc), EXIT_RUNTIME) from exc
-            yield publisher
-        finally:
-            with contextlib.suppress(Exception):
-                await publisher.close()  # closes the outbox too
-    finally:
-        if embedded is not None:
-            await asyncio.to_thread(embedded.stop)
-        if store is not None:
-            store.cleanup()
 
 
 def print_status(change: StatusChange) -> None:

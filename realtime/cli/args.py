@@ -1,0 +1,63 @@
+"""Every command's arguments, in plain argparse: building `--help` imports nothing heavy."""
+
+from __future__ import annotations
+
+import argparse
+
+TOKEN_ENV = "VIDSENTRY_API_TOKEN"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vidsentry", description="Real-time video analytics with events over NATS")
+    parser.add_argument("--log-level", help="debug, info, warning (default), error")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the service: HTTP API, the config's streams, events over NATS")
+    add_serve_arguments(serve)
+
+    run = commands.add_parser("run", help="process one source in the foreground")
+    add_run_arguments(run)
+
+    sub = commands.add_parser("subscribe", help="print events from NATS as JSON lines")
+    sub.add_argument("subject", nargs="?", default="vidsentry.>")
+    sub.add_argument("--nats-url", default="nats://127.0.0.1:4222")
+    sub.add_argument("--count", type=int, help="exit after this many events")
+    sub.add_argument("--duration", type=float, help="exit after this many seconds")
+
+    commands.add_parser("doctor", help="which engines can run on this machine, and why not")
+    return parser
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="file path, rtsp://… or http(s)://… URL")
+    parser.add_argument("--id", dest="stream_id", default="cam", help="stream id (A-Z a-z 0-9 _ -, ≤ 64)")
+    parser.add_argument("--model", help="Ultralytics YOLO detect export (.onnx); default: bundled people model")
+    parser.add_argument("--config", help="YAML config: detector, tracker, supervisor and NATS settings (flags win)")
+    parser.add_argument("--engine", choices=["auto", "tensorrt", "onnx-cuda", "onnx-cpu"], help="default: auto")
+    parser.add_argument("--ingest", default="pyav", choices=["pyav", "gstreamer"], help="decoder backend")
+    parser.add_argument("--nats-url", help="NATS server; default: start an embedded one on loopback")
+    parser.add_argument("--duration", type=float, help="stop after this many seconds")
+    parser.add_argument("--realtime", action="store_true", help="pace a file like a live camera")
+    parser.add_argument("--no-audio", action="store_true", help="do not decode audio")
+    parser.add_argument("--detect-fps", type=float, help="cap detection rate (default: every frame possible)")
+    parser.add_argument("--conf", type=float, help="detection score threshold (default 0.25)")
+    parser.add_argument("--vlm-url", help="OpenAI-compatible VLM endpoint for scene descriptions")
+    parser.add_argument("--connect-attempts", type=int, default=3,
+                        help="give up when a network source cannot be reached this many times in a row "
+                        "before it was ever live (0: retry forever)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON on the last stdout line")
+
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config: streams, detector, NATS, HTTP (see samples/vidsentry.yaml)")
+    parser.add_argument("--host", help="address to listen on (default: http.host, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (default: http.port, 8080; 0 picks a free one)")
+    parser.add_argument("--nats-url", help="NATS server; default: nats.url, else an embedded one on loopback")
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help=f"serve a non-loopback address without an API token ({TOKEN_ENV} / http.api_token)",
+    )
+
+

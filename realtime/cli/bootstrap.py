@@ -1,0 +1,94 @@
+"""What every command shares: its error type and exit codes, loading the detector, opening the bus.
+
+Imported only once a command has been chosen, never to build `--help`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from engines.errors import EngineUnavailable
+from engines.models import ModelNotFound, default_detector_model
+from engines.registry import create_detector
+from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.bus.outbox import Outbox
+from realtime.bus.publisher import BusUnavailable, NatsEventPublisher
+from realtime.cli.errors import EXIT_RUNTIME, CommandError
+from realtime.config import DetectorSettings, NatsSettings
+
+
+async def load_configured_detector(
+    settings: DetectorSettings, *, model: str | None = None, engine: str | None = None, conf: float | None = None
+) -> Any:
+    """The detector the settings describe (arguments win); a bad model or engine is a CommandError."""
+    try:
+        path = Path(model) if model else settings.model or default_detector_model()
+        return await asyncio.to_thread(
+            create_detector,
+            path,
+            engine or settings.engine,
+            conf=conf or settings.conf,
+            iou=settings.iou,
+            threads=settings.threads,
+        )
+    except (ValueError, ModelNotFound, EngineUnavailable) as exc:  # ModelLoadError is a ValueError
+        raise CommandError(str(exc)) from exc
+
+
+def open_outbox(settings: NatsSettings) -> Outbox | None:
+    """The disk outbox the settings ask for (None without `outbox_dir`); the publisher owns it."""
+    if settings.outbox_dir is None:
+        return None
+    try:
+        return Outbox(settings.outbox_dir, max_events=settings.outbox_max_events, max_bytes=settings.outbox_max_bytes)
+    except OSError as exc:  # OutboxError is one too (e.g. another process has the directory locked)
+        raise CommandError(f"nats.outbox_dir {settings.outbox_dir}: {exc}", EXIT_RUNTIME) from exc
+
+
+@contextlib.asynccontextmanager
+async def open_bus(nats_url: str | None, settings: NatsSettings, node: str) -> AsyncIterator[NatsEventPublisher]:
+    """Connect to the given NATS, or start an embedded server for the duration; with the
+    configured disk outbox in front of it."""
+    embedded: EmbeddedNatsServer | None = None
+    store: tempfile.TemporaryDirectory[str] | None = None
+    if nats_url is None:
+        store = tempfile.TemporaryDirectory(prefix="vidsentry-nats-")
+        embedded = EmbeddedNatsServer(store_dir=Path(store.name))
+        await asyncio.to_thread(embedded.start)
+        nats_url = embedded.url
+        print(f"vidsentry: embedded NATS at {nats_url} (vidsentry subscribe --nats-url {nats_url})",
+              file=sys.stderr)
+    try:
+        outbox = open_outbox(settings)
+        try:
+            publisher = NatsEventPublisher(
+                nats_url,
+                node=node,
+                connect_timeout=settings.connect_timeout_s,
+                stream_max_age_s=settings.stream_max_age_s,
+                outbox=outbox,
+            )
+        except BaseException:
+            if outbox is not None:
+                outbox.close()
+            raise
+        try:
+            try:
+                await publisher.connect()
+            except BusUnavailable as exc:
+                raise CommandError(str(exc), EXIT_RUNTIME) from exc
+            yield publisher
+        finally:
+            with contextlib.suppress(Exception):
+                await publisher.close()  # closes the outbox too
+    finally:
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+        if store is not None:
+            store.cleanup()

@@ -1,0 +1,43 @@
+"""The `vidsentry` command line. Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input.
+
+Dispatch only: each command's module (and the engines, NATS and aiohttp behind it) is
+imported once that command was chosen, so `vidsentry --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+from realtime.cli.args import build_parser
+from realtime.cli.errors import CommandError
+from realtime.logs import setup_logging
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # A service's progress is its log: info by default for serve, warnings only for the foreground tools.
+    default_level = "INFO" if args.command == "serve" else None
+    setup_logging(args.log_level or os.environ.get("VIDSENTRY_LOG_LEVEL") or default_level)
+    try:
+        if args.command == "serve":
+            from realtime.cli.serve import serve_command
+
+            return asyncio.run(serve_command(args))
+        if args.command == "run":
+            from realtime.cli.run import run_command
+
+            return asyncio.run(run_command(args))
+        if args.command == "subscribe":
+            from realtime.cli.subscribe import subscribe_command
+
+            return asyncio.run(subscribe_command(args))
+        from realtime.cli.doctor import doctor_command
+
+        return doctor_command()
+    except CommandError as exc:
+        print(f"vidsentry: error: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
