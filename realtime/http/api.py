@@ -16,7 +16,7 @@ from pipelines.frames import STREAM_ID_PATTERN
 from realtime.config import StreamSettings
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
-from realtime.service.registry import RegistryClosed, StreamExists, UnknownStream
+from realtime.service.registry import RegistryClosed, StreamExists, StreamLimitReached, UnknownStream
 
 ID_RULE = "use 1-64 characters from A-Z a-z 0-9 _ -"
 
@@ -73,6 +73,8 @@ async def create_stream(request: web.Request) -> web.Response:
         view = context_of(request).registry.add(settings)
     except StreamExists:
         raise ApiError(409, "stream exists", {"id": settings.id}) from None
+    except StreamLimitReached as exc:
+        raise ApiError(429, str(exc), {"limit": exc.limit, "setting": exc.setting}) from None
     except RegistryClosed:
         raise ApiError(503, "shutting down", "the service is draining", headers={"Retry-After": "5"}) from None
     return web.json_response(view.to_json(), status=201, headers={"Location": f"/api/streams/{settings.id}"})

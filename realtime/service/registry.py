@@ -49,6 +49,17 @@ class RegistryClosed(RuntimeError):
     """The service is shutting down; the desired set no longer changes."""
 
 
+class StreamLimitReached(Exception):
+    """The desired set would hold more than `limit` streams (`http.max_streams`); nothing changed."""
+
+    setting = "http.max_streams"
+
+    def __init__(self, limit: int, wanted: int) -> None:
+        super().__init__(f"stream limit reached: {limit} streams ({self.setting})")
+        self.limit = limit
+        self.wanted = wanted  # how many streams the refused write asked for
+
+
 @dataclass(frozen=True, slots=True)
 class RestartPolicy:
     initial_s: float = 2.0
@@ -89,7 +100,12 @@ class StreamRegistry:
         *,
         on_gone: Callable[[str], None] | None = None,
         restart: RestartPolicy | None = None,
+        max_streams: int = 64,
     ) -> None:
+        if max_streams < 1:
+            raise ValueError("max_streams must be >= 1")
+        self.max_streams = max_streams  # bounds every writer of the desired set (http.max_streams)
+        self.rejected = 0  # writes refused by max_streams (monotonic)
         self._factory = factory
         self._on_gone = on_gone  # an id is neither desired nor running any more
         self._restart = restart or RestartPolicy()
@@ -106,6 +122,7 @@ class StreamRegistry:
         """Make the desired set exactly `streams` (the config file's view); unchanged entries keep running."""
         self._check_open()
         new = {s.id: s for s in streams}
+        self._check_room(len(new))  # all or nothing: a refused set leaves the current one running
         for stream_id in [sid for sid in self._wanted if sid not in new]:
             del self._wanted[stream_id]
             self._gone_if_idle(stream_id)
@@ -119,6 +136,7 @@ class StreamRegistry:
         self._check_open()
         if settings.id in self._wanted:
             raise StreamExists(settings.id)
+        self._check_room(len(self._wanted) + 1)
         wanted = self._wanted[settings.id] = self._new_wanted(settings)
         self._wake.set()
         log.info("stream desired", extra={"stream_id": settings.id, "generation": wanted.generation})
@@ -288,6 +306,13 @@ class StreamRegistry:
     def _check_open(self) -> None:
         if self._closing:
             raise RegistryClosed("the service is shutting down")
+
+    def _check_room(self, wanted: int) -> None:
+        """Counts desired streams, not runs: a deleted stream still stopping frees its slot at once."""
+        if wanted > self.max_streams:
+            self.rejected += 1
+            log.warning("stream limit reached", extra={"limit": self.max_streams, "wanted": wanted})
+            raise StreamLimitReached(self.max_streams, wanted)
 
     def _new_wanted(self, settings: StreamSettings) -> _Wanted:
         try:
