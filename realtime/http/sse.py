@@ -6,11 +6,13 @@ follows with the NATS body as `data`, the event kind as the SSE event name and `
 the SSE id. A viewer that falls behind loses its oldest events and is told how many (`lag`).
 A comment line every heartbeat keeps proxies from closing an idle connection and finds
 viewers that have gone away. The response ends when the stream is deleted or the service
-shuts down.
+shuts down. A stream or a service that has as many viewers as it allows answers 429 (JSON,
+naming the limit) before any header of the event stream goes out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 
@@ -18,8 +20,9 @@ from aiohttp import web
 
 from realtime.http.api import stream_id_of, unknown_stream
 from realtime.http.context import context_of
+from realtime.http.errors import ApiError
 from realtime.service.registry import UnknownStream
-from realtime.streams.fanout import SseMessage, Viewer, ViewerClosed
+from realtime.streams.fanout import SseMessage, Viewer, ViewerClosed, ViewerLimitReached
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +44,12 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
             "X-Accel-Buffering": "no",  # nginx: do not buffer the stream
         }
     )
-    with ctx.fanout.watch(stream_id) as viewer:
+    with contextlib.ExitStack() as stack:
+        try:
+            viewer = stack.enter_context(ctx.fanout.watch(stream_id))
+        except ViewerLimitReached as exc:  # not prepared yet: the JSON error middleware answers
+            log.warning("event viewer refused", extra={"stream_id": stream_id, "reason": str(exc)})
+            raise ApiError(429, str(exc), {"limit": exc.limit, "setting": exc.setting}) from None
         log.info("event viewer joined", extra={"stream_id": stream_id, "viewers": ctx.fanout.viewer_count})
         try:
             await response.prepare(request)

@@ -9,7 +9,7 @@ import pytest
 
 from pipelines.events import Event, EventKind
 from realtime.bus import cloudevents
-from realtime.streams.fanout import EventFanout, SseMessage, Viewer, ViewerClosed
+from realtime.streams.fanout import EventFanout, SseMessage, Viewer, ViewerClosed, ViewerLimitReached
 
 
 class ListSink:
@@ -92,3 +92,47 @@ async def test_close_stream_and_close_end_viewers() -> None:
             await b.next(0.1)
     with fanout.watch("c") as late, pytest.raises(ViewerClosed):  # after close(), new viewers end at once
         await late.next(0.1)
+
+
+async def test_viewers_are_capped_per_stream_and_a_leaver_frees_its_slot() -> None:
+    fanout = EventFanout(ListSink(), node="n1", max_viewers_per_stream=2, max_viewers=10)
+    with fanout.watch("cam"), fanout.watch("cam") as second:
+        with pytest.raises(ViewerLimitReached, match="http.sse_max_viewers_per_stream") as refused, fanout.watch("cam"):
+            pytest.fail("a third viewer of cam was let in")
+        assert refused.value.limit == 2 and refused.value.setting == "http.sse_max_viewers_per_stream"
+        assert "2 viewers of stream 'cam'" in str(refused.value)
+        assert fanout.viewer_count == 2 and fanout.rejected == 1
+        with fanout.watch("other"):  # another stream has its own slots
+            assert fanout.viewer_count == 3
+        await fanout.publish(event("cam", 1))
+        assert second.depth == 1  # the refused viewer left nothing behind
+    with fanout.watch("cam"), fanout.watch("cam"):  # both slots free again
+        assert fanout.viewer_count == 2
+    assert fanout.viewer_count == 0 and fanout.rejected == 1
+
+
+async def test_viewers_are_capped_in_total() -> None:
+    fanout = EventFanout(ListSink(), node="n1", max_viewers_per_stream=5, max_viewers=2)
+    with fanout.watch("a"), fanout.watch("b"):
+        for stream_id in ("a", "c"):  # a watched stream and a new one alike
+            total = r"2 viewers in total \(http.sse_max_viewers\)"
+            with pytest.raises(ViewerLimitReached, match=total) as refused, fanout.watch(stream_id):
+                pytest.fail("a viewer past the total was let in")
+            assert refused.value.limit == 2 and refused.value.setting == "http.sse_max_viewers"
+        assert fanout.rejected == 2 and fanout.viewer_count == 2
+    with fanout.watch("c"):
+        assert fanout.viewer_count == 1
+
+
+async def test_a_capped_viewer_still_drops_its_oldest_events() -> None:
+    fanout = EventFanout(ListSink(), node="n1", queue_limit=2, max_viewers_per_stream=1, max_viewers=1)
+    with fanout.watch("cam") as viewer:
+        for n in range(5):
+            await fanout.publish(event("cam", n))
+        assert viewer.depth == 2 and viewer.dropped == 3 and fanout.dropped_total == 3
+
+
+def test_viewer_limits_below_one_are_refused() -> None:
+    for limits in ({"max_viewers_per_stream": 0}, {"max_viewers": 0}):
+        with pytest.raises(ValueError, match="viewer limits"):
+            EventFanout(ListSink(), node="n1", **limits)
