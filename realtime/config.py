@@ -122,7 +122,12 @@ class HttpSettings(_Strict):
     api_token: SecretStr | None = None
     # Serving a non-loopback address without a token is refused unless this says it is intended.
     allow_unauthenticated: bool = False
+    # Streams the service holds at once, from the config and the API together (429 past it). It bounds the
+    # service rather than HTTP, but lives here so that no other section changes shape.
+    max_streams: int = Field(64, ge=1)
     sse_queue_events: int = Field(256, ge=1)  # per viewer; the oldest go first when a viewer lags
+    sse_max_viewers_per_stream: int = Field(16, ge=1)  # /events viewers of one stream (429 past it)
+    sse_max_viewers: int = Field(256, ge=1)  # /events viewers of all streams together (429 past it)
     sse_heartbeat_s: float = Field(15.0, gt=0)
     shutdown_timeout_s: float = Field(20.0, gt=0)  # for streams to stop and events to flush
 
