@@ -81,6 +81,10 @@ RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+RETRY_BACKOFF_S = (0.25, 1.0, 4.0)
+"""Waits before the 1st, 2nd and later re-sends (or replay rounds, or stream re-creations)."""
+
+
 def is_retryable(error: BaseException) -> bool:
     return isinstance(error, RETRYABLE_ERRORS)
 
@@ -129,6 +133,8 @@ class PublisherStats:
     outbox_oldest_age_s: float = 0.0
     outbox_replayed: int = 0  # acked out of the outbox since start
     connected: bool = False
+    alive: bool = True  # no background task (retries, outbox replay, stream re-creation) has died
+    task_failures: int = 0  # background tasks that died with an exception
     disconnects: int = 0
     reconnects: int = 0
     last_error: str | None = None
