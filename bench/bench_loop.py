@@ -36,9 +36,11 @@ from _common import decode_frames, ensure_sample, pct, peak_rss_mb, table, write
 from engines.models import fall_model_path, nudenet_model_path
 from engines.registry import create_detector
 from pipelines.detect import DetectionBatcher
+from pipelines.graph import SharedEngines
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
-from realtime.streams.runner import StreamRunner, StreamSpec
+from realtime.streams.runner import StreamRunner
+from tests.support.streams import camera_spec
 
 MODELS = {"fall": fall_model_path, "nudenet": nudenet_model_path}
 WARMUP_S = 3.0
@@ -60,7 +62,7 @@ async def pipeline_run(
 ) -> tuple[float, list[StreamRunner]]:
     async with DetectionBatcher(detector) as batcher:
         runners = [
-            StreamRunner(StreamSpec(stream_id=f"bench{i}", url=str(clip), realtime=realtime), batcher, publisher)
+            StreamRunner(camera_spec(f"bench{i}", str(clip), realtime=realtime), SharedEngines(batcher), publisher)
             for i in range(streams)
         ]
         tasks = [asyncio.create_task(r.run()) for r in runners]

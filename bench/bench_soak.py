@@ -26,9 +26,11 @@ from _common import ROOT, current_rss_mb, ensure_sample, peak_rss_mb, table, wri
 from engines.models import fall_model_path, nudenet_model_path
 from engines.registry import create_detector
 from pipelines.detect import DetectionBatcher
+from pipelines.graph import SharedEngines
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
-from realtime.streams.runner import StreamRunner, StreamSpec
+from realtime.streams.runner import StreamRunner
+from tests.support.streams import camera_spec
 
 MODELS = {"fall": fall_model_path, "nudenet": nudenet_model_path}
 
@@ -58,7 +60,9 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             detector = create_detector(MODELS[args.model](), "onnx-cpu")
             async with DetectionBatcher(detector) as batcher:
                 runners = [
-                    StreamRunner(StreamSpec(f"soak{i}", f"rtsp://127.0.0.1:{port}/test"), batcher, publisher)
+                    StreamRunner(
+                        camera_spec(f"soak{i}", f"rtsp://127.0.0.1:{port}/test"), SharedEngines(batcher), publisher
+                    )
                     for i in range(args.streams)
                 ]
                 tasks = [asyncio.create_task(r.run()) for r in runners]
@@ -67,8 +71,11 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 while (elapsed := time.monotonic() - started) < duration:
                     await asyncio.sleep(min(args.interval, duration - elapsed))
                     processed = sum(r.summary().frames_processed for r in runners)
-                    sample = {"t_s": round(time.monotonic() - started, 1), "rss_mb": round(current_rss_mb(), 1),
-                              "frames_processed": processed}
+                    sample = {
+                        "t_s": round(time.monotonic() - started, 1),
+                        "rss_mb": round(current_rss_mb(), 1),
+                        "frames_processed": processed,
+                    }
                     samples.append(sample)
                     print(f"t={sample['t_s']:7.1f}s  rss={sample['rss_mb']:8.1f} MB  processed={processed}", flush=True)
                 for runner in runners:

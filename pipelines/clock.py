@@ -1,4 +1,4 @@
-"""A per-stream media clock that never runs backwards.
+"""One stream's timeline: a media clock that never runs backwards, and the moment of each frame.
 
 Network sources rebase pts to about 0 on every (re)connect. Anything that measures time
 in media seconds (track loss timeouts, durations) would then see time stand still or run
@@ -8,8 +8,20 @@ back, it continues from where it was plus the wall-clock time that passed meanwh
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 # A backwards step larger than this is a restart of the source's clock, not jitter.
 REBASE_THRESHOLD_S = 0.5
+
+
+class Moment(NamedTuple):
+    """When a frame happened, twice. `t` is the stream clock (never runs backwards; the tracker,
+    rules and every later stage time durations, timeouts and cooldowns with it); `pts` is the
+    frame's media time, which restarts after a reconnect (events report it). The frame loop
+    computes it once per frame and hands the same value to every stage."""
+
+    t: float
+    pts: float
 
 
 class StreamClock:
@@ -28,3 +40,11 @@ class StreamClock:
             time = max(time, self._last_time)  # small jitter: hold, never step back
         self._last_time, self._last_captured_at = time, captured_at
         return time
+
+    def moment(self, pts: float, captured_at: float) -> Moment:
+        return Moment(self(pts, captured_at), pts)
+
+    @property
+    def now(self) -> float | None:
+        """The last time handed out (None before the first frame)."""
+        return self._last_time

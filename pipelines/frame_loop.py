@@ -1,8 +1,11 @@
-"""One stream's frame loop: newest frame → detector → tracker → rules → events.
+"""The detection stage: newest frame → detector → tracker → rules → events.
 
-The loop takes the newest frame from the mailbox as soon as the previous one is done,
-so detection runs on every frame the hardware allows; `detect_fps` caps it lower when
-asked. The capture time of the frame travels into every event it produces.
+The loop takes the newest frame from its mailbox (the graph's primary frame consumer) as soon
+as the previous one is done, so detection runs on every frame the hardware allows; `detect_fps`
+caps it lower when asked. Each frame's moment on the stream's timeline is computed once and the
+same value goes to the tracker, the rules and the result handed on; the capture time travels
+into every event the frame produces. A detector that is dead (`DetectorFailed`) fails the stream
+with its reason rather than leaving it waiting.
 """
 
 from __future__ import annotations
@@ -11,15 +14,18 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pipelines.clock import StreamClock
-from pipelines.detect import DetectionBatcher
+from pipelines.clock import Moment, StreamClock
+from pipelines.detect import DetectionBatcher, DetectorFailed
 from pipelines.event_bodies import detections_event, track_event
 from pipelines.events import EventSink
 from pipelines.frames import FrameResult, VideoFrame
-from pipelines.mailbox import AudioBuffer, FrameMailbox, MailboxClosed
+from pipelines.graph import StageContext, StageFailed, counter, gauge, register_counters
+from pipelines.graph.counters import Counters
+from pipelines.graph.stage import FrameObserver
+from pipelines.mailbox import FrameMailbox, MailboxClosed
 from pipelines.rules.engine import RuleEngine
 from pipelines.rules.publishing import AlertPublisher, AlertStats
 from pipelines.rules.snapshots import SnapshotStore
@@ -31,9 +37,32 @@ log = logging.getLogger(__name__)
 
 LATENCY_WINDOW = 4096  # samples kept for percentiles; older ones fall off
 
-# Called after each processed frame's detections event is published, with the frame's
-# result and its capture → publish latency in ms (metrics hang off this).
-FrameObserver = Callable[[FrameResult, float], None]
+STAGE_NAME = "detect"
+
+register_counters(
+    {
+        "frames_processed": counter("Video frames processed", metric="frames", label=("stage", "processed")),
+        "frames_dropped": counter(
+            "Video frames replaced in the mailbox before the detector took them (latest-frame-wins)",
+            metric="frames",
+            label=("stage", "dropped"),
+        ),
+        "frames_skipped": counter("Video frames left out by detect_fps", metric="frames", label=("stage", "skipped")),
+        "frames_failed": counter("Video frames the detector failed on", metric="frames", label=("stage", "failed")),
+        "mailbox_depth": gauge(
+            "Items waiting per stream queue: mailbox (frames), status (events)",
+            metric="queue_depth",
+            label=("queue", "mailbox"),
+        ),
+        "detections": counter("Objects detected"),
+        "tracks": counter("Tracks confirmed"),
+        "track_events": counter("Track lifecycle events"),
+        "tracks_evicted": counter("Tracks ended early because the tracker was at max_tracks"),
+        "alerts": counter("Alerts started"),
+        "alerts_suppressed": counter("Alert starts held back by a rule's cooldown"),
+        "snapshot_failures": counter("Alert snapshots that could not be stored"),
+    }
+)
 
 
 @dataclass(slots=True)
@@ -54,6 +83,8 @@ class FrameLoopStats:
 
 
 class FrameLoop:
+    name = STAGE_NAME
+
     def __init__(
         self,
         stream_id: str,
@@ -75,13 +106,14 @@ class FrameLoop:
         self.batcher = batcher
         self.sink = sink
         self.tracker = ByteTracker(tracker_config)
-        self.clock = StreamClock()  # the tracker's time: media seconds that survive pts restarts
+        self.clock = StreamClock()  # the stream's timeline: media seconds that survive pts restarts
         self.min_interval = 1.0 / detect_fps if detect_fps else 0.0
         self.names: Mapping[int, str] = batcher.detector.info.names
         self.model_name = batcher.detector.info.path.rsplit("/", 1)[-1]
         self.stats = FrameLoopStats()
         self._last_processed_at: float | None = None
         self._last_frame: VideoFrame | None = None
+        self._last_moment: Moment | None = None
         self.rule_engine: RuleEngine | None = None
         self.alerts: AlertPublisher | None = None
 
@@ -124,24 +156,28 @@ class FrameLoop:
     async def _process(self, frame: VideoFrame) -> None:
         try:
             outcome = await self.batcher.detect(frame.image)
+        except DetectorFailed as exc:  # the shared detector is gone: nothing more can be processed
+            raise StageFailed(f"detector failed: {exc.reason}") from exc
         except Exception as exc:
             self.stats.frames_failed += 1
             log.warning("detection failed", extra={"stream_id": self.stream_id, "error": repr(exc)})
             return
         self._last_processed_at = frame.captured_at
         self._last_frame = frame
+        now = self._last_moment = self.clock.moment(frame.pts, frame.captured_at)
         result = FrameResult(
             frame_seq=frame.seq,
             stream_id=self.stream_id,
             pts=frame.pts,
+            t=now.t,
             captured_at=frame.captured_at,
             width=frame.width,
             height=frame.height,
             detections=outcome.detections,
             inference_ms=outcome.inference_ms,
         )
-        tracked = self.tracker.update(outcome.detections, self.clock(frame.pts, frame.captured_at))
-        alert_changes = self._evaluate_rules(frame, tracked.events)
+        tracked = self.tracker.update(outcome.detections, now.t)
+        alert_changes = self._evaluate_rules(frame, now, tracked.events)
         events = [
             detections_event(
                 result,
@@ -173,11 +209,11 @@ class FrameLoop:
         if alert_changes and self.alerts is not None:
             await self.alerts.publish(alert_changes, captured_at=frame.captured_at, frame=frame)
 
-    def _evaluate_rules(self, frame: VideoFrame, track_events: list[TrackEvent]) -> list[AlertChange]:
+    def _evaluate_rules(self, frame: VideoFrame, now: Moment, track_events: list[TrackEvent]) -> list[AlertChange]:
         if self.rule_engine is None:
             return []
         return self.rule_engine.evaluate(
-            frame.pts,
+            now,
             tracked_objects(self.tracker.active_tracks, self.names),
             ended=[e.track_id for e in track_events if e.kind is LifecycleKind.END],
             frame_size=(frame.width, frame.height),
@@ -193,33 +229,40 @@ class FrameLoop:
                 track_event(self.stream_id, change, self.names, pts=pts, captured_at=captured_at)
             )
         if self.rule_engine is not None and self.alerts is not None:
-            await self.alerts.publish(self.rule_engine.finish(pts), captured_at=captured_at)
+            await self.alerts.publish(self.rule_engine.finish(self._last_moment), captured_at=captured_at)
+
+    def stop(self) -> None:
+        """Nothing to do: the loop ends when its mailbox closes."""
+
+    def counters(self) -> Counters:
+        stats = self.stats
+        engine = self.rule_engine
+        return {
+            "frames_processed": stats.frames_processed,
+            "frames_dropped": self.mailbox.stats.dropped,
+            "frames_skipped": stats.frames_skipped,
+            "frames_failed": stats.frames_failed,
+            "mailbox_depth": self.mailbox.pending(),
+            "detections": stats.detections,
+            "tracks": stats.tracks_started,
+            "track_events": stats.track_events,
+            "tracks_evicted": self.tracker.evicted,
+            "alerts": stats.alerts.started,
+            "alerts_suppressed": engine.suppressed if engine is not None else 0,
+            "snapshot_failures": stats.alerts.snapshots_failed,
+        }
 
 
-@dataclass(slots=True)
-class AudioMeterStats:
-    chunks: int = 0
-    seconds: float = 0.0
-    last_pts: float | None = None
-
-
-class AudioMeter:
-    """Consumes a stream's audio so its buffer never fills; counts what arrived.
-
-    The caption loop takes this place when captions are enabled.
-    """
-
-    def __init__(self, audio: AudioBuffer) -> None:
-        self.audio = audio
-        self.stats = AudioMeterStats()
-
-    async def run(self) -> None:
-        while True:
-            try:
-                chunks = await self.audio.get_many()
-            except MailboxClosed:
-                return
-            for chunk in chunks:
-                self.stats.chunks += 1
-                self.stats.seconds += chunk.duration
-                self.stats.last_pts = chunk.pts
+def build(ctx: StageContext) -> FrameLoop:
+    spec = ctx.spec
+    return FrameLoop(
+        spec.stream_id,
+        ctx.frames(STAGE_NAME, primary=True),
+        ctx.engines.detector,
+        ctx.sink,
+        tracker_config=spec.tracker,
+        detect_fps=spec.detect_fps,
+        rules=spec.rules,
+        snapshots=ctx.engines.snapshots,
+        on_frame=ctx.on_frame,
+    )

@@ -10,8 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Annotated
 
 import numpy as np
+from pydantic import AfterValidator
 
 from engines.types import Detections
 
@@ -29,6 +31,10 @@ def validate_stream_id(stream_id: str) -> str:
             f"invalid stream id {stream_id!r}: use 1-64 characters from A-Z a-z 0-9 _ -"
         )
     return stream_id
+
+
+# The one validated stream id type for settings and API bodies.
+StreamId = Annotated[str, AfterValidator(validate_stream_id)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +94,7 @@ class FrameResult:
     frame_seq: int
     stream_id: str
     pts: float
+    t: float  # the frame's moment on the stream clock (see pipelines.clock.Moment)
     captured_at: float
     width: int
     height: int

@@ -8,15 +8,27 @@ A config with no streams is valid.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SecretStr,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from pipelines.frames import STREAM_ID_PATTERN
+from pipelines.frames import StreamId
 from pipelines.rules.specs import RuleList
 from pipelines.tracker import TrackerConfig
 from realtime.sources.spec import parse_source
@@ -31,6 +43,15 @@ class ConfigError(ValueError):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def default_of(cls: type, name: str) -> Any:
+    """A dataclass field's default: settings take their defaults from the dataclass they build,
+    so each default is written once."""
+    for item in dataclasses.fields(cls):
+        if item.name == name:
+            return item.default
+    raise AttributeError(f"{cls.__name__} has no field {name}")
 
 
 class NatsSettings(_Strict):
@@ -58,25 +79,33 @@ class DetectorSettings(_Strict):
     threads: int | None = Field(None, ge=1)
 
 
+def _tracker(name: str) -> Any:
+    return default_of(TrackerConfig, name)
+
+
+def _policy(name: str) -> Any:
+    return default_of(SupervisorPolicy, name)
+
+
 class TrackerSettings(_Strict):
-    high_score: float = Field(0.4, gt=0, lt=1)
-    low_score: float = Field(0.1, ge=0, lt=1)
-    new_track_score: float = Field(0.45, gt=0, lt=1)
-    lost_timeout_s: float = Field(1.5, gt=0)
-    update_move_fraction: float = Field(0.5, gt=0)
-    max_tracks: int = Field(1000, ge=1)
+    high_score: float = Field(_tracker("high_score"), gt=0, lt=1)
+    low_score: float = Field(_tracker("low_score"), ge=0, lt=1)
+    new_track_score: float = Field(_tracker("new_track_score"), gt=0, lt=1)
+    lost_timeout_s: float = Field(_tracker("lost_timeout_s"), gt=0)
+    update_move_fraction: float = Field(_tracker("update_move_fraction"), gt=0)
+    max_tracks: int = Field(_tracker("max_tracks"), ge=1)
 
     def to_config(self) -> TrackerConfig:
         return TrackerConfig(**self.model_dump())
 
 
 class SupervisorSettings(_Strict):
-    backoff_initial_s: float = Field(0.5, gt=0)
-    backoff_max_s: float = Field(10.0, gt=0)
-    watchdog_s: float = Field(5.0, gt=0)
-    stall_restart_s: float = Field(10.0, gt=0)
-    open_timeout_s: float = Field(10.0, gt=0)
-    read_timeout_s: float = Field(5.0, gt=0)
+    backoff_initial_s: float = Field(_policy("backoff_initial"), gt=0)
+    backoff_max_s: float = Field(_policy("backoff_max"), gt=0)
+    watchdog_s: float = Field(_policy("watchdog_s"), gt=0)
+    stall_restart_s: float = Field(_policy("stall_restart_s"), gt=0)
+    open_timeout_s: float = Field(_policy("open_timeout_s"), gt=0)
+    read_timeout_s: float = Field(_policy("read_timeout_s"), gt=0)
 
     def to_policy(self, max_failed_connects: int | None = None) -> SupervisorPolicy:
         return SupervisorPolicy(
@@ -90,27 +119,46 @@ class SupervisorSettings(_Strict):
         )
 
 
-class StreamSettings(_Strict):
-    id: str
-    url: str
-    ingest: Literal["pyav", "gstreamer"] = "pyav"
+class _StreamBase(_Strict):
+    id: StreamId
     audio: bool = True
-    realtime: bool = True  # files in a long-running service behave like cameras
     detect_fps: float | None = Field(None, gt=0)
     rules: RuleList = []
 
-    @field_validator("id")
-    @classmethod
-    def _id(cls, value: str) -> str:
-        if not STREAM_ID_PATTERN.fullmatch(value):
-            raise ValueError("use 1-64 characters from A-Z a-z 0-9 _ -")
-        return value
+
+class CameraStreamSettings(_StreamBase):
+    """A camera, file or HTTP stream the service reads (`kind: camera`, the default)."""
+
+    kind: Literal["camera"] = "camera"
+    url: str
+    ingest: Literal["pyav", "gstreamer"] = "pyav"
+    realtime: bool = True  # files in a long-running service behave like cameras
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
         parse_source(value)  # InvalidSource is a ValueError: pydantic reports it under this key
         return value
+
+
+class WebRtcStreamSettings(_StreamBase):
+    """A browser session's stream (`kind: webrtc`): it has no URL; a session's signalling makes it."""
+
+    kind: Literal["webrtc"]
+
+
+def _stream_kind(value: Any) -> str:
+    kind = value.get("kind", "camera") if isinstance(value, dict) else getattr(value, "kind", "camera")
+    return kind if kind in STREAM_KINDS else "camera"  # an unknown kind is reported by the camera model
+
+
+STREAM_KINDS = ("camera", "webrtc")
+StreamSettings = Annotated[
+    Annotated[CameraStreamSettings, Tag("camera")] | Annotated[WebRtcStreamSettings, Tag("webrtc")],
+    Discriminator(_stream_kind),
+]
+STREAM_SETTINGS: TypeAdapter[CameraStreamSettings | WebRtcStreamSettings] = TypeAdapter(StreamSettings)
+AnyStreamSettings = CameraStreamSettings | WebRtcStreamSettings
 
 
 class HttpSettings(_Strict):
@@ -148,6 +196,14 @@ class Config(_Strict):
     supervisor: SupervisorSettings = SupervisorSettings()
     streams: list[StreamSettings] = []
 
+    @field_validator("streams")
+    @classmethod
+    def _camera_streams(cls, streams: list[AnyStreamSettings]) -> list[AnyStreamSettings]:
+        for stream in streams:
+            if isinstance(stream, WebRtcStreamSettings):
+                raise ValueError(f"stream {stream.id!r}: {WEBRTC_NOT_CONFIGURABLE}")
+        return streams
+
     @model_validator(mode="after")
     def _unique_ids(self) -> Config:
         seen: set[str] = set()
@@ -155,7 +211,14 @@ class Config(_Strict):
             if stream.id in seen:
                 raise ValueError(f"duplicate stream id {stream.id!r}")
             seen.add(stream.id)
+        if len(self.streams) > self.http.max_streams:
+            raise ValueError(
+                f"{len(self.streams)} streams configured, more than http.max_streams ({self.http.max_streams})"
+            )
         return self
+
+
+WEBRTC_NOT_CONFIGURABLE = "webrtc streams are browser sessions, made by POST /api/webrtc/offer, not configured"
 
 
 def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
@@ -182,15 +245,26 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _describe(error: ValidationError) -> str:
-    parts = []
-    for item in error.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown key"
-        parts.append(f"{key}: {message}")
-    return "; ".join(parts)
+def validation_problems(error: ValidationError, *, unknown: str = "unknown key") -> list[dict[str, str]]:
+    """One `{"field", "message"}` per problem, for the config file and API bodies alike (`unknown`
+    names what an unexpected key is: a config has keys, a JSON body fields). A stream's
+    kind (the union tag pydantic puts in the location) is left out: `streams.0.url`, not
+    `streams.0.camera.url`."""
+    problems = []
+    for item in error.errors(include_input=False, include_url=False):
+        loc = list(item["loc"])
+        for i in range(len(loc) - 1, -1, -1):
+            after_index = i >= 2 and isinstance(loc[i - 1], int) and loc[i - 2] == "streams"
+            if loc[i] in STREAM_KINDS and (i == 0 or after_index):
+                del loc[i]
+        field = ".".join(str(part) for part in loc) or "(top level)"
+        message = unknown if item["type"] == "extra_forbidden" else item["msg"].removeprefix("Value error, ")
+        problems.append({"field": field, "message": message})
+    return problems
+
+
+def describe_problems(problems: list[dict[str, str]]) -> str:
+    return "; ".join(f"{p['field']}: {p['message']}" for p in problems)
 
 
 def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Config:
@@ -214,4 +288,4 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {_describe(exc)}") from None
+        raise ConfigError(f"{where}: {describe_problems(validation_problems(exc))}") from None

@@ -1,7 +1,9 @@
 """RuleEngine: one stream's rules, fed each processed frame's tracks, emitting alert changes.
 
-Pure and synchronous, and its only clock is the media time passed in, so tests script time
-and a replayed clip gives the same alerts as the live run did.
+Pure and synchronous. It has no clock of its own: each frame's `Moment` (the stream clock
+the tracker also runs on, plus the media pts) is passed in, so hold, dwell and cooldown times
+run on the same timeline as track timeouts, tests script time, and a replayed clip gives the
+same alerts as the live run did.
 """
 
 from __future__ import annotations
@@ -61,8 +63,7 @@ class RuleEngine:
         self._needs_size = any(e.normalized for e in self._evaluators)
         self._size: tuple[int, int] | None = None
         self._tracks: dict[int, LiveTrack] = {}
-        self._last_pts: float | None = None
-        self._offset = 0.0
+        self._last: Moment | None = None
         self.started = 0
         self.ended = 0
 
@@ -81,7 +82,7 @@ class RuleEngine:
 
     def evaluate(
         self,
-        pts: float,
+        now: Moment,
         objects: Sequence[TrackedObject],
         *,
         ended: Iterable[int] = (),
@@ -94,24 +95,17 @@ class RuleEngine:
         listed in `ended` (the tracker's end events) or unseen for `lost_timeout_s`.
         `frame_size` (width, height) places rules given in normalised coordinates.
         """
-        now = self._moment(pts)
+        self._last = now
         self._place(frame_size)
         view = FrameView(now, self._tracks, self._retire(now, objects, ended))
         return self._count(change for e in self._evaluators for change in e.evaluate(view))
 
-    def finish(self, pts: float | None = None) -> list[AlertChange]:
-        """The stream stopped: end every open alert (`reason: stream_stopped`)."""
-        now = self._moment(pts if pts is not None else self._last_pts or 0.0)
+    def finish(self, now: Moment | None = None) -> list[AlertChange]:
+        """The stream stopped: end every open alert (`reason: stream_stopped`), at `now` or at
+        the last frame's moment."""
+        now = now or self._last or Moment(0.0, 0.0)
         self._tracks = {}
         return self._count(change for e in self._evaluators for change in e.finish(now))
-
-    def _moment(self, pts: float) -> Moment:
-        # Media time restarts near 0 when a source reconnects; carry the clock on from where
-        # it was so timers and durations never run backwards.
-        if self._last_pts is not None and pts < self._last_pts:
-            self._offset += self._last_pts - pts
-        self._last_pts = pts
-        return Moment(pts + self._offset, pts)
 
     def _place(self, frame_size: tuple[int, int] | None) -> None:
         if frame_size is None:

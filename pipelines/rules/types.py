@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any
 
+from pipelines.clock import Moment
 from pipelines.rules.geometry import Box
 from pipelines.tracker import Track
+
+__all__ = ["AlertChange", "AlertEventKind", "Moment", "TrackedObject", "tracked_objects"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,15 +36,6 @@ def tracked_objects(tracks: Iterable[Track], names: Mapping[int, str]) -> list[T
         )
         for t in tracks
     ]
-
-
-class Moment(NamedTuple):
-    """A point in time, twice: `t` is the engine's clock, which never runs backwards (durations
-    and timers use it); `pts` is the frame's media time, which can restart after a reconnect
-    (events report it)."""
-
-    t: float
-    pts: float
 
 
 class AlertEventKind(StrEnum):

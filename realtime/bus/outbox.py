@@ -14,9 +14,10 @@ order, whatever file a record sits in.
 Durability trade-off: each append and each removal is one write() to the OS before the call
 returns, so a crash of this process loses nothing. fsync() runs at most every
 `fsync_interval_s` (and on segment rotation, compaction and close), so a power cut can lose that
-last interval; a removal lost that way only means a re-send, which JetStream drops as a
-duplicate by Nats-Msg-Id within its window. `fsync_interval_s=None` never fsyncs: process
-crashes are still covered, power cuts are not (for tests and throwaway deployments).
+last interval (and, with background I/O, an fsync still under way); a removal lost that way only
+means a re-send, which JetStream drops as a duplicate by Nats-Msg-Id within its window.
+`fsync_interval_s=None` never fsyncs: process crashes are still covered, power cuts are not (for
+tests and throwaway deployments).
 
 Bounds: `max_events` and `max_bytes` cap what is queued (leased records included). Past them
 the oldest record of the lowest rank goes: other kinds first, then info, warning and critical
@@ -24,7 +25,18 @@ alerts. Dead bytes are reclaimed by deleting fully removed segments and merging 
 the disk holds at most about 2 x max_bytes + 3 segments, in at most 2 x max_bytes / segment_bytes
 + 8 files (each with an open descriptor).
 
-Not thread-safe: call it from one thread (the publisher's event loop).
+Background I/O: after `start_background_io()` the slow file work (fsync, segment merges, acks-log
+rewrites, closing and deleting files) runs on one worker thread (`DiskWorker`), so the calls
+made from an event loop cost one write() at most. Hand-off rules that keep that safe: the index
+lives on the caller's thread only, and a job's result is applied there at the next call; a file
+descriptor is closed, and a file deleted, only by a job queued after every job that uses it; at
+most one compaction (a merge or an acks-log rewrite) runs at a time; a removal written while an
+acks-log rewrite runs also goes into the new file, under a lock held just for the switch. Until a
+job's result is applied, `stats()` counts files and bytes as the index sees them. Without it
+(the default), the same work runs inline in the calling thread.
+
+Not thread-safe: call it from one thread (the publisher's event loop); only the worker thread it
+starts itself shares it, as described above.
 """
 
 from __future__ import annotations
@@ -32,12 +44,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import logging
 import os
 import struct
+import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from pipelines.events import EventKind
@@ -53,6 +68,7 @@ from realtime.bus.outbox_codec import (
     frame_record,
     scan,
 )
+from realtime.bus.outbox_io import Commit, DiskWorker, Job
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +77,8 @@ SEVERITIES = ("info", "warning", "critical")
 _ALERT_RANK_UNKNOWN = 2  # an alert without a known severity is kept like a warning
 _DROP_LOG_INTERVAL_S = 10.0
 _ACKS_NAME = "acks.log"
+_ACKS_PER_FRAME = 4096
+_MERGE_READ_BYTES = 1 << 20  # one pread per run of adjacent records, at most this much
 
 
 class OutboxError(OSError):
@@ -99,9 +117,13 @@ class _Segment:
     path: Path
     fd: int
     size: int = 0  # bytes in the file
-    live: int = 0
     live_bytes: int = 0
+    entries: dict[int, _Entry] = field(default_factory=dict)  # live records in the file, seq order
     dead: set[int] = field(default_factory=set)  # removed seqs still in the file (so listed in acks.log)
+
+    @property
+    def live(self) -> int:
+        return len(self.entries)
 
 
 @dataclass(slots=True, eq=False)
@@ -114,6 +136,15 @@ class _Entry:
     rank: int  # drop order: 0 first
     enqueued_at: float
     leased: bool = False  # handed out by take() and not yet removed or requeued
+
+
+@dataclass(slots=True, eq=False)
+class _AcksRewrite:
+    """acks.log rewritten to `seqs`, plus the removals logged while the rewrite runs (`tail`)."""
+
+    seqs: list[int]
+    compaction: bool  # counts as the one compaction under way (a reset's rewrite does not)
+    tail: list[int] = field(default_factory=list)
 
 
 def drop_rank(kind: str, severity: str | None) -> int:
@@ -152,7 +183,6 @@ class Outbox:
         self._bytes = 0
         self._disk_bytes = 0
         self._dead_total = 0  # sum of len(segment.dead)
-        self._acks_entries = 0  # frames in acks.log
         self._next_seq = 1
         self._dirty = False
         self._last_sync = time.monotonic()
@@ -161,8 +191,17 @@ class Outbox:
         self._dropped: dict[str, int] = {}
         self._last_drop_log = float("-inf")
 
+        self._worker: DiskWorker | None = None  # None: file work runs inline
+        self._compacting = False  # a merge or an acks-log rewrite is under way
+        # Shared with the worker, under _acks_lock: which acks.log descriptor removals go to, how
+        # many frames that file holds, and the rewrites that must also get them.
+        self._acks_lock = threading.Lock()
+        self._acks_fd: int | None = None
+        self._acks_entries = 0
+        self._acks_rewrites: list[_AcksRewrite] = []
+
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = _lock(self.directory)
+        self._lock_fd: int | None = _lock(self.directory)
         try:
             self._load()
             self._acks_fd = os.open(self.directory / _ACKS_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -210,6 +249,7 @@ class Outbox:
         return self._dirty and not self._closed and self.fsync_interval_s is not None
 
     def stats(self) -> OutboxStats:
+        self._apply_finished()
         return OutboxStats(
             depth=self.depth,
             bytes=self._bytes,
@@ -230,6 +270,7 @@ class Outbox:
         """Queue one durable message; returns its sequence number. May drop older records (or this
         one) to stay inside the bounds. Raises OutboxWriteError when the disk refuses the write."""
         self._check_open()
+        self._apply_finished()
         severity = msg.severity if msg.severity in SEVERITY_CODE else None
         seq = self._next_seq
         enqueued_at = time.time()
@@ -244,12 +285,12 @@ class Outbox:
             raise OutboxWriteError(exc.errno or errno.EIO, f"outbox append failed: {exc.strerror or exc}") from exc
         self._next_seq += 1
         segment.size += len(frame)
-        segment.live += 1
         segment.live_bytes += len(frame)
         self._disk_bytes += len(frame)
         self._bytes += len(frame)
         rank = drop_rank(msg.kind.value, severity)
-        self._live[seq] = _Entry(seq, segment, offset, len(frame), msg.kind.value, rank, enqueued_at)
+        entry = _Entry(seq, segment, offset, len(frame), msg.kind.value, rank, enqueued_at)
+        self._live[seq] = segment.entries[seq] = entry
         self._ranks[rank].append(seq)
         self._appended += 1
         self._dirty = True
@@ -261,6 +302,7 @@ class Outbox:
         """Lease the next `limit` records not yet handed out, oldest first. They stay queued until
         remove(seq); requeue() hands them out again from the front."""
         self._check_open()
+        self._apply_finished()
         out: list[OutboxRecord] = []
         damaged: list[_Entry] = []
         # The leased records are a prefix of _live (taken in order, requeued all at once), so this
@@ -295,6 +337,7 @@ class Outbox:
     def remove(self, seq: int) -> bool:
         """The record is stored by the broker (or given up on): forget it. False if unknown."""
         self._check_open()
+        self._apply_finished()
         entry = self._live.get(seq)
         if entry is None:
             return False
@@ -307,25 +350,38 @@ class Outbox:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
+    def start_background_io(self) -> None:
+        """Run fsync and compaction on a worker thread from now on (see the module docstring).
+        Call it from the thread that uses the outbox; close() stops the worker."""
+        if self._worker is None and not self._closed:
+            self._worker = DiskWorker(f"outbox-io {self.directory.name}")
+
+    def wait_for_background_io(self, timeout: float | None = None) -> bool:
+        """Block until the worker has run everything handed to it so far (False on timeout).
+        The one call that is safe from any thread: `await asyncio.to_thread(...)` it before close()
+        so that close() has next to nothing left to wait for on the event loop."""
+        worker = self._worker
+        return worker.wait_idle(timeout) if worker is not None else True
+
     def sync(self) -> None:
-        """fsync the files written since the last sync (nothing with fsync_interval_s=None)."""
+        """fsync the files written since the last sync (nothing with fsync_interval_s=None); with
+        background I/O this starts the fsync and returns."""
+        self._apply_finished()
         if not self._dirty or self._closed or self.fsync_interval_s is None:
             return
-        for fd in (self._active.fd if self._active else None, self._acks_fd):
-            if fd is None:
-                continue
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                self._write_errors += 1
-                log.warning("outbox fsync failed in %s: %s", self.directory, exc)
         self._dirty = False
         self._last_sync = time.monotonic()
+        self._run_io(partial(self._sync_files, self._active.fd if self._active else None))
 
     def close(self) -> None:
         """fsync and close; queued records stay on disk for the next Outbox on this directory."""
         if self._closed:
             return
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop()  # runs what is queued first
+            for commit in worker.take_finished():
+                commit()  # whatever they queue now runs inline
         self.sync()
         self._closed = True
         self._close_fds()
@@ -351,7 +407,7 @@ class Outbox:
         del self._live[entry.seq]
         self._bytes -= entry.size
         segment = entry.segment
-        segment.live -= 1
+        del segment.entries[entry.seq]
         segment.live_bytes -= entry.size
         if not self._live:
             self._reset()  # all gone: drop the files instead of logging the removal
@@ -362,8 +418,6 @@ class Outbox:
         if segment.live == 0 and segment is not self._active:
             self._delete_segment(segment)
         self._maybe_compact()
-        if self._acks_entries > 2 * self._dead_total + 1024:
-            self._rewrite_acks()  # most listed removals belong to files that are gone
         self._maybe_sync()
 
     def _enforce_bounds(self) -> None:
@@ -402,6 +456,27 @@ class Outbox:
             self._dropped,
         )
 
+    # -- internals: handing file work over --------------------------------------------------------
+
+    def _run_io(self, job: Job) -> None:
+        """Run slow file work on the worker thread, or inline without one."""
+        worker = self._worker
+        if worker is not None:
+            worker.submit(job)
+            return
+        commit = job()
+        if commit is not None:
+            commit()
+
+    def _apply_finished(self) -> None:
+        worker = self._worker
+        if worker is not None and worker.has_finished:
+            for commit in worker.take_finished():
+                commit()
+
+    def _count_write_error(self) -> None:
+        self._write_errors += 1
+
     # -- internals: files -------------------------------------------------------------------------
 
     def _writable_segment(self, size: int) -> _Segment:
@@ -412,20 +487,30 @@ class Outbox:
         if active is None:
             path = self.directory / f"seg-{self._next_seq:016x}.log"
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+                fd = self._create_segment_file(path)
             except OSError as exc:
                 self._write_errors += 1
                 reason = f"cannot create outbox segment {path}: {exc.strerror}"
                 raise OutboxWriteError(exc.errno or errno.EIO, reason) from exc
-            self._fsync_dir()
+            self._run_io(self._fsync_dir)
             active = self._active = self._segments[path] = _Segment(path, fd)
         return active
+
+    def _create_segment_file(self, path: Path) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND
+        try:
+            return os.open(path, flags, 0o644)
+        except FileExistsError:
+            # An empty segment given up at this seq (a failed write) may still await deletion.
+            if self._worker is None or not self._worker.wait_idle():
+                raise
+            return os.open(path, flags, 0o644)
 
     def _retire_active(self) -> None:
         active, self._active = self._active, None
         if active is None:
             return
-        self._fsync(active.fd)
+        self._run_io(partial(self._fsync_job, active.fd))
         if active.live == 0:
             self._delete_segment(active)
 
@@ -446,9 +531,7 @@ class Outbox:
             self._active = None
         self._disk_bytes -= segment.size
         self._dead_total -= len(segment.dead)
-        with contextlib.suppress(OSError):
-            os.close(segment.fd)
-        segment.path.unlink(missing_ok=True)
+        self._run_io(partial(_close_and_unlink, segment.fd, segment.path))
 
     def _reset(self) -> None:
         # Segments go first: a crash in between leaves acks for records that no longer exist
@@ -458,16 +541,18 @@ class Outbox:
         self._dead_total = 0
         for ranked in self._ranks:
             ranked.clear()
-        self._truncate_acks()
+        self._rewrite_acks(empty=True)
 
     def _maybe_compact(self) -> None:
+        # One compaction at a time (with background I/O the next removal looks again).
         too_much_dead = self._disk_bytes - self._bytes > self._bytes + 2 * self.segment_bytes
         too_many_files = len(self._segments) > self._max_segments
-        if not (too_much_dead or too_many_files):
-            return
-        group = self._pick_merge(by_files=too_many_files)
-        if group:
-            self._merge(group)
+        if not self._compacting and (too_much_dead or too_many_files):
+            group = self._pick_merge(by_files=too_many_files)
+            if group:
+                self._merge(group)
+        if not self._compacting and self._acks_entries > 2 * self._dead_total + 1024:
+            self._rewrite_acks()  # most listed removals belong to files that are gone
 
     def _pick_merge(self, *, by_files: bool) -> list[_Segment]:
         """The run of adjacent old segments, at most one segment of live data together, whose
@@ -491,20 +576,20 @@ class Outbox:
     def _merge(self, group: list[_Segment]) -> None:
         """Copy the live records of `group` into one file that replaces the first (atomic
         rename), then delete the rest. A crash in between leaves records in two files; reopening
-        keeps the first copy."""
-        members = set(map(id, group))
-        entries = [e for e in self._live.values() if id(e.segment) in members]
+        keeps the first copy. The copy runs as file work; records removed meanwhile become dead
+        records of the new file (their removal is in acks.log, which is not rewritten meanwhile)."""
+        self._compacting = True
+        entries = list(itertools.chain.from_iterable(s.entries.values() for s in group))
+        self._run_io(partial(self._copy_live_records, group, entries))
+
+    def _copy_live_records(self, group: list[_Segment], entries: list[_Entry]) -> Commit:
+        # File work: reads entry.segment/offset/size, which only this merge's commit changes.
         target = group[0]
         tmp = target.path.with_name(target.path.name + ".tmp")
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            offsets: list[int] = []
-            size = 0
             try:
-                for entry in entries:
-                    _write_all(fd, os.pread(entry.segment.fd, entry.size, entry.offset))
-                    offsets.append(size)
-                    size += entry.size
+                offsets = _copy_records(entries, fd)
                 self._fsync(fd)
             except BaseException:
                 os.close(fd)
@@ -512,65 +597,124 @@ class Outbox:
             os.replace(tmp, target.path)
             self._fsync_dir()
         except OSError as exc:
-            self._write_errors += 1
             tmp.unlink(missing_ok=True)
             log.warning("outbox compaction of %s failed, keeping it as is: %s", target.path.name, exc)
+            return self._merge_failed
+        return partial(self._merge_done, group, entries, fd, offsets)
+
+    def _merge_failed(self) -> None:
+        self._compacting = False
+        self._write_errors += 1
+
+    def _merge_done(self, group: list[_Segment], entries: list[_Entry], fd: int, offsets: list[int]) -> None:
+        self._compacting = False
+        target = group[0]
+        if self._segments.get(target.path) is not target:
+            # All its records went meanwhile: its deletion, queued after the copy, removes the new
+            # file too; the rest of the group keeps its files as they are.
+            self._run_io(partial(_close_quietly, fd))
             return
-        for segment in group[1:]:
-            segment.live = 0
-            self._delete_segment(segment)
-        os.close(target.fd)
-        self._disk_bytes += size - target.size
-        self._dead_total -= len(target.dead)
-        target.fd, target.size, target.dead = fd, size, set()
-        target.live, target.live_bytes = len(entries), size
+        size = offsets[-1] + entries[-1].size if entries else 0
+        dead: set[int] = set()
+        live_bytes = 0
         for entry, offset in zip(entries, offsets, strict=True):
+            if self._live.get(entry.seq) is not entry:
+                dead.add(entry.seq)  # removed while it was copied: a dead record of the new file
+                continue
+            if entry.segment is not target:
+                del entry.segment.entries[entry.seq]
+                target.entries[entry.seq] = entry
             entry.segment, entry.offset = target, offset
+            live_bytes += entry.size
+        for segment in group[1:]:
+            if self._segments.get(segment.path) is segment:
+                self._delete_segment(segment)
+        self._run_io(partial(_close_quietly, target.fd))  # the replaced file, after its last reader
+        self._disk_bytes += size - target.size
+        self._dead_total += len(dead) - len(target.dead)
+        target.fd, target.size, target.dead, target.live_bytes = fd, size, dead, live_bytes
 
     def _log_removal(self, seq: int) -> None:
-        try:
-            _write_all(self._acks_fd, frame_record(SEQ.pack(seq)))
-        except OSError as exc:
+        frame = frame_record(SEQ.pack(seq))
+        with self._acks_lock:
+            try:
+                _write_all(_required(self._acks_fd), frame)
+            except OSError as exc:
+                failure: OSError | None = exc
+            else:
+                failure = None
+                self._acks_entries += 1
+                for rewrite in self._acks_rewrites:
+                    rewrite.tail.append(seq)
+        if failure is not None:
             # Removed in memory anyway; after a restart the record is re-sent (a JetStream duplicate).
             self._write_errors += 1
-            log.warning("outbox could not record a removal: %s", exc)
+            log.warning("outbox could not record a removal: %s", failure)
             return
-        self._acks_entries += 1
         self._dirty = True
 
-    def _rewrite_acks(self) -> None:
-        """Keep only the removals that still matter: those of records still in some file."""
-        dead = sorted(seq for segment in self._segments.values() for seq in segment.dead)
+    def _rewrite_acks(self, *, empty: bool = False) -> None:
+        """Keep only the removals that still matter: those of records still in some file (none
+        after a reset, whose segment deletions are queued before this)."""
+        seqs = [] if empty else list(itertools.chain.from_iterable(s.dead for s in self._segments.values()))
+        rewrite = _AcksRewrite(seqs, compaction=not empty)
+        if rewrite.compaction:
+            self._compacting = True
+        with self._acks_lock:
+            self._acks_rewrites.append(rewrite)
+        self._run_io(partial(self._write_acks_file, rewrite))
+
+    def _write_acks_file(self, rewrite: _AcksRewrite) -> Commit | None:
+        # File work. The new file gets the seqs, then (under the lock, so no removal slips
+        # between) the removals logged meanwhile, and replaces acks.log.
         path = self.directory / _ACKS_NAME
         tmp = path.with_name(_ACKS_NAME + ".tmp")
+        fd: int | None = None
+        old_fd: int | None = None
         try:
-            with open(tmp, "wb") as fh:
-                for start in range(0, len(dead), 4096):
-                    chunk = dead[start : start + 4096]
-                    fh.write(frame_record(struct.pack(f"<{len(chunk)}Q", *chunk)))
-                fh.flush()
-                self._fsync(fh.fileno())
-            os.replace(tmp, path)
-            self._fsync_dir()
-            new_fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+            frames = _write_seqs(fd, rewrite.seqs)
+            self._fsync(fd)
+            with self._acks_lock:
+                frames += _write_seqs(fd, rewrite.tail)
+                os.replace(tmp, path)
+                self._acks_rewrites.remove(rewrite)
+                old_fd, self._acks_fd, self._acks_entries = self._acks_fd, fd, frames
         except OSError as exc:
-            self._write_errors += 1
+            with self._acks_lock:
+                if rewrite in self._acks_rewrites:
+                    self._acks_rewrites.remove(rewrite)
+            if fd is not None:
+                os.close(fd)
             tmp.unlink(missing_ok=True)
             log.warning("outbox could not compact %s: %s", _ACKS_NAME, exc)
-            return
-        os.close(self._acks_fd)
-        self._acks_fd = new_fd
-        self._acks_entries = (len(dead) + 4095) // 4096
+            return partial(self._acks_rewritten, rewrite, failed=True)
+        self._fsync_dir()
+        if old_fd is not None:
+            _close_quietly(old_fd)
+        return partial(self._acks_rewritten, rewrite, failed=False) if rewrite.compaction else None
 
-    def _truncate_acks(self) -> None:
-        try:
-            os.ftruncate(self._acks_fd, 0)
-        except OSError as exc:
+    def _acks_rewritten(self, rewrite: _AcksRewrite, *, failed: bool) -> None:
+        if rewrite.compaction:
+            self._compacting = False
+        if failed:
             self._write_errors += 1
-            log.warning("outbox could not truncate %s: %s", _ACKS_NAME, exc)
-            return
-        self._acks_entries = 0
-        self._dirty = True
+
+    def _sync_files(self, segment_fd: int | None) -> Commit | None:
+        # File work; acks.log's descriptor is read here: only file work replaces it.
+        failed = 0
+        for fd in (segment_fd, self._acks_fd):
+            if fd is None:
+                continue
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                failed += 1
+                log.warning("outbox fsync failed in %s: %s", self.directory, exc)
+        return self._count_write_error if failed else None
+
+    def _fsync_job(self, fd: int) -> None:
+        self._fsync(fd)
 
     def _fsync(self, fd: int) -> None:
         if self.fsync_interval_s is not None:
@@ -608,16 +752,13 @@ class Outbox:
 
     def _close_fds(self) -> None:
         for segment in self._segments.values():
-            with contextlib.suppress(OSError):
-                os.close(segment.fd)
+            _close_quietly(segment.fd)
         self._segments.clear()
         self._active = None
-        for name in ("_acks_fd", "_lock_fd"):
-            fd = getattr(self, name, None)
+        for fd in (self._acks_fd, self._lock_fd):
             if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)  # closing the lock fd releases the flock
-                setattr(self, name, None)
+                _close_quietly(fd)  # closing the lock fd releases the flock
+        self._acks_fd = self._lock_fd = None
 
     # -- internals: recovery ----------------------------------------------------------------------
 
@@ -647,10 +788,9 @@ class Outbox:
                 entry.segment.dead.add(seq)
                 self._dead_total += 1
                 continue
-            self._live[seq] = entry
+            self._live[seq] = entry.segment.entries[seq] = entry
             self._ranks[entry.rank].append(seq)
             self._bytes += entry.size
-            entry.segment.live += 1
             entry.segment.live_bytes += entry.size
         self._next_seq = max([*found, *removed, 0]) + 1
         self._recovered = len(self._live)
@@ -682,6 +822,63 @@ def _write_all(fd: int, data: bytes) -> None:
         if written <= 0:
             raise OSError("short write")
         view = view[written:]
+
+
+def _write_seqs(fd: int, seqs: list[int]) -> int:
+    """Frames of packed sequence numbers; returns how many frames."""
+    frames = 0
+    for start in range(0, len(seqs), _ACKS_PER_FRAME):
+        chunk = seqs[start : start + _ACKS_PER_FRAME]
+        _write_all(fd, frame_record(struct.pack(f"<{len(chunk)}Q", *chunk)))
+        frames += 1
+    return frames
+
+
+def _copy_records(entries: list[_Entry], fd: int) -> list[int]:
+    """Write the records of `entries`, in order, to `fd`: one pread per run of adjacent records
+    in the same file. Returns each record's offset in `fd`."""
+    offsets: list[int] = []
+    size = 0
+    run_fd = run_start = run_len = -1
+    for entry in entries:
+        src = entry.segment.fd
+        if src == run_fd and entry.offset == run_start + run_len and run_len + entry.size <= _MERGE_READ_BYTES:
+            run_len += entry.size
+        else:
+            if run_len > 0:
+                _copy_run(run_fd, run_start, run_len, fd)
+            run_fd, run_start, run_len = src, entry.offset, entry.size
+        offsets.append(size)
+        size += entry.size
+    if run_len > 0:
+        _copy_run(run_fd, run_start, run_len, fd)
+    return offsets
+
+
+def _copy_run(src: int, offset: int, length: int, dst: int) -> None:
+    data = os.pread(src, length, offset)
+    if len(data) != length:
+        raise OSError(errno.EIO, f"short read: {len(data)} of {length} bytes")
+    _write_all(dst, data)
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _close_and_unlink(fd: int, path: Path) -> None:
+    _close_quietly(fd)
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("outbox could not delete %s: %s", path.name, exc)
+
+
+def _required(fd: int | None) -> int:
+    if fd is None:
+        raise OSError(errno.EBADF, "outbox file is closed")
+    return fd
 
 
 def _lock(directory: Path) -> int:

@@ -13,11 +13,12 @@ def progress_line(runner: StreamRunner) -> str:
     s = runner.summary()
     people = ""
     if runner.frame_loop is not None:
-        people = f"  tracks {len(runner.frame_loop.tracker.active_tracks)} live/{s.tracks} total"
+        people = f"  tracks {len(runner.frame_loop.tracker.active_tracks)} live/{s.get('tracks'):.0f} total"
     lat = f"  p50 {s.latency_p50_ms:.0f} ms" if s.latency_p50_ms is not None else ""
     return (
-        f"[{s.stream_id}] {s.state:<12} {s.elapsed_s:6.1f}s  in {s.frames_in}  processed {s.frames_processed}"
-        f"  dropped {s.frames_dropped}  {s.fps_processed:.1f} fps{people}{lat}"
+        f"[{s.stream_id}] {s.state:<12} {s.elapsed_s:6.1f}s  in {s.get('frames_in'):.0f}"
+        f"  processed {s.get('frames_processed'):.0f}"
+        f"  dropped {s.get('frames_dropped'):.0f}  {s.fps_processed:.1f} fps{people}{lat}"
     )
 
 

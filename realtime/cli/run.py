@@ -5,20 +5,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import signal
 import sys
 from typing import Any
 
+from pydantic import ValidationError
+
 from pipelines.detect import DetectionBatcher
 from pipelines.frames import StatusChange, StreamState
+from pipelines.graph import SharedEngines
 from realtime.cli.bootstrap import load_configured_detector, open_bus
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CommandError
 from realtime.cli.progress import report_progress
-from realtime.config import Config, ConfigError, DetectorSettings, load_config
-from realtime.streams.runner import StreamRunner, StreamSpec, StreamSummary
+from realtime.config import (
+    CameraStreamSettings,
+    Config,
+    ConfigError,
+    DetectorSettings,
+    load_config,
+    validation_problems,
+)
+from realtime.streams.runner import StreamRunner, StreamSummary
+from realtime.streams.spec import StreamSpec, stream_spec
 
 log = logging.getLogger(__name__)
 
@@ -35,21 +45,27 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def build_spec(args: argparse.Namespace, config: Config) -> StreamSpec:
-    spec = StreamSpec(
-        stream_id=args.stream_id,
-        url=args.source,
-        ingest=args.ingest,
-        realtime=args.realtime,
-        audio=not args.no_audio,
-        detect_fps=args.detect_fps,
-        policy=config.supervisor.to_policy(max_failed_connects=args.connect_attempts or None),
-        tracker=config.tracker.to_config(),
-    )
+    """The stream the arguments describe, through the same settings model as the config and the API."""
     try:
-        spec.validated()
-    except ValueError as exc:
-        raise CommandError(str(exc)) from exc
-    return spec
+        settings = CameraStreamSettings(
+            id=args.stream_id,
+            url=args.source,
+            ingest=args.ingest,
+            realtime=args.realtime,
+            audio=not args.no_audio,
+            detect_fps=args.detect_fps,
+        )
+    except ValidationError as exc:
+        # One line: the first problem, said as the flag would say it (`url` is SOURCE, `id` is --id).
+        problem = validation_problems(exc)[0]
+        raise CommandError(problem["message"] if problem["field"] in ("url", "id") else
+                           f"{problem['field']}: {problem['message']}") from None
+    return stream_spec(
+        settings,
+        tracker=config.tracker,
+        supervisor=config.supervisor,
+        max_failed_connects=args.connect_attempts or None,
+    )
 
 
 async def load_detector(args: argparse.Namespace, settings: DetectorSettings) -> Any:
@@ -67,15 +83,20 @@ def summary_text(s: StreamSummary, extra: dict[str, Any]) -> str:
         return "n/a" if value is None else f"{value:.0f} ms"
 
     why = f" ({s.reason})" if s.reason not in (None, s.state) else ""
+    c = s.get
     lines = [
         f"vidsentry run: stream {s.stream_id} {s.state}{why}",
-        f"  frames      in {s.frames_in}, processed {s.frames_processed}, dropped {s.frames_dropped}, "
-        f"skipped {s.frames_skipped}, failed {s.frames_failed}",
+        f"  frames      in {c('frames_in'):.0f}, processed {c('frames_processed'):.0f}, "
+        f"dropped {c('frames_dropped'):.0f}, skipped {c('frames_skipped'):.0f}, failed {c('frames_failed'):.0f}",
         f"  speed       {s.fps_processed:.2f} fps processed over {s.elapsed_s:.1f} s",
-        f"  detections  {s.detections} in {s.tracks} tracks ({s.track_events} track events)",
-        f"  audio       {s.audio_seconds:.1f} s decoded, captions {extra['captions']}",
-        f"  alerts      {s.alerts}",
-        f"  source      reconnects {s.reconnects}, stalls {s.stalls}, corrupt packets {s.corrupt_packets}",
+        f"  detections  {c('detections'):.0f} in {c('tracks'):.0f} tracks ({c('track_events'):.0f} track events, "
+        f"{c('tracks_evicted'):.0f} evicted)",
+        f"  audio       {c('audio_seconds'):.1f} s decoded ({c('audio_dropped_seconds'):.1f} s dropped), "
+        f"captions {extra['captions']}",
+        f"  alerts      {c('alerts'):.0f} ({c('alerts_suppressed'):.0f} held back by cooldowns, "
+        f"{c('snapshot_failures'):.0f} snapshots failed)",
+        f"  source      reconnects {c('reconnects'):.0f}, stalls {c('stalls'):.0f}, "
+        f"corrupt packets {c('corrupt_packets'):.0f}, abandoned readers {c('abandoned_readers'):.0f}",
         f"  latency     capture→publish p50 {ms(s.latency_p50_ms)}, p99 {ms(s.latency_p99_ms)}; "
         f"model p50 {ms(s.inference_p50_ms)}",
         f"  events      published {extra['events_published']}, failed {extra['events_failed']}, "
@@ -105,7 +126,7 @@ async def run_command(args: argparse.Namespace) -> int:
     try:
         nats_url = args.nats_url or config.nats.url
         async with open_bus(nats_url, config.nats, config.node) as publisher, DetectionBatcher(detector) as batcher:
-            runner = StreamRunner(spec, batcher, publisher, on_status=on_status)
+            runner = StreamRunner(spec, SharedEngines(batcher), publisher, on_status=on_status)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, runner.stop)
@@ -136,13 +157,14 @@ async def run_command(args: argparse.Namespace) -> int:
     text = summary_text(summary, extra)
     if args.json:
         print(text, file=sys.stderr)
-        print(json.dumps({**dataclasses.asdict(summary), **extra}))
+        print(json.dumps({**summary.to_json(), **extra}))
     else:
         print(text)
     if state is StreamState.FAILED:
         reason = summary.reason or "source failed"
         # A file that fails is a bad file, and a camera never reached is a wrong URL: bad input. A camera
         # lost after it was live is a runtime failure.
-        bad_input = runner.source.is_file or not was_live
+        camera = spec.camera
+        bad_input = (camera is not None and camera.source.is_file) or not was_live
         raise CommandError(f"{runner.source.display}: {reason}", EXIT_USAGE if bad_input else EXIT_RUNTIME)
     return EXIT_OK

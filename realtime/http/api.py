@@ -12,8 +12,14 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from pipelines.frames import STREAM_ID_PATTERN
-from realtime.config import StreamSettings
+from pipelines.frames import InvalidStreamId, validate_stream_id
+from realtime.config import (
+    STREAM_SETTINGS,
+    WEBRTC_NOT_CONFIGURABLE,
+    WebRtcStreamSettings,
+    describe_problems,
+    validation_problems,
+)
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
 from realtime.service.registry import RegistryClosed, StreamExists, StreamLimitReached, UnknownStream
@@ -23,9 +29,10 @@ ID_RULE = "use 1-64 characters from A-Z a-z 0-9 _ -"
 
 def stream_id_of(request: web.Request) -> str:
     stream_id = request.match_info["stream_id"]
-    if not STREAM_ID_PATTERN.fullmatch(stream_id):
-        raise ApiError(400, "invalid stream id", {"field": "id", "message": ID_RULE})
-    return stream_id
+    try:
+        return validate_stream_id(stream_id)
+    except InvalidStreamId:
+        raise ApiError(400, "invalid stream id", {"field": "id", "message": ID_RULE}) from None
 
 
 def unknown_stream(stream_id: str) -> ApiError:
@@ -47,15 +54,6 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def validation_problems(error: ValidationError) -> list[dict[str, str]]:
-    problems = []
-    for item in error.errors(include_input=False, include_url=False):
-        field = ".".join(str(part) for part in item["loc"]) or "(body)"
-        message = "unknown field" if item["type"] == "extra_forbidden" else item["msg"].removeprefix("Value error, ")
-        problems.append({"field": field, "message": message})
-    return problems
-
-
 async def list_streams(request: web.Request) -> web.Response:
     views = context_of(request).registry.views()
     return web.json_response({"streams": [view.to_json() for view in views]})
@@ -64,11 +62,14 @@ async def list_streams(request: web.Request) -> web.Response:
 async def create_stream(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     try:
-        settings = StreamSettings.model_validate(body)
+        settings = STREAM_SETTINGS.validate_python(body)
     except ValidationError as exc:
-        problems = validation_problems(exc)
-        summary = "; ".join(f"{p['field']}: {p['message']}" for p in problems)
-        raise ApiError(400, f"invalid stream: {summary}", problems) from None
+        problems = validation_problems(exc, unknown="unknown field")
+        raise ApiError(400, f"invalid stream: {describe_problems(problems)}", problems) from None
+    if isinstance(settings, WebRtcStreamSettings):
+        raise ApiError(400, f"invalid stream: kind: {WEBRTC_NOT_CONFIGURABLE}", [
+            {"field": "kind", "message": WEBRTC_NOT_CONFIGURABLE}
+        ])
     try:
         view = context_of(request).registry.add(settings)
     except StreamExists:

@@ -27,8 +27,9 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from pipelines.detect import BatcherStats
-from pipelines.frame_loop import FrameObserver
 from pipelines.frames import FrameResult, StreamState
+from pipelines.graph.counters import CounterInfo, counter_info
+from pipelines.graph.stage import FrameObserver
 from realtime.bus.delivery import PublisherStats
 from realtime.streams.view import PENDING, StreamView
 
@@ -49,6 +50,11 @@ class MetricSources:
     batcher: Callable[[], BatcherStats]
     sse_viewers: Callable[[], int]
     sse_dropped: Callable[[], int]
+    sse_rejected: Callable[[], int]  # viewers refused by the per-stream or total cap
+    publisher_alive: Callable[[], bool]
+    detector_alive: Callable[[], bool]
+    max_streams: Callable[[], int]
+    streams_rejected: Callable[[], int]
     outbox_depth: Callable[[], tuple[int, int] | None]  # (events, bytes) or None without an outbox
 
 
@@ -57,16 +63,17 @@ class FrameRates:
 
     def __init__(self, window_s: float = RATE_WINDOW_S) -> None:
         self.window_s = window_s
-        self._samples: dict[str, deque[tuple[float, int, int, int]]] = {}
+        self._samples: dict[str, deque[tuple[float, float, float, float]]] = {}
 
     def sample(self, views: Iterable[StreamView], now: float) -> None:
         seen = set()
         for view in views:
             c = view.counters
             ring = self._samples.setdefault(view.stream_id, deque())
-            if ring and (c.frames_in < ring[-1][1] or c.frames_processed < ring[-1][2]):
+            frames_in, processed = c.get("frames_in", 0), c.get("frames_processed", 0)
+            if ring and (frames_in < ring[-1][1] or processed < ring[-1][2]):
                 ring.clear()  # a new run started its counters over
-            ring.append((now, c.frames_in, c.frames_processed, c.frames_dropped))
+            ring.append((now, frames_in, processed, c.get("frames_dropped", 0)))
             while len(ring) > 2 and now - ring[0][0] > self.window_s:
                 ring.popleft()
             seen.add(view.stream_id)
@@ -146,55 +153,31 @@ class _ServiceCollector(Collector):
 
     def _streams(self) -> Iterable[Metric]:
         views = self.sources.streams()
-        frames = CounterMetricFamily(
-            "vidsentry_stream_frames",
-            "Video frames per stream: in (decoded), processed, dropped (latest-frame-wins), skipped (detect_fps), "
-            "failed (detector error)",
-            labels=["stream", "stage"],
-        )
         fps = GaugeMetricFamily(
             "vidsentry_stream_fps", f"Frames per second over the last {RATE_WINDOW_S:g} s", labels=["stream", "stage"]
         )
-        simple_counters = {
-            "detections": ("vidsentry_stream_detections", "Objects detected"),
-            "track_events": ("vidsentry_stream_track_events", "Track lifecycle events"),
-            "reconnects": ("vidsentry_stream_reconnects", "Times the source went reconnecting"),
-            "stalls": ("vidsentry_stream_stalls", "Times the frame watchdog declared the source stalled"),
-            "corrupt_packets": ("vidsentry_stream_corrupt_packets", "Undecodable packets skipped"),
-            "status_events_dropped": ("vidsentry_stream_status_events_dropped", "Status events dropped (queue full)"),
-        }
-        counters = {
-            key: CounterMetricFamily(name, text, labels=["stream"]) for key, (name, text) in simple_counters.items()
-        }
-        depth = GaugeMetricFamily(
-            "vidsentry_stream_queue_depth",
-            "Items waiting per stream queue: mailbox (frames), status (events)",
-            labels=["stream", "queue"],
-        )
-        audio = GaugeMetricFamily("vidsentry_stream_audio_buffered_seconds", "Audio waiting", labels=["stream"])
         state = GaugeMetricFamily(
             "vidsentry_stream_state", "1 for the stream's current state", labels=["stream", "state"]
         )
         restarts = CounterMetricFamily(
             "vidsentry_stream_restarts", "Runs started after the stream ended by itself", labels=["stream"]
         )
+        # Every counter of every stage, generically: the catalogue says its type, help and family.
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
         for view in views:
-            sid, c = view.stream_id, view.counters
-            for stage, value in (
-                ("in", c.frames_in),
-                ("processed", c.frames_processed),
-                ("dropped", c.frames_dropped),
-                ("skipped", c.frames_skipped),
-                ("failed", c.frames_failed),
-            ):
-                frames.add_metric([sid, stage], value)
+            sid = view.stream_id
+            for key, value in view.counters.items():
+                info = counter_info(key)
+                name = f"vidsentry_stream_{info.metric or key}"
+                family = families.get(name)
+                if family is None:
+                    labels = ["stream", info.label[0]] if info.label else ["stream"]
+                    kind = CounterMetricFamily if info.kind == "counter" else GaugeMetricFamily
+                    text = _family_help(info) if info.label else info.help
+                    family = families[name] = kind(name, text, labels=labels)
+                family.add_metric([sid, info.label[1]] if info.label else [sid], value)
             for stage, rate in zip(("in", "processed", "dropped"), self.rates.rates(sid), strict=True):
                 fps.add_metric([sid, stage], rate)
-            for key, family in counters.items():
-                family.add_metric([sid], getattr(c, key))
-            depth.add_metric([sid, "mailbox"], c.mailbox_depth)
-            depth.add_metric([sid, "status"], c.status_queue_depth)
-            audio.add_metric([sid], c.audio_buffered_s)
             for name in STATES:
                 state.add_metric([sid, name], 1.0 if view.state == name else 0.0)
             restarts.add_metric([sid], view.restarts)
@@ -204,7 +187,11 @@ class _ServiceCollector(Collector):
             "Stream runs alive, including runs still stopping",
             value=self.sources.active_runs(),
         )
-        yield from (streams, runs, frames, fps, *counters.values(), depth, audio, state, restarts)
+        limit = GaugeMetricFamily("vidsentry_streams_limit", "http.max_streams", value=self.sources.max_streams())
+        rejected = CounterMetricFamily(
+            "vidsentry_streams_rejected", "Streams refused by http.max_streams", value=self.sources.streams_rejected()
+        )
+        yield from (streams, runs, limit, rejected, *families.values(), fps, state, restarts)
 
     def _events(self) -> Iterable[Metric]:
         stats = self.sources.publisher()
@@ -215,6 +202,10 @@ class _ServiceCollector(Collector):
             ("failed", "Events that could not be delivered"),
             ("dropped", "Live events dropped while NATS was disconnected"),
             ("retries", "Durable publish retries"),
+            ("duplicates", "Durable publishes JetStream already had (deduplicated by Nats-Msg-Id)"),
+            ("spooled", "Durable events queued in the disk outbox instead of sent directly"),
+            ("replayed", "Durable events acked after waiting in the disk outbox"),
+            ("dropped_overflow", "Durable events dropped because the disk outbox was full"),
         ):
             family = CounterMetricFamily(f"vidsentry_events_{field}", text, labels=["kind"])
             for kind, counts in kinds:
@@ -230,7 +221,12 @@ class _ServiceCollector(Collector):
             "vidsentry_nats_retry_backlog", "Durable events waiting for a retry", value=stats.retry_backlog
         )
         reconnects = CounterMetricFamily("vidsentry_nats_reconnects", "Reconnects to NATS", value=stats.reconnects)
-        yield from (connected, pending, backlog, reconnects)
+        alive = GaugeMetricFamily(
+            "vidsentry_publisher_alive",
+            "1 while the publisher's background tasks run",
+            value=float(self.sources.publisher_alive()),
+        )
+        yield from (connected, pending, backlog, reconnects, alive)
         outbox = self.sources.outbox_depth()
         if outbox is not None:
             events = GaugeMetricFamily("vidsentry_outbox_events", "Durable events spooled on disk", value=outbox[0])
@@ -243,7 +239,15 @@ class _ServiceCollector(Collector):
         frames = CounterMetricFamily("vidsentry_detector_frames", "Frames through the model", value=stats.frames)
         failures = CounterMetricFamily("vidsentry_detector_failures", "Model calls that raised", value=stats.failures)
         busy = CounterMetricFamily("vidsentry_detector_busy_seconds", "Time the model was busy", value=stats.busy_s)
-        yield from (calls, frames, failures, busy)
+        rejected = CounterMetricFamily(
+            "vidsentry_detector_rejected", "Frames refused because the batcher queue was full", value=stats.rejected
+        )
+        alive = GaugeMetricFamily(
+            "vidsentry_detector_alive",
+            "1 while the shared detector can process frames",
+            value=float(self.sources.detector_alive()),
+        )
+        yield from (calls, frames, failures, busy, rejected, alive)
 
     def _viewers(self) -> Iterable[Metric]:
         viewers = GaugeMetricFamily(
@@ -252,7 +256,12 @@ class _ServiceCollector(Collector):
         dropped = CounterMetricFamily(
             "vidsentry_sse_events_dropped", "Events dropped for viewers that lagged", value=self.sources.sse_dropped()
         )
-        yield from (viewers, dropped)
+        rejected = CounterMetricFamily(
+            "vidsentry_sse_viewers_rejected",
+            "Event viewers refused by http.sse_max_viewers_per_stream or http.sse_max_viewers",
+            value=self.sources.sse_rejected(),
+        )
+        yield from (viewers, dropped, rejected)
 
 
 class _RuntimeCollector(Collector):
@@ -278,3 +287,15 @@ class _RuntimeCollector(Collector):
             "vidsentry_os_threads", "Threads of this process, native ones included", value=native
         )
         yield family
+
+
+def _family_help(info: CounterInfo) -> str:
+    # One help text per labelled family, whichever of its keys comes first.
+    return _FAMILY_HELP.get(info.metric or "", info.help)
+
+
+_FAMILY_HELP = {
+    "frames": "Video frames per stream: in (decoded), processed, dropped (latest-frame-wins), skipped (detect_fps), "
+    "failed (detector error)",
+    "queue_depth": "Items waiting per stream queue: mailbox (frames), status (events)",
+}

@@ -30,8 +30,9 @@ async def index(request: web.Request) -> web.Response:
     else:
         views = ctx.registry.views()
         rows = "".join(
-            f"<tr><td>{escape(v.stream_id)}</td><td>{escape(v.shown_url)}</td><td>{escape(v.state)}</td>"
-            f"<td>{escape(v.reason or '')}</td><td>{v.counters.frames_processed}</td></tr>"
+            f"<tr><td>{escape(v.stream_id)}</td><td>{escape(v.shown_url or v.settings.kind)}</td>"
+            f"<td>{escape(v.state)}</td>"
+            f"<td>{escape(v.reason or '')}</td><td>{v.counters.get('frames_processed', 0):.0f}</td></tr>"
             for v in views
         )
         content = (

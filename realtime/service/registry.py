@@ -27,14 +27,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from pipelines.frames import StreamState
-from realtime.config import StreamSettings
+from pipelines.graph.counters import Counters, zero_counters
+from realtime.config import AnyStreamSettings, CameraStreamSettings
 from realtime.sources.spec import InvalidSource, parse_source
-from realtime.streams.runner import StreamCounters, StreamRunner
+from realtime.streams.runner import StreamRunner
 from realtime.streams.view import PENDING, StreamView, public_url
 
 log = logging.getLogger(__name__)
 
-RunnerFactory = Callable[[StreamSettings], StreamRunner]
+RunnerFactory = Callable[[AnyStreamSettings], StreamRunner]
 
 
 class StreamExists(Exception):
@@ -72,14 +73,14 @@ class RestartPolicy:
 
 @dataclass(slots=True, eq=False)
 class _Wanted:
-    settings: StreamSettings
+    settings: AnyStreamSettings
     generation: int
-    shown_url: str
+    shown_url: str | None  # None: no URL (a browser session)
     is_network: bool
     runs: int = 0
     ended: StreamState | None = None  # how the last run ended by itself
     reason: str | None = None
-    last_counters: StreamCounters = field(default_factory=StreamCounters)
+    last_counters: Counters = field(default_factory=zero_counters)
     failures: int = 0  # consecutive runs that ended early
     retry_at: float | None = None  # time.monotonic() of the next start after an end
 
@@ -118,7 +119,7 @@ class StreamRegistry:
 
     # -- the desired set ------------------------------------------------------------------
 
-    def apply(self, streams: Iterable[StreamSettings]) -> None:
+    def apply(self, streams: Iterable[AnyStreamSettings]) -> None:
         """Make the desired set exactly `streams` (the config file's view); unchanged entries keep running."""
         self._check_open()
         new = {s.id: s for s in streams}
@@ -132,7 +133,7 @@ class StreamRegistry:
                 self._wanted[stream_id] = self._new_wanted(settings)
         self._wake.set()
 
-    def add(self, settings: StreamSettings) -> StreamView:
+    def add(self, settings: AnyStreamSettings) -> StreamView:
         self._check_open()
         if settings.id in self._wanted:
             raise StreamExists(settings.id)
@@ -314,7 +315,9 @@ class StreamRegistry:
             log.warning("stream limit reached", extra={"limit": self.max_streams, "wanted": wanted})
             raise StreamLimitReached(self.max_streams, wanted)
 
-    def _new_wanted(self, settings: StreamSettings) -> _Wanted:
+    def _new_wanted(self, settings: AnyStreamSettings) -> _Wanted:
+        if not isinstance(settings, CameraStreamSettings):
+            return _Wanted(settings, next(self._generations), None, is_network=False)  # a session ends for good
         try:
             is_network = parse_source(settings.url).is_network
         except InvalidSource:
@@ -328,13 +331,13 @@ class StreamRegistry:
             runner = running.runner
             state, reason, counters = runner.state.value, runner.reason, runner.counters()
         elif running is not None:
-            state, reason, counters = PENDING, "waiting for the previous run of this id to stop", StreamCounters()
+            state, reason, counters = PENDING, "waiting for the previous run of this id to stop", zero_counters()
         elif wanted.ended is not None:
             state, reason, counters = wanted.ended.value, wanted.reason, wanted.last_counters
             if wanted.retry_at is not None:
                 restart_in = max(0.0, wanted.retry_at - time.monotonic())
         else:
-            state, reason, counters = PENDING, None, StreamCounters()
+            state, reason, counters = PENDING, None, zero_counters()
         return StreamView(
             settings=wanted.settings,
             shown_url=wanted.shown_url,

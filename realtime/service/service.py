@@ -15,34 +15,22 @@ import logging
 from collections.abc import Callable
 
 from pipelines.detect import DetectionBatcher
+from pipelines.graph import SharedEngines
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
-from realtime.config import Config, StreamSettings
+from realtime.config import AnyStreamSettings, Config
 from realtime.http import HttpContext, HttpServer, create_app
 from realtime.http.metrics import MetricSources, ServiceMetrics
 from realtime.service.memory import release_free_memory
 from realtime.service.registry import StreamRegistry
 from realtime.streams.fanout import EventFanout
-from realtime.streams.runner import StreamRunner, StreamSpec
+from realtime.streams.runner import StreamRunner
+from realtime.streams.spec import stream_spec
 from realtime.streams.view import StreamView
 
 log = logging.getLogger(__name__)
 
 HEALTH_LOG_INTERVAL_S = 30.0
-
-
-def stream_spec(settings: StreamSettings, config: Config) -> StreamSpec:
-    return StreamSpec(
-        stream_id=settings.id,
-        url=settings.url,
-        ingest=settings.ingest,
-        realtime=settings.realtime,
-        audio=settings.audio,
-        detect_fps=settings.detect_fps,
-        policy=config.supervisor.to_policy(),  # a service retries cameras forever
-        tracker=config.tracker.to_config(),
-        rules=tuple(settings.rules),
-    )
 
 
 def outbox_depth(publisher: NatsEventPublisher, config: Config) -> tuple[int, int] | None:
@@ -65,7 +53,14 @@ class Service:
         self.config = config
         self.batcher = batcher
         self.publisher = publisher
-        self.fanout = EventFanout(publisher, node=config.node, queue_limit=config.http.sse_queue_events)
+        http = config.http
+        self.fanout = EventFanout(
+            publisher,
+            node=config.node,
+            queue_limit=http.sse_queue_events,
+            max_viewers_per_stream=http.sse_max_viewers_per_stream,
+            max_viewers=http.sse_max_viewers,
+        )
         self.metrics = ServiceMetrics(
             MetricSources(
                 streams=self._views,
@@ -74,12 +69,17 @@ class Service:
                 batcher=lambda: batcher.stats,
                 sse_viewers=lambda: self.fanout.viewer_count,
                 sse_dropped=lambda: self.fanout.dropped_total,
+                sse_rejected=lambda: self.fanout.rejected,
+                max_streams=lambda: self.registry.max_streams,
+                streams_rejected=lambda: self.registry.rejected,
+                publisher_alive=lambda: publisher.alive,
+                detector_alive=lambda: batcher.alive,
                 outbox_depth=lambda: outbox_depth(publisher, config),
             )
         )
         # Alert snapshots share the publisher's connection (the bucket is created on first use).
-        self.snapshots = NatsSnapshotStore(publisher)
-        self.registry = StreamRegistry(self._make_runner, on_gone=self._stream_gone)
+        self.engines = SharedEngines(batcher, NatsSnapshotStore(publisher))
+        self.registry = StreamRegistry(self._make_runner, on_gone=self._stream_gone, max_streams=http.max_streams)
         self.context = HttpContext(
             registry=self.registry,
             fanout=self.fanout,
@@ -92,9 +92,9 @@ class Service:
         self.url: str | None = None
 
     def readiness(self) -> dict[str, bool]:
-        # The detector is loaded before the service is built, so that check holds whenever the service
-        # answers; it is listed so /readyz names every precondition of processing.
-        return {"nats": self.publisher.connected, "detector": self.batcher.detector is not None}
+        """Every precondition of processing, by name: the shared engines' tasks are alive, the
+        publisher's background tasks too, and NATS is connected."""
+        return {"nats": self.publisher.connected, "publisher": self.publisher.alive, **self.engines.health()}
 
     async def run(
         self, host: str, port: int, stop: asyncio.Event, *, on_listening: Callable[[str], None] | None = None
@@ -145,12 +145,12 @@ class Service:
             reconciler.cancel()
             await asyncio.wait({reconciler})
 
-    def _make_runner(self, settings: StreamSettings) -> StreamRunner:
+    def _make_runner(self, settings: AnyStreamSettings) -> StreamRunner:
+        config = self.config
         return StreamRunner(
-            stream_spec(settings, self.config),
-            self.batcher,
+            stream_spec(settings, tracker=config.tracker, supervisor=config.supervisor),
+            self.engines,
             self.fanout,
-            snapshots=self.snapshots,
             on_frame=self.metrics.frame_observer(settings.id),
         )
 
@@ -190,8 +190,8 @@ class Service:
                         "fps_in": round(fps_in, 1),
                         "fps_processed": round(fps_processed, 1),
                         "fps_dropped": round(fps_dropped, 1),
-                        "frames_processed": c.frames_processed,
-                        "reconnects": c.reconnects,
-                        "stalls": c.stalls,
+                        "frames_processed": c.get("frames_processed", 0),
+                        "reconnects": c.get("reconnects", 0),
+                        "stalls": c.get("stalls", 0),
                     },
                 )

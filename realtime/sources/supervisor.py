@@ -8,7 +8,8 @@
     max_failed_connects consecutive failed connects (no frame in between) --> FAILED
 
 Each connect attempt is a backend session (see session.py) driven by a dedicated daemon
-thread. Frames go through the caller's `FrameMailbox` / `AudioBuffer`; the supervisor owns
+thread. Frames go through the caller's frame / audio inputs (the graph's tees, or a
+`FrameMailbox` / `AudioBuffer`); the supervisor owns
 the per-stream frame sequence number, so it never resets across reconnects. A session that
 is replaced or stopped is signalled (stop event + `interrupt()`) and waited for a bounded
 time; if it is stuck in a blocking read it is abandoned: it can no longer deliver frames
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.frames import AudioChunk, StatusChange, StreamState, VideoFrame, validate_stream_id
-from pipelines.mailbox import AudioBuffer, FrameMailbox
+from pipelines.graph.source import AudioInput, FrameInput
 from realtime.sources.backends import create_session, normalize_backend
 from realtime.sources.pacing import NoPacing, RealtimePacer
 from realtime.sources.session import BackendUnavailable, SessionOptions, SourceError, SourceSession
@@ -168,8 +169,8 @@ class CameraSupervisor:
         stream_id: str,
         spec: SourceSpec,
         *,
-        video: FrameMailbox,
-        audio: AudioBuffer | None,
+        video: FrameInput,
+        audio: AudioInput | None,
         on_status: Callable[[StatusChange], None],
         backend: str = "pyav",
         policy: SupervisorPolicy | None = None,

@@ -1,17 +1,17 @@
 """What the outside world sees of one stream: its settings, state and counters.
 
 The registry builds these for the HTTP API and the metrics collector from
-`StreamRunner.counters()`, which stays cheap enough for every scrape.
+`StreamRunner.counters()` (every stage's counters), which stays cheap enough for every scrape.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from realtime.config import StreamSettings
+from pipelines.graph.counters import Counters
+from realtime.config import AnyStreamSettings
 from realtime.sources.spec import InvalidSource, parse_source
-from realtime.streams.runner import StreamCounters
 
 PENDING = "pending"  # desired, not started yet (or waiting for its previous run to stop)
 
@@ -27,13 +27,13 @@ def public_url(url: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class StreamView:
-    settings: StreamSettings
-    shown_url: str
+    settings: AnyStreamSettings
+    shown_url: str | None  # None: no URL (a browser session)
     state: str  # pending, or a StreamState value
     reason: str | None
     restarts: int  # runs started after the first one (after a failure)
     restart_in: float | None  # seconds until the next start after a failure
-    counters: StreamCounters
+    counters: Counters
 
     @property
     def stream_id(self) -> str:
@@ -41,12 +41,13 @@ class StreamView:
 
     def to_json(self) -> dict[str, Any]:
         body = self.settings.model_dump(mode="json")
-        body["url"] = self.shown_url
+        if self.shown_url is not None:
+            body["url"] = self.shown_url
         body.update(
             state=self.state,
             reason=self.reason,
             restarts=self.restarts,
             restart_in=None if self.restart_in is None else round(self.restart_in, 1),
-            counters=asdict(self.counters),
+            counters=dict(self.counters),
         )
         return body

@@ -206,7 +206,12 @@ async def test_bearer_token_guards_the_api_only(detector: Detector, shared_nats_
 async def test_probes_metrics_and_draining(svc: LiveService, rtsp_server: RtspServer) -> None:
     assert (await svc.call("GET", "/healthz")).body == {"status": "ok"}
     ready = await svc.call("GET", "/readyz")
-    assert ready.status == 200 and ready.body["checks"] == {"nats": True, "detector": True, "accepting": True}
+    assert ready.status == 200 and ready.body["checks"] == {
+        "nats": True,
+        "publisher": True,
+        "detector": True,
+        "accepting": True,
+    }
 
     assert (await svc.call("POST", "/api/streams", json_body=camera(rtsp_server, "m1"))).status == 201
     await svc.wait_for_state("m1", "live", min_processed=3)

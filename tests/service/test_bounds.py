@@ -16,7 +16,7 @@ import pytest
 
 from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
-from realtime.config import Config, ConfigError, HttpSettings, StreamSettings, load_config
+from realtime.config import CameraStreamSettings, ConfigError, HttpSettings, load_config
 from realtime.service.registry import StreamLimitReached, StreamRegistry
 from realtime.streams.runner import StreamRunner
 from tests.service.conftest import LiveService, live_service, make_config, wait_until
@@ -29,18 +29,10 @@ def stream(stream_id: str) -> dict[str, Any]:
     return {"id": stream_id, "url": UNREACHABLE, "audio": False}
 
 
-def apply_limits(live: LiveService, config: Config) -> None:
-    """Until `Service` hands the `http` limits to its registry and fan-out, the test does (idempotent after)."""
-    live.service.registry.max_streams = config.http.max_streams
-    live.service.fanout.max_viewers_per_stream = config.http.sse_max_viewers_per_stream
-    live.service.fanout.max_viewers = config.http.sse_max_viewers
-
-
 @contextlib.asynccontextmanager
 async def bounded_service(detector: Detector, nats_url: str, **http: Any) -> AsyncIterator[LiveService]:
     config = make_config(http=http)
     async with live_service(detector, nats_url, config=config) as live:
-        apply_limits(live, config)
         yield live
 
 
@@ -80,11 +72,11 @@ async def test_a_stream_past_the_limit_is_429_and_a_delete_frees_its_slot(
 
 
 async def test_the_registry_bounds_add_and_apply_alike() -> None:
-    def no_runs(settings: StreamSettings) -> StreamRunner:
+    def no_runs(settings: CameraStreamSettings) -> StreamRunner:
         raise AssertionError("nothing runs in this test")
 
     registry = StreamRegistry(no_runs, max_streams=2)
-    one, two, three = (StreamSettings(id=i, url=UNREACHABLE) for i in ("one", "two", "three"))
+    one, two, three = (CameraStreamSettings(id=i, url=UNREACHABLE) for i in ("one", "two", "three"))
     registry.apply([one, two])
     with pytest.raises(StreamLimitReached, match=r"2 streams \(http\.max_streams\)"):
         registry.add(three)
@@ -167,9 +159,6 @@ def test_a_limit_from_the_environment_is_validated_too() -> None:
         load_config(environ={"VIDSENTRY_HTTP__SSE_MAX_VIEWERS": "0"})
 
 
-@pytest.mark.xfail(
-    strict=True, reason="Service does not pass the http limits to its registry and fan-out yet (apply_limits does)"
-)
 async def test_the_service_takes_its_limits_from_the_config(
     detector: Detector, shared_nats_server: EmbeddedNatsServer
 ) -> None:

@@ -14,10 +14,12 @@ from engines.detector import Detector
 from pipelines.detect import DetectionBatcher
 from pipelines.events import Event
 from pipelines.frames import StreamState
-from realtime.config import StreamSettings
+from pipelines.graph import SharedEngines
+from realtime.config import CameraStreamSettings
 from realtime.service.registry import RegistryClosed, RestartPolicy, StreamExists, StreamRegistry, UnknownStream
 from realtime.sources.supervisor import SupervisorPolicy
-from realtime.streams.runner import StreamRunner, StreamSpec
+from realtime.streams.runner import StreamRunner
+from realtime.streams.spec import stream_spec
 from tests.service.conftest import wait_until
 
 REFUSED = "rtsp://127.0.0.1:1/cam"  # connection refused at once
@@ -53,16 +55,16 @@ class Factory:
     built: list[StreamRunner] = field(default_factory=list)
     fail_next: int = 0
 
-    def __call__(self, settings: StreamSettings) -> StreamRunner:
+    def __call__(self, settings: CameraStreamSettings) -> StreamRunner:
         if self.fail_next:
             self.fail_next -= 1
             raise RuntimeError("cannot build this one")
-        spec = StreamSpec(settings.id, settings.url, audio=settings.audio, policy=self.policy)
+        spec = stream_spec(settings, policy=self.policy)
         runner: StreamRunner
         if self.hold is not None:
-            runner = HeldRunner(spec, self.batcher, self.sink, let_go=self.hold)
+            runner = HeldRunner(spec, SharedEngines(self.batcher), self.sink, let_go=self.hold)
         else:
-            runner = StreamRunner(spec, self.batcher, self.sink)
+            runner = StreamRunner(spec, SharedEngines(self.batcher), self.sink)
         self.built.append(runner)
         return runner
 
@@ -83,8 +85,8 @@ async def reconciling(registry: StreamRegistry) -> AsyncIterator[asyncio.Task[No
         await asyncio.wait_for(task, 15)
 
 
-def stream(stream_id: str, url: str = REFUSED, **extra: object) -> StreamSettings:
-    return StreamSettings.model_validate({"id": stream_id, "url": url, "audio": False, **extra})
+def stream(stream_id: str, url: str = REFUSED, **extra: object) -> CameraStreamSettings:
+    return CameraStreamSettings.model_validate({"id": stream_id, "url": url, "audio": False, **extra})
 
 
 async def test_a_re_added_id_waits_for_its_previous_run_to_stop(batcher: DetectionBatcher) -> None:

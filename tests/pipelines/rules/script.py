@@ -8,7 +8,7 @@ from pydantic import TypeAdapter
 
 from pipelines.rules.engine import RuleEngine
 from pipelines.rules.specs import AnyRule, RuleList
-from pipelines.rules.types import AlertChange, AlertEventKind, TrackedObject
+from pipelines.rules.types import AlertChange, AlertEventKind, Moment, TrackedObject
 
 NAMES = {0: "Normal", 1: "Fall"}
 FPS = 10
@@ -43,11 +43,11 @@ def run(
     for pts, objects in frames:
         current = {o.track_id for o in objects}
         ended = sorted(previous - current) if end_missing else []
-        changes += eng.evaluate(pts, objects, ended=ended, frame_size=(1000, 1000))
+        changes += eng.evaluate(Moment(pts, pts), objects, ended=ended, frame_size=(1000, 1000))
         previous = current | (previous if not end_missing else set())
         last = pts
     if finish:
-        changes += eng.finish(last)
+        changes += eng.finish(Moment(last, last))
     return changes
 
 

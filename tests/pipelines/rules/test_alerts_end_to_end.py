@@ -18,11 +18,12 @@ from nats.aio.msg import Msg
 from engines.registry import create_detector
 from pipelines.detect import DetectionBatcher
 from pipelines.frames import StreamState
+from pipelines.graph import SharedEngines
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
-from realtime.streams.runner import StreamRunner, StreamSpec
-from tests.pipelines.rules.script import rules
+from realtime.streams.runner import StreamRunner
+from tests.support.streams import camera_spec
 
 CONTRACT = {"alert_id", "rule_id", "rule_type", "event", "severity", "track_ids", "class", "evidence",
             "started_pts", "snapshot", "stream_id", "pts", "captured_at", "published_at"}  # fmt: skip
@@ -53,20 +54,18 @@ async def batcher(fall_model: Path) -> AsyncIterator[DetectionBatcher]:
 async def test_alert_start_and_end_reach_jetstream_with_a_stored_snapshot(
     vtest_avi: Path, batcher: DetectionBatcher, nats_server: EmbeddedNatsServer
 ) -> None:
-    spec = StreamSpec(
+    spec = camera_spec(
         "plaza",
         str(vtest_avi),
         audio=False,
-        rules=tuple(
-            rules(
-                {"id": "people", "type": "present", "classes": ["Normal"], "for_s": 0.5, "snapshot": True,
-                 "severity": "info"},
-            )
-        ),
+        rules=[
+            {"id": "people", "type": "present", "classes": ["Normal"], "for_s": 0.5, "snapshot": True,
+             "severity": "info"},
+        ],
     )  # fmt: skip
     async with NatsEventPublisher(nats_server.url, node="test") as publisher:
         snapshots = NatsSnapshotStore(publisher, max_bytes=10_000_000)
-        runner = StreamRunner(spec, batcher, publisher, snapshots=snapshots)
+        runner = StreamRunner(spec, SharedEngines(batcher, snapshots), publisher)
         task = asyncio.create_task(runner.run())
         deadline = time.monotonic() + 60
         # A start that wants a snapshot is published once the picture is stored.
@@ -103,8 +102,9 @@ async def test_rules_that_do_not_fit_the_model_fail_the_stream_with_a_reason(
         async def publish(self, event: object) -> None:
             pass
 
-    spec = StreamSpec("plaza", str(vtest_avi), audio=False, rules=tuple(rules({"id": "cars", "type": "present",
-                                                                              "classes": ["car"]})))  # fmt: skip
-    runner = StreamRunner(spec, batcher, Discard())
+    spec = camera_spec(
+        "plaza", str(vtest_avi), audio=False, rules=[{"id": "cars", "type": "present", "classes": ["car"]}]
+    )
+    runner = StreamRunner(spec, SharedEngines(batcher), Discard())
     assert await asyncio.wait_for(runner.run(), 30) is StreamState.FAILED
     assert "'car' not among the model's classes (Fall, Normal)" in (runner.reason or "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipelines.clock import Moment
 from tests.pipelines.rules.script import ends, engine, person, run, starts, timeline
 
 CROWD = [person(1, 100, 500), person(2, 300, 500), person(3, 500, 500)]
@@ -65,6 +66,6 @@ def test_flicker_shorter_than_the_clear_time_keeps_one_alert() -> None:
     changes = []
     for t in timeline(0, 30):
         seen = round(t * 10) % 7 != 0
-        changes += eng.evaluate(t, [person(1, 400, 400)] if seen else [], ended=[] if seen else [1])
+        changes += eng.evaluate(Moment(t, t), [person(1, 400, 400)] if seen else [], ended=[] if seen else [1])
     # Even when the tracker does end it for a frame, the alert about the stream rides over the gap.
     assert len(starts(changes)) == 1 and not ends(changes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipelines.clock import Moment, StreamClock
 from pipelines.event_bodies import alert_event
 from pipelines.events import EventKind
 from tests.pipelines.rules.script import ends, engine, person, run, starts, timeline
@@ -34,21 +35,27 @@ def test_cooldown_suppresses_a_refire_and_allows_one_after_it() -> None:
     assert changes[0].alert_id != changes[2].alert_id
 
 
-def test_media_time_restarting_does_not_run_the_clock_backwards() -> None:
-    # A reconnected camera's pts start again near 0; the alert's duration stays sensible.
+def test_rules_run_on_the_stream_clock_across_a_media_time_restart() -> None:
+    # A reconnected camera's pts start again near 0. The rules get the frame loop's moments, whose
+    # stream clock (the tracker's too) carries on over the 4 s outage instead of running backwards.
     eng = engine({"id": "someone", "type": "present", "clear_s": 0})
-    frames = [(t, [person(1, 400, 400)]) for t in timeline(100, 105)]
-    frames += [(t, [person(1, 400, 400)]) for t in timeline(0.1, 3)]
-    frames += [(3.0, [])]
-    start, end = run(eng, frames)
+    clock = StreamClock()
+    seen = [person(1, 400, 400)]
+    moments = [(clock.moment(t, 1000 + t - 100), seen) for t in timeline(100, 105)]  # wall 1000-1004.9
+    moments += [(clock.moment(t, 1008.8 + t), seen) for t in timeline(0.1, 3)]  # back at wall 1008.9
+    moments += [(clock.moment(3.0, 1011.8), [])]
+    changes = []
+    for now, objects in moments:
+        changes += eng.evaluate(now, objects, ended=[] if objects else [1], frame_size=(1000, 1000))
+    start, end = changes
     assert start.started_pts == 100.0 and end.ended_pts == 3.0
-    assert end.duration_s == 7.8  # 4.9 s before the restart + 2.9 s after
+    assert end.duration_s == 11.8  # 4.9 s before the outage, the 4 s outage, 2.9 s after
 
 
 def test_alert_event_body_follows_the_contract() -> None:
     eng = engine({"id": "fallen", "type": "fall", "for_s": 0, "clear_s": 0, "snapshot": True})
-    (start,) = eng.evaluate(1.0, [person(4, 400, 400, cls="Fall")])
-    (end,) = eng.evaluate(1.5, [person(4, 400, 400)])
+    (start,) = eng.evaluate(Moment(1.0, 1.0), [person(4, 400, 400, cls="Fall")])
+    (end,) = eng.evaluate(Moment(1.5, 1.5), [person(4, 400, 400)])
     body_start = alert_event("cam", start, captured_at=1e9, snapshot="nats-object://b/k.jpg")
     body_end = alert_event("cam", end, captured_at=1e9 + 0.5, snapshot=None)
     assert body_start.kind is EventKind.ALERTS and body_start.durable and body_start.pts == 1.0

@@ -8,6 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
+from pipelines.clock import Moment
 from pipelines.events import Event
 from pipelines.frames import VideoFrame
 from pipelines.rules.publishing import AlertPublisher
@@ -50,7 +51,10 @@ def instant_alerts() -> tuple[list[AlertChange], list[AlertChange]]:
         {"id": "shot", "type": "present", "snapshot": True, "clear_s": 0},
         {"id": "plain", "type": "present", "clear_s": 0},
     )
-    return eng.evaluate(1.0, [person(1, 30, 40, height=20)]), eng.evaluate(1.1, [], ended=[1])
+    return (
+        eng.evaluate(Moment(1.0, 1.0), [person(1, 30, 40, height=20)]),
+        eng.evaluate(Moment(1.1, 1.1), [], ended=[1]),
+    )
 
 
 async def test_start_waits_for_its_snapshot_and_its_end_queues_behind_it() -> None:

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from pipelines.clock import Moment
 from pipelines.rules.engine import RuleEngine
 from pipelines.rules.types import AlertChange, AlertEventKind, tracked_objects
 from pipelines.tracker import ByteTracker, LifecycleKind
@@ -32,14 +33,14 @@ def alerts(vtest_detections: VtestDetections) -> list[AlertChange]:
     )
     tracker = ByteTracker()
     changes: list[AlertChange] = []
-    pts = 0.0
+    now = Moment(0.0, 0.0)
     for frame in vtest_detections.frames:
-        pts = frame.pts
-        out = tracker.update(frame.detections, pts)
+        now = Moment(frame.pts, frame.pts)
+        out = tracker.update(frame.detections, now.t)
         ended = [e.track_id for e in out.events if e.kind is LifecycleKind.END]
         objects = tracked_objects(tracker.active_tracks, names)
-        changes += engine.evaluate(pts, objects, ended=ended, frame_size=(frame.shape[1], frame.shape[0]))
-    return changes + engine.finish(pts)
+        changes += engine.evaluate(now, objects, ended=ended, frame_size=(frame.shape[1], frame.shape[0]))
+    return changes + engine.finish(now)
 
 
 def of(changes: list[AlertChange], rule_id: str, kind: AlertEventKind = AlertEventKind.START) -> list[AlertChange]:

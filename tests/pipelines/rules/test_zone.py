@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from pipelines.clock import Moment
 from pipelines.rules.types import AlertEventKind
 from tests.pipelines.rules.script import FPS, ends, engine, person, run, starts, timeline
 
@@ -85,7 +86,7 @@ def test_track_end_ends_its_alert_but_a_short_loss_does_not() -> None:
     frames += [(t, [person(1, 400, 400)]) for t in timeline(4, 5)]
     changes = run(eng, frames, end_missing=False)
     assert len(starts(changes)) == 1 and not ends(changes)
-    ended = eng.evaluate(5.0, [], ended=[1])
+    ended = eng.evaluate(Moment(5.0, 5.0), [], ended=[1])
     assert len(ended) == 1 and ended[0].evidence["reason"] == "track_ended"
     assert ended[0].ended_pts == 4.9 and ended[0].alert_id == changes[0].alert_id
 

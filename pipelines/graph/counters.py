@@ -1,0 +1,67 @@
+"""The catalogue of per-stream counters: what each key means and whether it only grows.
+
+Sources and stages report plain `{key: number}` dicts; they describe their keys here once, at
+import, so `/metrics`, the API and the run summary can show every counter without knowing the
+stage that keeps it. `metric` / `label` fold several keys into one labelled Prometheus family
+(`frames_in` and `frames_dropped` are `vidsentry_stream_frames_total{stage="in"|"dropped"}`);
+without them a key `k` is exported as `vidsentry_stream_<k>_total` (counter) or
+`vidsentry_stream_<k>` (gauge).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+Counters = dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class CounterInfo:
+    kind: Literal["counter", "gauge"]
+    help: str
+    metric: str | None = None  # Prometheus name without the vidsentry_stream_ prefix
+    label: tuple[str, str] | None = None  # (label name, value) within that family
+
+
+def counter(help: str, *, metric: str | None = None, label: tuple[str, str] | None = None) -> CounterInfo:
+    return CounterInfo("counter", help, metric, label)
+
+
+def gauge(help: str, *, metric: str | None = None, label: tuple[str, str] | None = None) -> CounterInfo:
+    return CounterInfo("gauge", help, metric, label)
+
+
+_CATALOGUE: dict[str, CounterInfo] = {}
+
+
+def register_counters(entries: Mapping[str, CounterInfo]) -> None:
+    """Describe counter keys; a key described twice must mean the same thing."""
+    for key, info in entries.items():
+        known = _CATALOGUE.setdefault(key, info)
+        if known != info:
+            raise ValueError(f"counter {key!r} is already described differently")
+
+
+def zero_counters() -> Counters:
+    """Every described counter at 0: the shape of a stream's counters before (or without) a run,
+    so clients see the same keys for every stream."""
+    return dict.fromkeys(_CATALOGUE, 0)
+
+
+def counter_info(key: str) -> CounterInfo:
+    """How to show `key`; an undescribed key is shown as a gauge rather than lost."""
+    return _CATALOGUE.get(key) or CounterInfo("gauge", key.replace("_", " "))
+
+
+register_counters(
+    {
+        "status_events_dropped": counter("Status events dropped (queue full)"),
+        "status_queue_depth": gauge(
+            "Items waiting per stream queue: mailbox (frames), status (events)",
+            metric="queue_depth",
+            label=("queue", "status"),
+        ),
+    }
+)

@@ -1,0 +1,19 @@
+"""The engines every stream shares, in one bundle: a new engine is one more field, not one more
+constructor argument threaded through every layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipelines.detect import DetectionBatcher
+from pipelines.rules.snapshots import SnapshotStore
+
+
+@dataclass(frozen=True, slots=True)
+class SharedEngines:
+    detector: DetectionBatcher
+    snapshots: SnapshotStore | None = None  # alert pictures; None: alerts carry `snapshot: null`
+
+    def health(self) -> dict[str, bool]:
+        """Named liveness checks of the shared engines (for readiness)."""
+        return {"detector": self.detector.alive}

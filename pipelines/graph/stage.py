@@ -1,0 +1,70 @@
+"""A stage of a stream's graph, and what it is built from.
+
+A stage takes its inputs from the graph's tees when it is built (`ctx.frames(...)`,
+`ctx.audio(...)`), runs until those inputs close (the source ended or was stopped), finishes
+what it holds (ends open tracks, publishes last events) and returns. `stop()` is for stages with
+timers of their own; most only need their inputs to close. A stage that raises fails its stream
+(and only its stream); raise `StageFailed` for a failure with a reason meant for operators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pipelines.events import EventSink
+from pipelines.frames import FrameResult
+from pipelines.graph.counters import Counters
+from pipelines.graph.engines import SharedEngines
+from pipelines.graph.spec import ProcessingSpec
+from pipelines.graph.tee import AudioTee, FrameTee
+from pipelines.mailbox import AudioBuffer, FrameMailbox
+
+# Called after each processed frame's detections event is published, with the frame's result
+# and its capture → publish latency in ms (metrics hang off this).
+FrameObserver = Callable[[FrameResult, float], None]
+
+
+class Stage(Protocol):
+    name: str
+
+    async def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def counters(self) -> Counters: ...
+
+
+@dataclass(eq=False)
+class StageContext:
+    """What a stage factory gets: the stream's settings, shared engines, the event sink and the tees."""
+
+    spec: ProcessingSpec
+    engines: SharedEngines
+    sink: EventSink
+    frame_tee: FrameTee
+    audio_tee: AudioTee | None
+    on_frame: FrameObserver | None = None
+    _primary_taken: bool = field(default=False, repr=False)
+
+    @property
+    def stream_id(self) -> str:
+        return self.spec.stream_id
+
+    def frames(self, name: str, *, primary: bool = False) -> FrameMailbox:
+        """A latest-frame mailbox of this stream's video for one consumer. At most one consumer is
+        primary: with a lossless source (a file played as fast as possible) it holds the source
+        back; every other consumer only ever gets the newest frame and never slows anyone."""
+        if primary:
+            if self._primary_taken:
+                raise ValueError("a stream graph has one primary frame consumer")
+            self._primary_taken = True
+        return self.frame_tee.attach(name, primary=primary)
+
+    def audio(self, name: str, *, max_seconds: float) -> AudioBuffer | None:
+        """A bounded buffer of this stream's audio (16 kHz mono) for one consumer; None without audio."""
+        return None if self.audio_tee is None else self.audio_tee.attach(name, max_seconds=max_seconds)
+
+
+StageFactory = Callable[[StageContext], "Stage | None"]

@@ -1,0 +1,63 @@
+"""A stream's settings turned into what runs: the one place a `StreamSpec` is built.
+
+`vidsentry run` and `vidsentry serve` both describe a stream as settings (the same pydantic
+models as the config and the API, so every default is written once) and call `stream_spec`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipelines.graph import ProcessingSpec
+from realtime.config import AnyStreamSettings, CameraStreamSettings, SupervisorSettings, TrackerSettings
+from realtime.sources.camera import CameraSourceSpec
+from realtime.sources.spec import parse_source
+from realtime.sources.supervisor import SupervisorPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class WebRtcSourceSpec:
+    """A browser session's media (filled in by the WebRTC edge)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    stream_id: str
+    source: CameraSourceSpec | WebRtcSourceSpec
+    processing: ProcessingSpec
+
+    @property
+    def camera(self) -> CameraSourceSpec | None:
+        return self.source if isinstance(self.source, CameraSourceSpec) else None
+
+
+def stream_spec(
+    settings: AnyStreamSettings,
+    *,
+    tracker: TrackerSettings | None = None,
+    supervisor: SupervisorSettings | None = None,
+    max_failed_connects: int | None = None,
+    policy: SupervisorPolicy | None = None,
+) -> StreamSpec:
+    """What runs for `settings`; raises InvalidSource (a ValueError) when a camera's URL cannot be used.
+
+    A service retries cameras forever (`max_failed_connects=None`); `policy` replaces the
+    supervisor settings outright (tests use short timeouts)."""
+    source: CameraSourceSpec | WebRtcSourceSpec
+    if isinstance(settings, CameraStreamSettings):
+        source = CameraSourceSpec(
+            source=parse_source(settings.url),
+            ingest=settings.ingest,
+            realtime=settings.realtime,
+            policy=policy or (supervisor or SupervisorSettings()).to_policy(max_failed_connects),
+        )
+    else:
+        source = WebRtcSourceSpec()
+    processing = ProcessingSpec(
+        stream_id=settings.id,
+        audio=settings.audio,
+        detect_fps=settings.detect_fps,
+        tracker=(tracker or TrackerSettings()).to_config(),
+        rules=tuple(settings.rules),
+    )
+    return StreamSpec(settings.id, source, processing)
