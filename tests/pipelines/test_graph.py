@@ -1,0 +1,221 @@
+"""The stream graph on its own: a fake source, recording stages, no `realtime` anywhere."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engines.types import Detections, ModelInfo
+from pipelines.detect import DetectionBatcher
+from pipelines.events import Event, EventKind
+from pipelines.frames import StatusChange, StreamState, VideoFrame
+from pipelines.graph import (
+    MediaSource,
+    ProcessingSpec,
+    SharedEngines,
+    SourceOutputs,
+    StageContext,
+    StreamGraph,
+)
+from pipelines.graph.counters import Counters
+from pipelines.mailbox import FrameMailbox, MailboxClosed
+from pipelines.stages import DEFAULT_STAGES
+from pipelines.tracker import TrackerConfig
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def publish(self, event: Event) -> None:
+        self.events.append(event)
+
+    def kinds(self, kind: EventKind) -> list[Event]:
+        return [e for e in self.events if e.kind is kind]
+
+
+class FakeSource:
+    """Plays `frames` numbered frames at `fps` (0: as fast as the consumer takes them), then ends."""
+
+    display = "fake://source"
+
+    def __init__(self, frames: int, *, fps: float = 0.0, lossless: bool = False) -> None:
+        self.frames, self.fps, self._lossless = frames, fps, lossless
+        self.sent = 0
+        self._stop = asyncio.Event()
+
+    @property
+    def lossless(self) -> bool:
+        return self._lossless
+
+    async def run(self, outputs: SourceOutputs) -> StreamState:
+        outputs.status(StatusChange("cam", StreamState.LIVE, None, time.time()))
+        image = np.zeros((48, 64, 3), np.uint8)
+        for seq in range(self.frames):
+            if self._stop.is_set():
+                break
+            frame = VideoFrame("cam", seq, seq / 10, time.time(), image)
+            # A lossless source waits for its primary consumer (off the loop, as reader threads do).
+            if not await asyncio.to_thread(outputs.video.put, frame, 5.0):
+                break
+            self.sent += 1
+            await asyncio.sleep(1 / self.fps if self.fps else 0)
+        state = StreamState.STOPPED
+        outputs.status(StatusChange("cam", state, StreamState.LIVE, time.time(), reason="end"))
+        return state
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def counters(self) -> Counters:
+        return {"frames_in": self.sent}
+
+
+@dataclass
+class Recorder:
+    """A frame stage that takes `delay_s` per frame and records the sequence numbers it saw."""
+
+    name: str
+    mailbox: FrameMailbox
+    delay_s: float
+    seen: list[int] = field(default_factory=list)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                frame = await self.mailbox.get()
+            except MailboxClosed:
+                return
+            self.seen.append(frame.seq)
+            await asyncio.sleep(self.delay_s)
+
+    def stop(self) -> None:
+        pass
+
+    def counters(self) -> Counters:
+        return {f"{self.name}_seen": len(self.seen), f"{self.name}_dropped": self.mailbox.stats.dropped}
+
+
+def recorder(name: str, delay_s: float, *, primary: bool = False) -> tuple[list[Recorder], object]:
+    built: list[Recorder] = []
+
+    def build(ctx: StageContext) -> Recorder:
+        stage = Recorder(name, ctx.frames(name, primary=primary), delay_s)
+        built.append(stage)
+        return stage
+
+    return built, build
+
+
+class Boxes:
+    """A batch detector: one box per frame, or a broken one that answers with the wrong count."""
+
+    info = ModelInfo(path="/models/fake.onnx", names={0: "Normal", 1: "Fall"}, imgsz=(64, 64))
+    backend = "fake"
+    max_batch = 4
+
+    def __init__(self, *, broken: bool = False) -> None:
+        self.broken = broken
+
+    def detect(self, images: Sequence[np.ndarray]) -> list[Detections]:
+        one = Detections(np.array([[4, 4, 20, 40]], np.float32), np.array([0.9], np.float32), np.array([0]))
+        return [one] * (len(images) + (1 if self.broken else 0))
+
+
+def spec(**overrides: object) -> ProcessingSpec:
+    values: dict[str, object] = {"stream_id": "cam", "audio": False, "detect_fps": None, "tracker": TrackerConfig(),
+                                 "rules": ()}  # fmt: skip
+    values.update(overrides)
+    return ProcessingSpec(**values)  # type: ignore[arg-type]
+
+
+async def test_two_frame_consumers_each_get_the_newest_frame_and_the_slow_one_never_delays_the_other() -> None:
+    fast, build_fast = recorder("fast", 0.0)
+    slow, build_slow = recorder("slow", 0.25)
+    source = FakeSource(60, fps=50)
+    async with DetectionBatcher(Boxes()) as batcher:
+        graph = StreamGraph(spec(), source, [build_fast, build_slow], SharedEngines(batcher), ListSink())
+        assert await asyncio.wait_for(graph.run(), 10) is StreamState.STOPPED
+    (fast_stage,), (slow_stage,) = fast, slow
+    # The fast consumer saw (nearly) every frame; the slow one a few, always the newest on offer.
+    assert len(fast_stage.seen) >= 55
+    assert 3 <= len(slow_stage.seen) <= 12
+    assert slow_stage.seen == sorted(slow_stage.seen)
+    counters = graph.counters()
+    assert counters["slow_dropped"] >= 60 - len(slow_stage.seen) - 1
+    assert counters["fast_seen"] == len(fast_stage.seen) and counters["frames_in"] == 60
+
+
+async def test_a_lossless_source_is_paced_by_its_primary_consumer_only() -> None:
+    primary, build_primary = recorder("primary", 0.005, primary=True)
+    other, build_other = recorder("other", 0.05)
+    source = FakeSource(40, lossless=True)
+    async with DetectionBatcher(Boxes()) as batcher:
+        graph = StreamGraph(spec(), source, [build_primary, build_other], SharedEngines(batcher), ListSink())
+        await asyncio.wait_for(graph.run(), 10)
+    assert primary[0].seen == list(range(40))  # every frame, in order
+    assert len(other[0].seen) < 40  # the secondary only ever got the newest
+
+
+async def test_the_default_stages_detect_track_and_publish_with_one_timeline() -> None:
+    sink = ListSink()
+    source = FakeSource(12, fps=30)
+    async with DetectionBatcher(Boxes()) as batcher:
+        graph = StreamGraph(spec(), source, DEFAULT_STAGES, SharedEngines(batcher), sink)
+        assert await asyncio.wait_for(graph.run(), 10) is StreamState.STOPPED
+    assert [s.name for s in graph.stages] == ["detect"]  # no audio stage without audio
+    detections = sink.kinds(EventKind.DETECTIONS)
+    assert len(detections) == 12 and all(len(e.data["objects"]) == 1 for e in detections)
+    tracks = sink.kinds(EventKind.TRACKS)
+    assert [e.data["event"] for e in tracks] == ["new", "end"]
+    assert [e.data["state"] for e in sink.kinds(EventKind.STATUS)] == ["live", "stopped"]
+    counters = graph.counters()
+    assert counters["frames_processed"] == 12 and counters["tracks"] == 1 and counters["detections"] == 12
+    assert counters["audio_seconds"] == 0  # every described counter is there, zero when unused
+
+
+async def test_a_broken_detector_fails_the_stream_with_a_reason_and_nothing_hangs() -> None:
+    sink = ListSink()
+    async with DetectionBatcher(Boxes(broken=True)) as batcher:
+        graphs = [
+            StreamGraph(
+                spec(stream_id=f"cam{i}"), FakeSource(1000, fps=30), DEFAULT_STAGES, SharedEngines(batcher), sink
+            )
+            for i in range(3)
+        ]
+        states = await asyncio.wait_for(asyncio.gather(*(g.run() for g in graphs)), 10)
+        assert not batcher.alive
+    assert states == [StreamState.FAILED] * 3
+    for graph in graphs:
+        assert graph.reason is not None and graph.reason.startswith("detector failed:"), graph.reason
+    assert sum(1 for e in sink.kinds(EventKind.STATUS) if e.data["state"] == "failed") == 3
+
+
+async def test_stop_before_run_ends_the_graph_at_once() -> None:
+    built, build = recorder("r", 0.0)
+    async with DetectionBatcher(Boxes()) as batcher:
+        graph = StreamGraph(spec(), FakeSource(10_000, fps=100), [build], SharedEngines(batcher), ListSink())
+        graph.stop()
+        assert await asyncio.wait_for(graph.run(), 5) is StreamState.STOPPED
+    assert len(built[0].seen) <= 1
+
+
+def test_a_graph_has_one_primary_frame_consumer() -> None:
+    async def build_two() -> None:
+        _, first = recorder("a", 0, primary=True)
+        _, second = recorder("b", 0, primary=True)
+        async with DetectionBatcher(Boxes()) as batcher:
+            graph = StreamGraph(spec(), FakeSource(3), [first, second], SharedEngines(batcher), ListSink())
+            assert await graph.run() is StreamState.FAILED
+            assert "one primary" in (graph.reason or "")
+
+    asyncio.run(build_two())
+
+
+def test_the_fake_source_is_a_media_source() -> None:
+    source: MediaSource = FakeSource(1)
+    assert source.display == "fake://source"
