@@ -100,7 +100,9 @@ def summary_text(s: StreamSummary, extra: dict[str, Any]) -> str:
         f"  latency     capture→publish p50 {ms(s.latency_p50_ms)}, p99 {ms(s.latency_p99_ms)}; "
         f"model p50 {ms(s.inference_p50_ms)}",
         f"  events      published {extra['events_published']}, failed {extra['events_failed']}, "
-        f"dropped while disconnected {extra['events_dropped']}",
+        f"dropped while disconnected {extra['events_dropped']}, duplicates {extra['events_duplicates']}",
+        f"  outbox      spooled {extra['events_spooled']}, replayed {extra['events_replayed']}, "
+        f"dropped when full {extra['events_dropped_overflow']}",
     ]
     return "\n".join(lines)
 
@@ -153,6 +155,10 @@ async def run_command(args: argparse.Namespace) -> int:
         "events_published": totals.published,
         "events_failed": totals.failed,
         "events_dropped": totals.dropped,
+        "events_duplicates": totals.duplicates,
+        "events_spooled": totals.spooled,
+        "events_replayed": totals.replayed,
+        "events_dropped_overflow": totals.dropped_overflow,
     }
     text = summary_text(summary, extra)
     if args.json:

@@ -194,3 +194,18 @@ async def test_subscribe_prints_json_lines(nats_server: EmbeddedNatsServer) -> N
     assert lines[0]["subject"] == "vidsentry.door.detections"
     assert lines[0]["headers"]["ce-type"] == "io.vidsentry.detections.v1"
     assert lines[0]["data"]["stream_id"] == "door"
+
+
+def test_help_imports_no_command() -> None:
+    # `vidsentry --help` builds its parser from plain argparse: no engine, NATS, aiohttp or numpy.
+    code = (
+        "import sys\n"
+        "from realtime.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in ('numpy', 'onnxruntime', 'av', 'nats', 'aiohttp', 'pydantic', 'engines', 'pipelines')"
+        " if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "serve" in proc.stdout and "HEAVY []" in proc.stdout, proc.stdout
