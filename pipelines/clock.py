@@ -44,6 +44,16 @@ class StreamClock:
     def moment(self, pts: float, captured_at: float) -> Moment:
         return Moment(self(pts, captured_at), pts)
 
+    def idle(self, wall: float) -> float | None:
+        """The stream time now, while no frame arrives (an outage): the last frame's time plus the
+        wall-clock time since it came. The clock moves on to it, so the next frame never reads
+        earlier. None before the first frame."""
+        if self._last_time is None:
+            return None
+        time = self._last_time + max(0.0, wall - self._last_captured_at)
+        self._last_time, self._last_captured_at = time, max(wall, self._last_captured_at)
+        return time
+
     @property
     def now(self) -> float | None:
         """The last time handed out (None before the first frame)."""

@@ -108,6 +108,8 @@ class FrameLoop:
         self.tracker = ByteTracker(tracker_config)
         self.clock = StreamClock()  # the stream's timeline: media seconds that survive pts restarts
         self.min_interval = 1.0 / detect_fps if detect_fps else 0.0
+        # How often a silent source is checked for tracks to end: a track ends at most this late.
+        self.idle_check_s = min(0.25, self.tracker.config.lost_timeout_s / 4)
         self.names: Mapping[int, str] = batcher.detector.info.names
         self.model_name = batcher.detector.info.path.rsplit("/", 1)[-1]
         self.stats = FrameLoopStats()
@@ -136,9 +138,13 @@ class FrameLoop:
                 with self.batcher.client():
                     while True:
                         try:
-                            frame = await self.mailbox.get()
+                            async with asyncio.timeout(self.idle_check_s):
+                                frame = await self.mailbox.get()
                         except MailboxClosed:
                             break
+                        except TimeoutError:  # no frame for a while: an outage must not keep tracks open
+                            await self._expire_idle()
+                            continue
                         if self._skip_for_cap(frame):
                             continue
                         await self._process(frame)
@@ -218,6 +224,30 @@ class FrameLoop:
             ended=[e.track_id for e in track_events if e.kind is LifecycleKind.END],
             frame_size=(frame.width, frame.height),
         )
+
+    async def _expire_idle(self) -> None:
+        """End tracks (and the alerts that hang on them) unseen for lost_timeout_s of stream time,
+        while no frame comes; the stream clock runs on with the wall clock meanwhile."""
+        frame = self._last_frame
+        if frame is None or not self.tracker.has_tracks:
+            return
+        t = self.clock.idle(time.time())
+        if t is None:
+            return
+        ended = self.tracker.expire(t)
+        if not ended:
+            return
+        now = self._last_moment = Moment(t, frame.pts)
+        self.stats.track_events += len(ended)
+        for change in ended:
+            await self.sink.publish(
+                track_event(self.stream_id, change, self.names, pts=frame.pts, captured_at=frame.captured_at)
+            )
+        if self.rule_engine is not None and self.alerts is not None:
+            # Nothing was seen: the remaining tracks are held at their last boxes, the ended ones go.
+            changes = self.rule_engine.evaluate(now, [], ended=[e.track_id for e in ended])
+            if changes:
+                await self.alerts.publish(changes, captured_at=frame.captured_at)
 
     async def _finish_tracks(self) -> None:
         frame = self._last_frame

@@ -130,6 +130,10 @@ class ByteTracker:
         self.evicted = 0
 
     @property
+    def has_tracks(self) -> bool:
+        return bool(self._tracks)
+
+    @property
     def active_tracks(self) -> list[Track]:
         return [t for t in self._tracks if t.state is TrackState.TRACKED]
 
@@ -216,6 +220,16 @@ class ByteTracker:
                     events.append(event)
         ids = [t.track_id if t is not None and t.state is TrackState.TRACKED else None for t in assigned]
         return TrackerOutput(track_ids=ids, events=events)
+
+    def expire(self, now: float) -> list[TrackEvent]:
+        """End the tracks unseen for longer than lost_timeout_s at stream time `now`, with no frame
+        to match against (the source is silent): tracks end on time through an outage."""
+        timeout = self.config.lost_timeout_s
+        stale = [t for t in self._tracks if now - t.last_seen_pts > timeout]
+        if not stale:
+            return []
+        self._tracks = [t for t in self._tracks if now - t.last_seen_pts <= timeout]
+        return [self._event(t, LifecycleKind.END, reason="lost") for t in stale if t.announced_box is not None]
 
     def finish(self, reason: str = "stream_stopped") -> list[TrackEvent]:
         """End every announced track (the stream is going away)."""

@@ -50,7 +50,11 @@ class StatusRelay:
                 self._queue.task_done()
 
     async def drain_and_stop(self, task: asyncio.Task[None]) -> None:
-        await self._queue.join()
+        """Let everything queued out, then end `task` (the one running `run()`); a relay task that
+        died meanwhile cannot hold the stream's end up."""
+        joined = asyncio.ensure_future(self._queue.join())
+        await asyncio.wait({joined, task}, return_when=asyncio.FIRST_COMPLETED)
+        joined.cancel()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

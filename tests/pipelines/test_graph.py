@@ -219,3 +219,58 @@ def test_a_graph_has_one_primary_frame_consumer() -> None:
 def test_the_fake_source_is_a_media_source() -> None:
     source: MediaSource = FakeSource(1)
     assert source.display == "fake://source"
+
+
+class PausingSource(FakeSource):
+    """Frames for `before` frames, then silence for `pause_s` (a camera outage), then more frames."""
+
+    def __init__(self, before: int, pause_s: float, after: int) -> None:
+        super().__init__(before + after, fps=20)
+        self.before, self.pause_s = before, pause_s
+        self.resumed_at: float | None = None
+
+    async def run(self, outputs: SourceOutputs) -> StreamState:
+        image = np.zeros((48, 64, 3), np.uint8)
+        outputs.status(StatusChange("cam", StreamState.LIVE, None, time.time()))
+        for seq in range(self.frames):
+            if seq == self.before:
+                await asyncio.sleep(self.pause_s)
+                self.resumed_at = time.monotonic()
+            outputs.video.put(VideoFrame("cam", seq, seq / 20, time.time(), image))
+            await asyncio.sleep(0.05)
+        outputs.status(StatusChange("cam", StreamState.STOPPED, StreamState.LIVE, time.time()))
+        return StreamState.STOPPED
+
+
+class TimedSink(ListSink):
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: list[float] = []
+
+    async def publish(self, event: Event) -> None:
+        await super().publish(event)
+        self.at.append(time.monotonic())
+
+
+async def test_tracks_and_their_alerts_end_during_an_outage_not_after_it() -> None:
+    sink = TimedSink()
+    source = PausingSource(before=20, pause_s=3.0, after=5)
+    present = {"id": "someone", "type": "present", "classes": ["Normal"], "for_s": 0, "clear_s": 0}
+    from tests.pipelines.rules.script import rules  # the rule specs as the config would load them
+
+    async with DetectionBatcher(Boxes()) as batcher:
+        graph = StreamGraph(spec(rules=tuple(rules(present))), source, DEFAULT_STAGES, SharedEngines(batcher), sink)
+        await asyncio.wait_for(graph.run(), 15)
+    assert source.resumed_at is not None
+    timeline = list(zip(sink.events, sink.at, strict=True))
+    ends = [(e, at) for e, at in timeline if e.kind is EventKind.TRACKS and e.data["event"] == "end"]
+    first_end, ended_at = ends[0]
+    # Ended while the camera was silent, 1.5 s after it was last seen, with no outage in its duration.
+    assert ended_at < source.resumed_at and first_end.data["reason"] == "lost"
+    assert first_end.data["duration_s"] < 1.5
+    alert_ends = [(e, at) for e, at in timeline if e.kind is EventKind.ALERTS and e.data["event"] == "end"]
+    assert alert_ends and alert_ends[0][1] < source.resumed_at
+    assert alert_ends[0][0].data["evidence"]["reason"] == "cleared"  # nobody is there once the track ended
+    # After the outage the person is a new track.
+    news = [e for e in sink.kinds(EventKind.TRACKS) if e.data["event"] == "new"]
+    assert len(news) == 2 and news[0].data["track_id"] != news[1].data["track_id"]
