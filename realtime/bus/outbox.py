@@ -26,14 +26,15 @@ the disk holds at most about 2 x max_bytes + 3 segments, in at most 2 x max_byte
 + 8 files (each with an open descriptor).
 
 Background I/O: after `start_background_io()` the slow file work (fsync, segment merges, acks-log
-rewrites, closing and deleting files) runs on one worker thread (`DiskWorker`), so the calls
-made from an event loop cost one write() at most. Hand-off rules that keep that safe: the index
-lives on the caller's thread only, and a job's result is applied there at the next call; a file
-descriptor is closed, and a file deleted, only by a job queued after every job that uses it; at
-most one compaction (a merge or an acks-log rewrite) runs at a time; a removal written while an
-acks-log rewrite runs also goes into the new file, under a lock held just for the switch. Until a
-job's result is applied, `stats()` counts files and bytes as the index sees them. Without it
-(the default), the same work runs inline in the calling thread.
+rewrites, closing and deleting files) runs on one worker thread (`DiskWorker`, in order), so calls
+from an event loop only make cheap syscalls (the append's write(), a removal's write(), pread, the
+open() of a new segment). Hand-off rules that keep that safe: the index lives on the caller's
+thread only, and a job's result is applied there at the next call; a file descriptor is closed,
+and a file deleted, only by a job queued after every job that uses it; at most one compaction (a
+merge or an acks-log rewrite) runs at a time; a removal written while an acks-log rewrite runs
+also goes into the new file, under a lock held only while the new file takes over. Until a job's
+result is applied, `stats()` counts files and bytes as the index sees them. Without background
+I/O (the default) the same work runs inline, in the calling thread.
 
 Not thread-safe: call it from one thread (the publisher's event loop); only the worker thread it
 starts itself shares it, as described above.
@@ -41,6 +42,7 @@ starts itself shares it, as described above.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import fcntl
@@ -48,6 +50,7 @@ import itertools
 import logging
 import os
 import struct
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -78,7 +81,8 @@ _ALERT_RANK_UNKNOWN = 2  # an alert without a known severity is kept like a warn
 _DROP_LOG_INTERVAL_S = 10.0
 _ACKS_NAME = "acks.log"
 _ACKS_PER_FRAME = 4096
-_MERGE_READ_BYTES = 1 << 20  # one pread per run of adjacent records, at most this much
+_MERGE_READ_BYTES = 1 << 20  # merges read and write about this much per syscall
+_MERGE_GAP_BYTES = 64 << 10  # records closer than this in one file are read together
 
 
 class OutboxError(OSError):
@@ -825,41 +829,63 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _write_seqs(fd: int, seqs: list[int]) -> int:
-    """Frames of packed sequence numbers; returns how many frames."""
-    frames = 0
-    for start in range(0, len(seqs), _ACKS_PER_FRAME):
-        chunk = seqs[start : start + _ACKS_PER_FRAME]
-        _write_all(fd, frame_record(struct.pack(f"<{len(chunk)}Q", *chunk)))
-        frames += 1
-    return frames
+    """Frames of packed little-endian u64 sequence numbers; returns how many frames."""
+    packed = array.array("Q", seqs)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    data = memoryview(packed).cast("B")
+    step = _ACKS_PER_FRAME * SEQ.size
+    frames = [frame_record(bytes(data[start : start + step])) for start in range(0, len(data), step)]
+    if frames:
+        _write_all(fd, b"".join(frames))
+    return len(frames)
 
 
 def _copy_records(entries: list[_Entry], fd: int) -> list[int]:
-    """Write the records of `entries`, in order, to `fd`: one pread per run of adjacent records
-    in the same file. Returns each record's offset in `fd`."""
+    """Write the records of `entries`, in order, to `fd`; returns each one's offset there.
+
+    Few syscalls and little Python per record (this runs beside the event loop, which wants the
+    GIL back quickly): records close together in one file are read with one pread, and what is
+    gathered is written out about a megabyte at a time."""
     offsets: list[int] = []
     size = 0
-    run_fd = run_start = run_len = -1
+    out: list[memoryview] = []
+    out_bytes = 0
+    span: list[_Entry] = []  # records to read with one pread: same file, close together
     for entry in entries:
-        src = entry.segment.fd
-        if src == run_fd and entry.offset == run_start + run_len and run_len + entry.size <= _MERGE_READ_BYTES:
-            run_len += entry.size
-        else:
-            if run_len > 0:
-                _copy_run(run_fd, run_start, run_len, fd)
-            run_fd, run_start, run_len = src, entry.offset, entry.size
+        if span:
+            first, last = span[0], span[-1]
+            end = last.offset + last.size
+            same_file = entry.segment.fd == first.segment.fd and entry.offset >= end
+            if not (
+                same_file and entry.offset - end <= _MERGE_GAP_BYTES and entry.offset - first.offset < _MERGE_READ_BYTES
+            ):
+                out_bytes += _read_span(span, out)
+                span = []
+                if out_bytes >= _MERGE_READ_BYTES:
+                    _write_all(fd, b"".join(out))
+                    out, out_bytes = [], 0
+        span.append(entry)
         offsets.append(size)
         size += entry.size
-    if run_len > 0:
-        _copy_run(run_fd, run_start, run_len, fd)
+    if span:
+        _read_span(span, out)
+    if out:
+        _write_all(fd, b"".join(out))
     return offsets
 
 
-def _copy_run(src: int, offset: int, length: int, dst: int) -> None:
-    data = os.pread(src, length, offset)
+def _read_span(span: list[_Entry], out: list[memoryview]) -> int:
+    start = span[0].offset
+    length = span[-1].offset + span[-1].size - start
+    data = memoryview(os.pread(span[0].segment.fd, length, start))
     if len(data) != length:
         raise OSError(errno.EIO, f"short read: {len(data)} of {length} bytes")
-    _write_all(dst, data)
+    copied = 0
+    for entry in span:
+        out.append(data[entry.offset - start : entry.offset - start + entry.size])
+        copied += entry.size
+    return copied
 
 
 def _close_quietly(fd: int) -> None:

@@ -9,6 +9,8 @@ in order (same Nats-Msg-Id, at most the ack window's capacity in flight, one rec
 after every break, back-off after failed rounds, records removed as they are acked); only when it
 is empty do new events go direct again. A record the broker refuses for good, or that fails alone
 again and again on a live link, is given up on so it cannot block everything behind it.
+The outbox's fsync and compaction run on its own worker thread (`Outbox.start_background_io`),
+not on the event loop, where they would stall every stream at once.
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ class SpoolingDelivery(DurableDelivery):
     # -- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.outbox.start_background_io()  # fsync and compaction must not stall the event loop
         self._supervisor.spawn(self._run_outbox(), name="nats-publisher-outbox")
         if self.outbox.depth:
             log.info("replaying %d events left in the outbox dir=%s", self.outbox.depth, self.outbox.directory)
@@ -114,7 +117,11 @@ class SpoolingDelivery(DurableDelivery):
             self._spill("closing")  # unacked direct sends wait on disk for the next start
 
     async def on_closed(self) -> None:
-        self.outbox.close()  # logs what is left for the next start
+        outbox = self.outbox
+        if not outbox.closed:
+            outbox.sync()  # the last fsync too runs off the event loop; close() finds it done
+            await asyncio.to_thread(outbox.wait_for_background_io)
+        outbox.close()  # logs what is left for the next start
 
     def add_stats(self, snap: PublisherStats) -> None:
         outbox = self.outbox
