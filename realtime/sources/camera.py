@@ -33,6 +33,7 @@ class CameraSourceSpec:
     ingest: str  # "pyav" | "gstreamer"
     realtime: bool  # pace a file like a live camera (live sources are always real time)
     policy: SupervisorPolicy
+    untrusted: bool = False  # added over the API: failure reasons in status events are generic
 
 
 class CameraSource:
@@ -60,6 +61,7 @@ class CameraSource:
             backend=self.spec.ingest,
             policy=self.spec.policy,
             realtime=self.spec.realtime,
+            untrusted=self.spec.untrusted,
         )
         if self._stop_requested:
             self.supervisor.stop()

@@ -2,8 +2,11 @@
 
 Network sources are opened over TCP with two independent time limits, because FFmpeg
 never gives up on a silent peer by itself: the socket option `timeout` (µs) and PyAV's
-interrupt callback `timeout=(open_s, read_s)`. In practice the error arrives within
-about twice the read limit after the peer goes quiet. Neither can be cut short from
+interrupt callback `timeout=(open_s, read_s)`. When the read limit fires, the RTSP demuxer
+first hands out what it still buffers (one last frame) and the next read fails after another
+read limit; the supervisor's watchdog is shorter than both, so it reports the stall first.
+Whatever error FFmpeg then gives ("Invalid data found ..."), a read that failed after
+a silence is reported as the silence. Neither limit can be cut short from
 another thread, so `interrupt()` takes effect at the next packet; the supervisor does
 not wait for a hung read (it abandons the session, which ends at its timeout).
 
@@ -52,6 +55,7 @@ class PyAVSession:
         self._last_video_pts: float | None = None
         self._consecutive_corrupt = 0
         self._frames = 0
+        self._last_packet_at = time.monotonic()
         self.corrupt_packets = 0
 
     # -- open ---------------------------------------------------------------------------
@@ -115,8 +119,10 @@ class PyAVSession:
         if self._container is None:
             raise SourceError("internal error: run() before open()")
         streams = [self._video] if self._audio is None or audio_out is None else [self._video, self._audio]
+        self._last_packet_at = time.monotonic()
         try:
             for packet in self._container.demux(streams):
+                self._last_packet_at = time.monotonic()
                 if stop.is_set() or self._interrupted.is_set():
                     return
                 if packet.stream is self._video:
@@ -136,8 +142,10 @@ class PyAVSession:
 
     def _describe_read_error(self, exc: av.error.FFmpegError) -> str:
         what = exc.strerror or type(exc).__name__
-        if isinstance(exc, av.error.ExitError | av.error.TimeoutError):
-            return f"no data from {self._spec.host_port or self._spec.display} for {self._options.read_timeout_s:g} s"
+        quiet = time.monotonic() - self._last_packet_at
+        timed_out = isinstance(exc, av.error.ExitError | av.error.TimeoutError)
+        if self._spec.is_network and (timed_out or quiet >= 0.9 * self._options.read_timeout_s):
+            return f"no data from {self._spec.host_port} for {quiet:.1f} s"
         return f"read error: {what}"
 
     def _decode_video(self, packet: Any, video_out: VideoSink) -> bool:

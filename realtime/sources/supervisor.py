@@ -5,7 +5,14 @@
     STALLED --stall_restart_s more--> RECONNECTING (the session is interrupted)
     LIVE / CONNECTING --EOF or error--> RECONNECTING --backoff--> CONNECTING ...
     any --stop()--> STOPPED;  a file's end --> STOPPED;  a file that cannot be read --> FAILED
-    max_failed_connects consecutive failed connects (no frame in between) --> FAILED
+    max_failed_connects failed connects of a source never reached --> FAILED
+    (once a source has been live, outages are ridden through for ever)
+
+The frame watchdog, not the reader, decides that a source went quiet: a reader's own read
+timeout (`reader_timeout_s`) is never shorter than the watchdog's whole course, so a frozen
+camera is reported STALLED after `watchdog_s` by either backend, then reconnected. (PyAV's
+read timeout also hands out one last buffered frame when it fires, which used to restart the
+watchdog just as it was due.)
 
 Each connect attempt is a backend session (see session.py) driven by a dedicated daemon
 thread. Frames go through the caller's frame / audio inputs (the graph's tees, or a
@@ -43,6 +50,8 @@ from realtime.sources.session import BackendUnavailable, SessionOptions, SourceE
 from realtime.sources.spec import SourceSpec
 
 log = logging.getLogger(__name__)
+
+UNTRUSTED_REASON = "the source cannot be read (the service log has the details)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,13 @@ class SupervisorPolicy:
         return delay
 
     @property
+    def reader_timeout_s(self) -> float:
+        """The silence after which a reader gives up by itself: at least the watchdog's whole course
+        plus a second, so that it only ends a reader the supervisor abandoned (`read_timeout_s`
+        can lengthen it, never shorten it)."""
+        return max(self.read_timeout_s, self.watchdog_s + self.stall_restart_s + 1.0)
+
+    @property
     def connect_deadline_s(self) -> float:
         """A connect attempt that has produced no frame after this long is given up."""
         return self.open_timeout_s + self.read_timeout_s
@@ -113,6 +129,9 @@ class _Attempt:
     stop: threading.Event = field(default_factory=threading.Event)
     frames: int = 0
     last_frame_at: float = field(default_factory=time.monotonic)
+    gap_limit: float = float("inf")  # a silence between two frames longer than this is a stall
+    long_gaps: int = 0  # such silences, counted by the reader thread
+    long_gap_s: float = 0.0  # the latest one
     first_frame_at: float | None = None
     delivering: bool = False  # inside pacing / a blocking put: the source is not stalled
     opened: bool = False
@@ -125,23 +144,31 @@ class _StallWatch:
     """The frame watchdog of one session.
 
     STALLED when no frame came for `watchdog_s` (time spent in pacing or in a blocking put
-    does not count: then the consumer, not the source, is slow). Back to LIVE only after
-    RESUME_FRAMES new frames, so that one frame flushed out of a decoder as a connection
-    dies does not restart the stall clock.
+    does not count: then the consumer, not the source, is slow), and also when a frame ended
+    such a silence before the watchdog looked (the reader counts those in `long_gaps`). Back
+    to LIVE only after RESUME_FRAMES new frames, so that one frame flushed out of a decoder as
+    a connection dies does not restart the stall clock.
     """
 
     watchdog_s: float
     since: float | None = None  # when the stall was declared
     frames_at_stall: int = 0
     quiet_for: float = 0.0
+    gaps_seen: int = 0
 
     RESUME_FRAMES = 2
 
     def update(self, attempt: _Attempt, now: float) -> str | None:
         """ "stalled", "resumed" or None (no change)."""
         self.quiet_for = 0.0 if attempt.delivering else now - attempt.last_frame_at
+        missed = attempt.long_gaps != self.gaps_seen
+        self.gaps_seen = attempt.long_gaps
         if self.since is None:
             if self.quiet_for > self.watchdog_s:
+                self.since, self.frames_at_stall = now, attempt.frames
+                return "stalled"
+            if missed:  # the silence is over already, but it was one: report it
+                self.quiet_for = attempt.long_gap_s
                 self.since, self.frames_at_stall = now, attempt.frames
                 return "stalled"
             return None
@@ -152,6 +179,12 @@ class _StallWatch:
 
     def stalled_for(self, now: float) -> float:
         return 0.0 if self.since is None else now - self.since
+
+    def due_in(self, attempt: _Attempt, now: float) -> float | None:
+        """Seconds until a stall is due if no frame comes (None: not counting now)."""
+        if self.since is not None or attempt.delivering:
+            return None
+        return max(0.0, attempt.last_frame_at + self.watchdog_s - now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +209,7 @@ class CameraSupervisor:
         policy: SupervisorPolicy | None = None,
         realtime: bool = False,
         max_frames: int | None = None,
+        untrusted: bool = False,
     ) -> None:
         self.stream_id = validate_stream_id(stream_id)
         self.spec = spec
@@ -183,6 +217,10 @@ class CameraSupervisor:
         self.policy = policy or SupervisorPolicy()
         self.realtime = realtime and spec.is_file
         self.max_frames = max_frames
+        # Added by an API client: why a network source failed (refused, timed out, not found...)
+        # would make the service a port scanner, so status events carry UNTRUSTED_REASON and
+        # only the log has the detail.
+        self.untrusted = untrusted
         self._video = video
         self._audio = audio
         self._on_status = on_status
@@ -253,6 +291,7 @@ class CameraSupervisor:
     async def _supervise(self) -> StreamState:
         failures = 0  # consecutive connect attempts that produced no frame
         backoff_step = 0  # consecutive attempts that did not stay live for watchdog_s
+        reached = False  # the source has been live: from then on outages are ridden through
         while True:
             if self._stop_requested.is_set():
                 return self._finish(StreamState.STOPPED, "stopped")
@@ -268,19 +307,33 @@ class CameraSupervisor:
                 if outcome.kind == "ended" and outcome.went_live:
                     return self._finish(StreamState.STOPPED, outcome.reason or "end of file")
                 return self._finish(StreamState.FAILED, outcome.reason, attempt=failures + 1)
+            reached = reached or outcome.went_live
             failures = 0 if outcome.went_live else failures + 1
             # The backoff only starts over after a session that stayed up: a camera that
             # drops every connection after one frame must not be hammered twice a second.
             backoff_step = 0 if outcome.live_for >= self.policy.watchdog_s else backoff_step + 1
             limit = self.policy.max_failed_connects
-            if limit is not None and failures >= limit:
-                reason = f"{outcome.reason} (gave up after {failures} failed connect{'s' * (failures > 1)})"
-                return self._finish(StreamState.FAILED, reason, attempt=failures)
+            if limit is not None and not reached and failures >= limit:
+                gave_up = f" (gave up after {failures} failed connect{'s' * (failures > 1)})"
+                reason = f"{self._shown(outcome)}{gave_up}"
+                return self._finish(StreamState.FAILED, reason, attempt=failures, detail=f"{outcome.reason}{gave_up}")
             delay = self.policy.retry_delay(backoff_step)
             self._stats.reconnects += 1
-            self._transition(StreamState.RECONNECTING, reason=outcome.reason, attempt=failures, retry_in=delay)
+            self._transition(
+                StreamState.RECONNECTING,
+                reason=self._shown(outcome),
+                detail=outcome.reason,
+                attempt=failures,
+                retry_in=delay,
+            )
             if await self._sleep_unless_stopped(delay):
                 return self._finish(StreamState.STOPPED, "stopped")
+
+    def _shown(self, outcome: _Outcome) -> str | None:
+        """The reason status events may carry for a network source's failed session."""
+        if self.untrusted and self.spec.is_network and outcome.kind in ("error", "ended") and not outcome.permanent:
+            return UNTRUSTED_REASON
+        return outcome.reason
 
     async def _attempt(self, number: int) -> _Outcome:
         """Run one session until it ends, stalls for good, or the supervisor stops."""
@@ -294,10 +347,14 @@ class CameraSupervisor:
         loop = asyncio.get_running_loop()
         options = SessionOptions(
             open_timeout_s=self.policy.open_timeout_s,
-            read_timeout_s=self.policy.read_timeout_s,
+            read_timeout_s=self.policy.reader_timeout_s,
             want_audio=self._audio is not None,
         )
-        attempt = _Attempt(number=number, session=create_session(self.backend, self.spec, options))
+        attempt = _Attempt(
+            number=number,
+            session=create_session(self.backend, self.spec, options),
+            gap_limit=self.policy.watchdog_s,
+        )
         attempt.done = loop.create_future()
         self._current = attempt
         self._stats.connect_attempts += 1
@@ -329,7 +386,7 @@ class CameraSupervisor:
                     change = watch.update(attempt, now)
                     if change == "stalled":
                         self._stats.stalls += 1
-                        self._transition(StreamState.STALLED, reason=f"no frame for {watch.quiet_for:.1f} s")
+                        self._transition(StreamState.STALLED, reason=self._quiet_reason(watch.quiet_for))
                     elif change == "resumed":
                         self._transition(StreamState.LIVE, reason="frames resumed")
                     elif self.spec.is_network and watch.stalled_for(now) >= self.policy.stall_restart_s:
@@ -340,8 +397,10 @@ class CameraSupervisor:
                     await self._retire(attempt, "connect deadline")
                     where = self.spec.host_port or self.spec.display
                     return _Outcome("error", False, f"no video from {where} within {now - started:.0f} s")
+                due = watch.due_in(attempt, time.monotonic()) if live else None
+                wait = tick if due is None else min(tick, due + 0.01)  # wake when a stall is due
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), tick)
+                    await asyncio.wait_for(self._wake.wait(), wait)
         except asyncio.CancelledError:
             self._stop_requested.set()
             await self._retire(attempt, "cancelled")
@@ -353,6 +412,11 @@ class CameraSupervisor:
             live = True  # a short file can end before the loop saw its first frame
             self._transition(StreamState.LIVE, attempt=number)
         return self._attempt_outcome(attempt, live)
+
+    def _quiet_reason(self, seconds: float) -> str:
+        if self.spec.is_network:
+            return f"no video from {self.spec.host_port} for {seconds:.1f} s"
+        return f"no frame for {seconds:.1f} s"
 
     def _attempt_outcome(self, attempt: _Attempt, went_live: bool) -> _Outcome:
         assert attempt.done is not None
@@ -451,6 +515,10 @@ class CameraSupervisor:
         def deliver(image: np.ndarray, pts: float, captured_at: float) -> bool:
             if attempt is not self._current or attempt.stop.is_set():
                 return False
+            gap = time.monotonic() - attempt.last_frame_at
+            if attempt.frames and gap > attempt.gap_limit:
+                attempt.long_gap_s = gap
+                attempt.long_gaps += 1
             attempt.delivering = True
             try:
                 if not pacer.wait(pts, attempt.stop):
@@ -500,12 +568,20 @@ class CameraSupervisor:
     # -- status -------------------------------------------------------------------------
 
     def _transition(
-        self, state: StreamState, *, reason: str | None = None, attempt: int = 0, retry_in: float | None = None
+        self,
+        state: StreamState,
+        *,
+        reason: str | None = None,
+        detail: str | None = None,
+        attempt: int = 0,
+        retry_in: float | None = None,
     ) -> None:
+        """Report a state change: `reason` goes into the status event, `detail` (if given) into the log."""
         previous = self._state if self._reported else None
         self._state = state
         self._reported = True
         reason = self.spec.redact(reason) if reason is not None else None
+        logged = self.spec.redact(detail) if detail is not None else reason
         change = StatusChange(self.stream_id, state, previous, time.time(), reason, attempt, retry_in)
         level = logging.WARNING if state in (StreamState.STALLED, StreamState.FAILED) else logging.INFO
         log.log(
@@ -517,7 +593,7 @@ class CameraSupervisor:
                 "stream_id": self.stream_id,
                 "state": state.value,
                 "previous": previous.value if previous is not None else None,
-                "reason": reason,
+                "reason": logged,
                 "attempt": attempt,
                 "retry_in": retry_in,
                 "source": self.spec.display,
@@ -529,8 +605,10 @@ class CameraSupervisor:
         except Exception:
             log.exception("on_status callback failed", extra={"stream_id": self.stream_id})
 
-    def _finish(self, state: StreamState, reason: str | None, attempt: int = 0) -> StreamState:
-        self._transition(state, reason=reason, attempt=attempt)
+    def _finish(
+        self, state: StreamState, reason: str | None, attempt: int = 0, detail: str | None = None
+    ) -> StreamState:
+        self._transition(state, reason=reason, detail=detail, attempt=attempt)
         return state
 
     def _set_stopping(self) -> None:

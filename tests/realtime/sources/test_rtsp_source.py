@@ -126,3 +126,39 @@ async def test_frozen_server_stalls_then_recovers(backend: str, rtsp_server: Rts
 
     assert run.supervisor.stats.stalls == 2
     assert strictly_increasing(run.frames.seqs)
+
+
+async def test_a_camera_once_live_is_never_given_up(rtsp_server: RtspServer) -> None:
+    """`max_failed_connects` (`run --connect-attempts`) is for a source never reached: once it has
+    been live, a dead server is retried for ever, however many connects fail in a row."""
+    policy = dataclasses.replace(FAST_POLICY, max_failed_connects=1)
+    async with Running(rtsp_server.url("/test"), "pyav", policy=policy) as run:
+        await run.status.wait_for(S.LIVE, within=20)
+        rtsp_server.kill()
+        down = await run.status.wait_for(S.RECONNECTING, within=20)
+        attempts = run.supervisor.stats.connect_attempts
+        await eventually(lambda: run.supervisor.stats.connect_attempts >= attempts + 3, within=30)
+        assert S.FAILED not in run.status.states
+        rtsp_server.restart()
+        await run.status.wait_for(S.LIVE, after=down, within=30)
+    assert S.FAILED not in run.status.states
+
+
+async def test_a_frozen_camera_is_stalled_first_and_named(backend: str, rtsp_server: RtspServer) -> None:
+    """SIGSTOP with the read timeout equal to the watchdog, as by default (5 s and 5 s). Both
+    backends report `stalled` first, naming the camera, then the supervisor reconnects; the
+    reader's own timeout never beats the watchdog (PyAV's used to hand out one buffered frame
+    just as the watchdog was due, then reconnect with "Invalid data found ...")."""
+    policy = dataclasses.replace(FAST_POLICY, read_timeout_s=FAST_POLICY.watchdog_s)
+    async with Running(rtsp_server.url("/test"), backend, policy=policy) as run:
+        live = await run.status.wait_for(S.LIVE, within=20)
+        rtsp_server.pause()
+        try:
+            restarting = await run.status.wait_for(S.RECONNECTING, after=live, within=30)
+        finally:
+            rtsp_server.resume()
+        events = run.status.events[live : restarting + 1]
+    assert [e.state for e in events] == [S.LIVE, S.STALLED, S.RECONNECTING], [(e.state, e.reason) for e in events]
+    assert re.fullmatch(rf"no video from 127\.0\.0\.1:{rtsp_server.port} for \d+\.\d s", events[1].reason or "")
+    assert (events[2].reason or "").startswith("stalled for ")
+    assert run.supervisor.stats.stalls == 1

@@ -14,8 +14,15 @@ class Reader:
     frames: int = 0
     last_frame_at: float = 0.0
     delivering: bool = False
+    gap_limit: float = float("inf")
+    long_gaps: int = 0
+    long_gap_s: float = 0.0
 
     def frame(self, at: float) -> None:
+        """A frame arrives; as the reader thread does, count a silence before it past `gap_limit`."""
+        if self.frames and at - self.last_frame_at > self.gap_limit:
+            self.long_gaps += 1
+            self.long_gap_s = at - self.last_frame_at
         self.frames += 1
         self.last_frame_at = at
 
@@ -50,3 +57,27 @@ def test_a_steady_source_never_stalls() -> None:
     for tick in range(100):
         reader.frame(at=tick * 0.1)
         assert watch.update(reader, tick * 0.1 + 0.05) is None
+
+
+def test_a_silence_ended_before_the_watchdog_looked_is_still_a_stall() -> None:
+    # PyAV's read timeout hands out one buffered frame just as the watchdog is due: the silence
+    # before it was a stall all the same, and that one frame does not end it.
+    watch = _StallWatch(watchdog_s=5.0)
+    reader = Reader(gap_limit=5.0)
+    reader.frame(at=0.0)
+    assert watch.update(reader, 4.9) is None
+    reader.frame(at=5.02)
+    assert watch.update(reader, 5.03) == "stalled" and watch.quiet_for == 5.02
+    assert watch.update(reader, 9.0) is None
+    reader.frame(at=9.5)  # the next real frames end it
+    reader.frame(at=9.6)
+    assert watch.update(reader, 9.6) == "resumed"
+    assert watch.update(reader, 9.7) is None  # the gap before 9.5 was seen while stalled
+
+
+def test_the_watchdog_is_due_exactly_watchdog_s_after_the_last_frame() -> None:
+    watch = _StallWatch(watchdog_s=5.0)
+    reader = Reader()
+    reader.frame(at=10.0)
+    assert watch.due_in(reader, 12.0) == 3.0
+    assert watch.update(reader, 15.01) == "stalled" and watch.due_in(reader, 15.01) is None
