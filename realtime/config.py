@@ -31,6 +31,7 @@ from pydantic import (
 from pipelines.frames import StreamId
 from pipelines.rules.specs import RuleList
 from pipelines.tracker import TrackerConfig
+from realtime.sources.policy import SourcePolicy
 from realtime.sources.spec import parse_source
 from realtime.sources.supervisor import SupervisorPolicy
 
@@ -187,6 +188,19 @@ class HttpSettings(_Strict):
         return value
 
 
+class SourceSettings(_Strict):
+    """What streams added over the HTTP API may open (config-file streams are trusted, never checked)."""
+
+    # Local files only under these directories (regular files, never /proc, /sys or /dev); none: no files.
+    local_dirs: list[Path] = []
+    # Hosts on loopback, private, link-local or other non-public addresses (off: public hosts only).
+    allow_private_hosts: bool = False
+
+    def to_policy(self) -> SourcePolicy:
+        dirs = tuple(Path(os.path.realpath(d.expanduser())) for d in self.local_dirs)
+        return SourcePolicy(local_dirs=dirs, allow_private_hosts=self.allow_private_hosts)
+
+
 class Config(_Strict):
     node: str = Field(default_factory=socket.gethostname)
     nats: NatsSettings = NatsSettings()
@@ -194,6 +208,7 @@ class Config(_Strict):
     detector: DetectorSettings = DetectorSettings()
     tracker: TrackerSettings = TrackerSettings()
     supervisor: SupervisorSettings = SupervisorSettings()
+    sources: SourceSettings = SourceSettings()
     streams: list[StreamSettings] = []
 
     @field_validator("streams")

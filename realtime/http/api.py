@@ -2,6 +2,8 @@
 
 A POST body is one stream object with the same fields as a stream in the YAML config and is
 validated by the same pydantic model, so the API and the file accept exactly the same things.
+Its URL is checked against the `sources` policy (`SOURCE_POLICY`) too: an API client may not
+make the service read local files or probe internal networks unless the operator allows it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pipelines.frames import InvalidStreamId, validate_stream_id
 from realtime.config import (
     STREAM_SETTINGS,
     WEBRTC_NOT_CONFIGURABLE,
+    CameraStreamSettings,
     WebRtcStreamSettings,
     describe_problems,
     validation_problems,
@@ -23,6 +26,11 @@ from realtime.config import (
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
 from realtime.service.registry import RegistryClosed, StreamExists, StreamLimitReached, UnknownStream
+from realtime.sources.policy import SourcePolicy
+from realtime.sources.spec import InvalidSource
+
+# What URLs API clients may add; the service sets it from `sources:`. Without it, the strictest.
+SOURCE_POLICY = web.AppKey("vidsentry_source_policy", SourcePolicy)
 
 ID_RULE = "use 1-64 characters from A-Z a-z 0-9 _ -"
 
@@ -59,13 +67,27 @@ async def list_streams(request: web.Request) -> web.Response:
     return web.json_response({"streams": [view.to_json() for view in views]})
 
 
+def refused_url(exc: InvalidSource) -> ApiError:
+    return ApiError(400, f"invalid stream: url: {exc}", [{"field": "url", "message": str(exc)}])
+
+
 async def create_stream(request: web.Request) -> web.Response:
     body = await read_json_object(request)
+    policy = request.app.get(SOURCE_POLICY) or SourcePolicy()
+    try:
+        policy.check_form(body.get("url"))  # first: a path outside the allowed directories is never looked at
+    except InvalidSource as exc:
+        raise refused_url(exc) from None
     try:
         settings = STREAM_SETTINGS.validate_python(body)
     except ValidationError as exc:
         problems = validation_problems(exc, unknown="unknown field")
         raise ApiError(400, f"invalid stream: {describe_problems(problems)}", problems) from None
+    if isinstance(settings, CameraStreamSettings):
+        try:
+            await policy.admit(settings.url)  # regular files only; public hosts unless allowed
+        except InvalidSource as exc:
+            raise refused_url(exc) from None
     if isinstance(settings, WebRtcStreamSettings):
         raise ApiError(400, f"invalid stream: kind: {WEBRTC_NOT_CONFIGURABLE}", [
             {"field": "kind", "message": WEBRTC_NOT_CONFIGURABLE}

@@ -20,6 +20,7 @@ from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config
 from realtime.http import HttpContext, HttpServer, create_app
+from realtime.http.api import SOURCE_POLICY
 from realtime.http.metrics import MetricSources, ServiceMetrics
 from realtime.service.memory import release_free_memory
 from realtime.service.registry import StreamRegistry
@@ -89,6 +90,7 @@ class Service:
             sse_heartbeat_s=config.http.sse_heartbeat_s,
         )
         self.app = create_app(self.context)
+        self.app[SOURCE_POLICY] = config.sources.to_policy()  # what API clients may add
         self.url: str | None = None
 
     def readiness(self) -> dict[str, bool]:
@@ -147,8 +149,10 @@ class Service:
 
     def _make_runner(self, settings: AnyStreamSettings) -> StreamRunner:
         config = self.config
+        # The config file's streams are trusted; one an API client added gives generic failure reasons.
+        trusted = any(settings is stream for stream in config.streams)
         return StreamRunner(
-            stream_spec(settings, tracker=config.tracker, supervisor=config.supervisor),
+            stream_spec(settings, tracker=config.tracker, supervisor=config.supervisor, trusted=trusted),
             self.engines,
             self.fanout,
             on_frame=self.metrics.frame_observer(settings.id),

@@ -38,11 +38,13 @@ def stream_spec(
     supervisor: SupervisorSettings | None = None,
     max_failed_connects: int | None = None,
     policy: SupervisorPolicy | None = None,
+    trusted: bool = True,
 ) -> StreamSpec:
     """What runs for `settings`; raises InvalidSource (a ValueError) when a camera's URL cannot be used.
 
     A service retries cameras forever (`max_failed_connects=None`); `policy` replaces the
-    supervisor settings outright (tests use short timeouts)."""
+    supervisor settings outright (tests use short timeouts). A stream an API client added is
+    not `trusted`: its status events give generic failure reasons (the log has the detail)."""
     source: CameraSourceSpec | WebRtcSourceSpec
     if isinstance(settings, CameraStreamSettings):
         source = CameraSourceSpec(
@@ -50,6 +52,7 @@ def stream_spec(
             ingest=settings.ingest,
             realtime=settings.realtime,
             policy=policy or (supervisor or SupervisorSettings()).to_policy(max_failed_connects),
+            untrusted=not trusted,
         )
     else:
         source = WebRtcSourceSpec()

@@ -99,8 +99,17 @@ class LiveService:
             await asyncio.sleep(0.02)
 
 
+# Tests add loopback cameras and local clips over the API: open the source policy (see test_source_policy.py).
+OPEN_SOURCES = {"allow_private_hosts": True, "local_dirs": ["/"]}
+
+
 def make_config(**overrides: Any) -> Config:
-    raw: dict[str, Any] = {"node": "test", "supervisor": FAST_SUPERVISOR, "http": {"sse_heartbeat_s": 0.5}}
+    raw: dict[str, Any] = {
+        "node": "test",
+        "supervisor": FAST_SUPERVISOR,
+        "http": {"sse_heartbeat_s": 0.5},
+        "sources": OPEN_SOURCES,
+    }
     for key, value in overrides.items():
         raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
     return Config.model_validate(raw)

@@ -109,6 +109,7 @@ async def test_add_and_remove_a_stream_200_times_leaks_nothing(
             "node": "churn",
             "detector": {"model": str(nudenet_model), "engine": "onnx-cpu", "threads": 1},
             "supervisor": FAST_SUPERVISOR,
+            "sources": {"local_dirs": [str(sample_clip.parent)]},  # the clip is added over the API
         },
     )
     serve = ServeProcess(

@@ -1,0 +1,134 @@
+"""What a stream added over the HTTP API may open. Config-file streams are trusted and never checked.
+
+An API client could otherwise make the service read local files, devices and FIFOs, or probe
+the networks the service can reach (the failure reasons would tell open ports from closed).
+`SourcePolicy.admit` is called before the stream is accepted:
+
+- network schemes only (rtsp, rtsps, http, https), unless `local_dirs` lists directories:
+  then local files under them, regular files only (no FIFOs, devices, directories), never
+  under /proc, /sys or /dev, wherever a symlink points;
+- the host must resolve only to public addresses unless `allow_private_hosts` (loopback,
+  private, link-local, CGNAT, multicast and reserved ranges are not public).
+
+Refusals say what rule applies, never whether a file exists outside the allowed directories.
+Limits: the name is resolved when the stream is added; a host that later resolves elsewhere
+(DNS rebinding), or an HTTP server that redirects, is not checked again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import socket
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from realtime.sources.spec import InvalidSource, SourceSpec, parse_source
+
+NETWORK_SCHEMES = ("rtsp", "rtsps", "http", "https")
+SYSTEM_DIRS = (Path("/proc"), Path("/sys"), Path("/dev"))
+RESOLVE_TIMEOUT_S = 5.0
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class SourceNotAllowed(InvalidSource):
+    """The source is valid but an API client may not use it (`sources` settings)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePolicy:
+    local_dirs: tuple[Path, ...] = ()  # resolved absolute directories; empty: no local files
+    allow_private_hosts: bool = False
+
+    async def admit(self, url: str) -> SourceSpec:
+        """The parsed source if an API client may use it; SourceNotAllowed (or InvalidSource) if not."""
+        self.check_form(url)
+        spec = parse_source(url)
+        if spec.is_file:
+            assert spec.path is not None
+            self._check_file(spec.path)
+        elif not self.allow_private_hosts:
+            await self._check_host(spec)
+        return spec
+
+    def check_form(self, url: object) -> None:
+        """The checks that touch neither the network nor a file outside `local_dirs`: a local path
+        outside them is refused whether or not it exists."""
+        if not isinstance(url, str):
+            return  # the settings model reports the type
+        text = url.strip()
+        scheme, sep, _ = text.partition("://")
+        if sep and scheme.lower() in NETWORK_SCHEMES:
+            return
+        if sep and scheme.lower() != "file":
+            return  # parse_source names the supported schemes
+        if not self.local_dirs:
+            raise SourceNotAllowed(
+                "local files are not allowed for streams added over the API: use an rtsp(s):// or http(s):// URL "
+                "(an operator may allow directories with sources.local_dirs)"
+            )
+        path = Path(os.path.realpath(Path(text).expanduser() if not sep else Path(_file_url_path(text))))
+        if not any(path.is_relative_to(directory) for directory in self.local_dirs) or _is_system(path):
+            raise SourceNotAllowed(f"local files are allowed only under sources.local_dirs ({self._dirs()})")
+
+    def _check_file(self, path: Path) -> None:
+        real = Path(os.path.realpath(path))
+        if not any(real.is_relative_to(directory) for directory in self.local_dirs) or _is_system(real):
+            raise SourceNotAllowed(f"local files are allowed only under sources.local_dirs ({self._dirs()})")
+        try:
+            mode = os.stat(real).st_mode
+        except OSError:
+            raise InvalidSource("the file cannot be read") from None
+        if not stat.S_ISREG(mode):
+            raise SourceNotAllowed("not a regular file (FIFOs, devices and sockets are not allowed)")
+
+    async def _check_host(self, spec: SourceSpec) -> None:
+        refused = SourceNotAllowed(
+            f"host {spec.host} does not resolve to public addresses only "
+            "(an operator may allow loopback and private networks with sources.allow_private_hosts)"
+        )
+        addresses = await _resolve(spec.host, spec.port)
+        if not addresses or not all(_is_public(address) for address in addresses):
+            raise refused
+
+    def _dirs(self) -> str:
+        return ", ".join(str(d) for d in self.local_dirs)
+
+
+def _file_url_path(url: str) -> str:
+    return unquote(urlsplit(url).path)
+
+
+def _is_system(path: Path) -> bool:
+    return any(path == d or path.is_relative_to(d) for d in SYSTEM_DIRS)
+
+
+def _is_public(address: IpAddress) -> bool:
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_global and not address.is_multicast
+
+
+async def _resolve(host: str, port: int) -> list[IpAddress]:
+    """Every address `host` resolves to; [] when it does not resolve (in time)."""
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+            infos = await loop.getaddrinfo(host, port or None, type=socket.SOCK_STREAM)
+    except (OSError, TimeoutError, UnicodeError):
+        return []
+    addresses: list[IpAddress] = []
+    for _family, _type, _proto, _name, sockaddr in infos:
+        try:
+            addresses.append(ipaddress.ip_address(str(sockaddr[0]).partition("%")[0]))
+        except ValueError:
+            return []  # an address we cannot judge is not a public one
+    return addresses
