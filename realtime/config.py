@@ -2,7 +2,10 @@
 
 Unknown keys and bad values are errors that name the key (`streams.0.url: ...`).
 Environment variables with the `VIDSENTRY_` prefix override the file, nested keys joined by
-`__` (for example `VIDSENTRY_NATS__URL=nats://bus:4222`, `VIDSENTRY_DETECTOR__CONF=0.4`).
+`__` (for example `VIDSENTRY_NATS__URL=nats://bus:4222`, `VIDSENTRY_DETECTOR__CONF=0.4`). A value
+is read as the setting's type: a string setting (a token, a host, a path) takes the value as it is,
+never parsed; a number or a switch is converted by pydantic (`0.4`, `true`); a list or a section is
+YAML. Errors name the variable, never its value. Infinity and NaN are refused everywhere.
 A config with no streams is valid.
 """
 
@@ -11,6 +14,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import stat
+import types
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -29,6 +36,7 @@ from pydantic import (
 )
 
 from pipelines.frames import StreamId
+from pipelines.rules.engine import unknown_classes
 from pipelines.rules.specs import RuleList
 from pipelines.tracker import TrackerConfig
 from realtime.sources.policy import SourcePolicy
@@ -36,6 +44,11 @@ from realtime.sources.spec import parse_source
 from realtime.sources.supervisor import SupervisorPolicy
 
 ENV_PREFIX = "VIDSENTRY_"
+# Read by the CLI itself, not settings in the file.
+ENV_NOT_SETTINGS = frozenset({"VIDSENTRY_LOG_LEVEL", "VIDSENTRY_LOG_JSON", "VIDSENTRY_API_TOKEN"})
+# A config is a few KiB; the cap keeps `--config /dev/zero` or a wrong huge file from eating memory.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 
 
 class ConfigError(ValueError):
@@ -43,7 +56,8 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No Infinity or NaN: `detect_fps: .inf` is no setting, and JSON clients cannot parse it back.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def default_of(cls: type, name: str) -> Any:
@@ -67,9 +81,21 @@ class NatsSettings(_Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("nats://", "tls://", "ws://", "wss://")):
+        return None if value is None else check_nats_url(value)
+
+
+def check_nats_url(value: str) -> str:
+    """The NATS URL (or comma-separated list) if usable; ValueError saying why not (without the
+    URL, which may hold a password). Shared by the config and every command's --nats-url."""
+    servers = [part.strip() for part in value.split(",")]
+    if not all(servers):
+        raise ValueError("an empty server in the list")
+    for server in servers:
+        if not server.startswith(NATS_SCHEMES):
             raise ValueError("must start with nats://, tls://, ws:// or wss://")
-        return value
+        if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in server):
+            raise ValueError("must not contain spaces or control characters")
+    return value
 
 
 class DetectorSettings(_Strict):
@@ -236,18 +262,75 @@ class Config(_Strict):
 WEBRTC_NOT_CONFIGURABLE = "webrtc streams are browser sessions, made by POST /api/webrtc/offer, not configured"
 
 
-def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+def _members(annotation: Any) -> list[Any]:
+    """The types a field accepts: Annotated metadata and None dropped, unions flattened."""
+    if typing.get_origin(annotation) is Annotated:
+        return _members(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(annotation) for m in _members(arg)]
+    return [] if annotation is type(None) else [annotation]
+
+
+def _is_model(member: Any) -> bool:
+    return isinstance(member, type) and issubclass(member, BaseModel)
+
+
+def _is_text(member: Any) -> bool:
+    if typing.get_origin(member) is Literal:
+        return all(isinstance(v, str) for v in typing.get_args(member))
+    return isinstance(member, type) and issubclass(member, str | SecretStr | os.PathLike)
+
+
+def _env_kind(path: list[str]) -> str:
+    """How an environment value for the setting at `path` is read: "text" (as it is), "scalar"
+    (a string pydantic converts: numbers, switches), or "yaml" (lists and whole sections)."""
+    members: list[Any] = [Config]
+    for part in path:
+        models = [m for m in members if _is_model(m)]
+        field = next((m.model_fields[part] for m in models if part in m.model_fields), None)
+        if field is None:
+            return "text"  # no such key: pydantic reports it as unknown, naming it
+        members = _members(field.annotation)
+    if any(_is_model(m) or typing.get_origin(m) in (list, tuple, dict, set) for m in members):
+        return "yaml"
+    return "text" if members and all(_is_text(m) for m in members) else "scalar"
+
+
+def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The settings the environment sets, as a tree to merge over the file, and which variable set
+    each (by dotted key, for error messages)."""
     tree: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name in {"VIDSENTRY_LOG_LEVEL", "VIDSENTRY_LOG_JSON",
-                                                        "VIDSENTRY_API_TOKEN"}:
+        if not name.startswith(ENV_PREFIX) or name in ENV_NOT_SETTINGS:
             continue
         path = name[len(ENV_PREFIX):].lower().split("__")
+        if _env_kind(path) == "yaml":
+            try:
+                parsed: Any = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise ConfigError(f"environment: {name}: not valid YAML") from None  # the value may be secret
+        else:
+            parsed = value  # never YAML: `null`, `~`, `abc #x`, `!tok` or `::` are what they say
         node = tree
         for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = yaml.safe_load(value) if value else value
-    return tree
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"environment: {name}: {'.'.join(path[:-1])} is set by another variable too")
+            node = child
+        node[path[-1]] = parsed
+        sources[".".join(path)] = name
+    return tree, sources
+
+
+def _name_variables(problems: list[dict[str, str]], sources: Mapping[str, str]) -> list[dict[str, str]]:
+    """`http.port` becomes `http.port (VIDSENTRY_HTTP__PORT)` when the environment set it."""
+    named = []
+    for problem in problems:
+        field = problem["field"]
+        variable = next((v for key, v in sources.items() if field == key or field.startswith(key + ".")), None)
+        named.append({**problem, "field": f"{field} ({variable})"} if variable else problem)
+    return named
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -282,25 +365,74 @@ def describe_problems(problems: list[dict[str, str]]) -> str:
     return "; ".join(f"{p['field']}: {p['message']}" for p in problems)
 
 
-def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Config:
+def read_config_text(path: str | Path) -> str:
+    """The file's text: a regular file of at most MAX_CONFIG_BYTES in UTF-8, else ConfigError."""
+    try:
+        # Non-blocking, so that a FIFO is refused below instead of waiting for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"{path}: not a regular file")
+    with open(fd, "rb") as file:
+        try:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB, too large for a config")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
     raw: Any = {}
     where = "environment"
     if path is not None:
         where = str(path)
+        text = read_config_text(path)
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+            raw = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             raise ConfigError(f"{path}: not valid YAML{at}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys, not {type(raw).__name__}")
-    raw = _merge(raw, _env_overrides(dict(os.environ if environ is None else environ)))
+    overrides, sources = _env_overrides(os.environ if environ is None else environ)
+    raw = _merge(raw, overrides)
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {describe_problems(validation_problems(exc))}") from None
+        problems = _name_variables(validation_problems(exc), sources)
+        raise ConfigError(f"{where}: {describe_problems(problems)}") from None
+
+
+def rule_class_problems(stream: AnyStreamSettings, names: Mapping[int, str]) -> list[dict[str, str]]:
+    """One `{"field", "message"}` per rule of the stream that names a class the detector does
+    not have (`rules.1.classes: rule 'door': class 'person' not among ...`); none when the
+    model's class names are unknown."""
+    if not names:
+        return []
+    problems = []
+    for index, rule in enumerate(stream.rules):
+        for message in unknown_classes([rule], names):
+            key = "fall_class" if rule.type == "fall" else "classes"
+            problems.append({"field": f"rules.{index}.{key}", "message": message})
+    return problems
+
+
+def config_class_problems(config: Config, names: Mapping[int, str]) -> str | None:
+    """The config's rules checked against the detector's classes: None, or one line naming each
+    rule that cannot run (`streams.0.rules.1.classes: ...`)."""
+    problems = [
+        {**problem, "field": f"streams.{index}.{problem['field']}"}
+        for index, stream in enumerate(config.streams)
+        for problem in rule_class_problems(stream, names)
+    ]
+    return describe_problems(problems) if problems else None

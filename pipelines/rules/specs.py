@@ -3,6 +3,8 @@
 A rule is one of six types, told apart by its `type` key. Every model forbids unknown keys,
 so a typo is an error that names the key instead of a rule that silently never fires.
 Coordinates are source pixels, or 0-1 fractions of the frame with `normalized: true`.
+A polygon has at most 256 points and a stream at most 64 rules: a zone is drawn by hand, and
+validating a body (pairwise edge checks) must stay cheap however it was made.
 """
 
 from __future__ import annotations
@@ -28,6 +30,27 @@ RULE_TYPES = ("present", "absent", "count", "zone", "line", "fall")
 Severity = Literal["info", "warning", "critical"]
 ZoneTrigger = Literal["enter", "exit", "dwell"]
 Direction = Literal["a_to_b", "b_to_a", "any"]
+
+MAX_POLYGON_POINTS = 256
+MAX_RULES = 64
+
+
+def _as_tuples(value: Any) -> Any:
+    # YAML and JSON have lists, not tuples. Converting here lets a JSON body be validated in
+    # strict mode (where a list is not a tuple) without loosening anything else.
+    return tuple(_as_tuples(item) for item in value) if isinstance(value, list) else value
+
+
+def _polygon_input(value: Any) -> Any:
+    # Before the points are validated one by one: a huge list is refused at once.
+    if isinstance(value, list | tuple) and len(value) > MAX_POLYGON_POINTS:
+        raise ValueError(f"a polygon has at most {MAX_POLYGON_POINTS} points, got {len(value)}")
+    return _as_tuples(value)
+
+
+Polygon = Annotated[tuple[Point, ...], BeforeValidator(_polygon_input)]
+Segment = Annotated[tuple[Point, Point], BeforeValidator(_as_tuples)]
+ClassNames = Annotated[tuple[str, ...], BeforeValidator(_as_tuples)]
 
 
 def _check_points(points: tuple[Point, ...], normalized: bool) -> None:
@@ -55,7 +78,8 @@ def _normalized(info: ValidationInfo) -> bool:
 
 
 class _Rule(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Infinity and NaN are not coordinates or durations, and JSON clients cannot parse them back.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     id: str = Field(pattern=RULE_ID_PATTERN)
     severity: Severity = "warning"
@@ -69,7 +93,7 @@ class _Rule(BaseModel):
 
 class _ClassFiltered(_Rule):
     # Class names of the model (e.g. Normal, Fall for the bundled people model); None: all.
-    classes: tuple[str, ...] | None = None
+    classes: ClassNames | None = None
 
     @field_validator("classes")
     @classmethod
@@ -82,7 +106,7 @@ class _ClassFiltered(_Rule):
 class _OptionalZone(_ClassFiltered):
     normalized: bool = False
     # Only objects whose bottom-centre is in this polygon count; None: the whole frame.
-    zone: tuple[Point, ...] | None = None
+    zone: Polygon | None = None
     hysteresis: float = Field(0.1, ge=0, le=1)
     for_s: float = Field(0.0, ge=0)
 
@@ -127,8 +151,8 @@ class ZoneRule(_ClassFiltered):
 
     type: Literal["zone"]
     normalized: bool = False
-    polygon: tuple[Point, ...]
-    events: tuple[ZoneTrigger, ...] = ("enter",)
+    polygon: Polygon
+    events: Annotated[tuple[ZoneTrigger, ...], BeforeValidator(_as_tuples)] = ("enter",)
     dwell_s: float | None = Field(None, gt=0, validate_default=True)
     for_s: float = Field(0.0, ge=0)  # an object must be inside this long before `enter` fires
     hysteresis: float = Field(0.1, ge=0, le=1)
@@ -169,7 +193,7 @@ class LineRule(_ClassFiltered):
 
     type: Literal["line"]
     normalized: bool = False
-    points: tuple[Point, Point]
+    points: Segment
     direction: Direction = "any"
     hysteresis: float = Field(0.1, ge=0, le=1)
 
@@ -218,5 +242,11 @@ def check_unique_ids(rules: list[AnyRule]) -> list[AnyRule]:
     return rules
 
 
-# A stream's whole rule list: rule ids must be unique within the stream.
-RuleList = Annotated[list[RuleSpec], AfterValidator(check_unique_ids)]
+def _at_most_rules(value: Any) -> Any:
+    if isinstance(value, list) and len(value) > MAX_RULES:
+        raise ValueError(f"a stream has at most {MAX_RULES} rules, got {len(value)}")
+    return value
+
+
+# A stream's whole rule list: at most MAX_RULES (counted before any is validated), ids unique.
+RuleList = Annotated[list[RuleSpec], BeforeValidator(_at_most_rules), AfterValidator(check_unique_ids)]

@@ -23,6 +23,21 @@ _PENDING_MSGS_LIMIT = 65_536
 _PENDING_BYTES_LIMIT = 64 * 1024 * 1024
 
 
+def check_subject(subject: str) -> str:
+    """The subject if NATS can subscribe to it; ValueError saying why not. nats-py sends what it
+    is given: `a b` would subscribe to `a` in queue group `b`."""
+    if not subject:
+        raise ValueError("the NATS subject is empty")
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in subject):
+        raise ValueError(f"invalid NATS subject {subject!r}: no spaces or control characters")
+    tokens = subject.split(".")
+    if not all(tokens):
+        raise ValueError(f"invalid NATS subject {subject!r}: an empty token (a leading, trailing or double dot)")
+    if ">" in tokens[:-1]:
+        raise ValueError(f"invalid NATS subject {subject!r}: '>' must be the last token")
+    return subject
+
+
 def format_line(subject: str, headers: dict[str, str] | None, data: bytes) -> str:
     """One event as a compact JSON object: {"subject", "headers": {ce-*...}, "data": {...}}."""
     return json.dumps({"subject": subject, **decode(headers, data)}, ensure_ascii=False, separators=(",", ":"))
@@ -45,6 +60,7 @@ async def subscribe(
     ValueError for a malformed subject. Live messages only: nothing is replayed from JetStream.
     `on_ready` is called once the server has the subscription (e.g. to say "listening" on stderr).
     """
+    check_subject(subject)
     if limit is not None and limit <= 0:
         return 0
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 
 TOKEN_ENV = "VIDSENTRY_API_TOKEN"
+LOG_LEVEL_ENV = "VIDSENTRY_LOG_LEVEL"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vidsentry", description="Real-time video analytics with events over NATS")
-    parser.add_argument("--log-level", help="debug, info, warning (default), error")
+    parser.add_argument("--log-level", help=f"debug, info, warning (default), error (also {LOG_LEVEL_ENV})")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the service: HTTP API, the config's streams, events over NATS")
@@ -23,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--nats-url", default="nats://127.0.0.1:4222")
     sub.add_argument("--count", type=int, help="exit after this many events")
     sub.add_argument("--duration", type=float, help="exit after this many seconds")
+    sub.add_argument("--connect-timeout", type=float, default=5.0,
+                     help="give up (exit 1) when NATS cannot be reached in this many seconds (default 5)")
 
     commands.add_parser("doctor", help="which engines can run on this machine, and why not")
     return parser

@@ -10,8 +10,8 @@ import asyncio
 import os
 import sys
 
-from realtime.cli.args import build_parser
-from realtime.cli.errors import CommandError
+from realtime.cli.args import LOG_LEVEL_ENV, LOG_LEVELS, build_parser
+from realtime.cli.errors import EXIT_USAGE, CommandError
 from realtime.logs import setup_logging
 
 
@@ -19,7 +19,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # A service's progress is its log: info by default for serve, warnings only for the foreground tools.
     default_level = "INFO" if args.command == "serve" else None
-    setup_logging(args.log_level or os.environ.get("VIDSENTRY_LOG_LEVEL") or default_level)
+    level, where = (args.log_level, "--log-level") if args.log_level else (os.environ.get(LOG_LEVEL_ENV), LOG_LEVEL_ENV)
+    if level and level.lower() not in LOG_LEVELS:
+        print(f"vidsentry: error: {where} {level!r} is not a log level; use one of {', '.join(LOG_LEVELS)}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    setup_logging(level or default_level)
     try:
         if args.command == "serve":
             from realtime.cli.serve import serve_command

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from pipelines.detect import DetectionBatcher
 from pipelines.frames import StatusChange, StreamState
 from pipelines.graph import SharedEngines
+from realtime.cli import checks
 from realtime.cli.bootstrap import load_configured_detector, open_bus
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CommandError
 from realtime.cli.progress import report_progress
@@ -34,14 +35,13 @@ log = logging.getLogger(__name__)
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    if args.duration is not None and args.duration <= 0:
-        raise CommandError("--duration must be a positive number of seconds")
-    if args.detect_fps is not None and args.detect_fps <= 0:
-        raise CommandError("--detect-fps must be positive")
-    if args.conf is not None and not 0.0 < args.conf < 1.0:
+    checks.positive_seconds("--duration", args.duration)
+    checks.positive_number("--detect-fps", args.detect_fps)
+    if args.conf is not None and not 0.0 < args.conf < 1.0:  # false for NaN too
         raise CommandError("--conf must be between 0 and 1")
     if args.connect_attempts < 0:
         raise CommandError("--connect-attempts must be 0 or more")
+    checks.nats_url(args.nats_url)
 
 
 def build_spec(args: argparse.Namespace, config: Config) -> StreamSpec:

@@ -19,10 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pipelines.detect import DetectionBatcher
+from realtime.cli import checks
 from realtime.cli.args import TOKEN_ENV
 from realtime.cli.bootstrap import load_configured_detector, open_bus
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
-from realtime.config import Config, ConfigError, load_config
+from realtime.config import Config, ConfigError, config_class_problems, load_config
 from realtime.http import ListenError
 from realtime.service.memory import cap_malloc_arenas
 from realtime.service.service import Service
@@ -73,6 +74,7 @@ def _print_listening(url: str, token: str | None) -> None:
 async def serve_command(args: argparse.Namespace) -> int:
     # Before any thread exists (the detector loads on one): only arenas created after this are capped.
     cap_malloc_arenas()
+    checks.nats_url(args.nats_url)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -96,6 +98,10 @@ async def serve_command(args: argparse.Namespace) -> int:
     try:
         detector = await load_configured_detector(config.detector)
         try:
+            # A rule on a class the model does not have could never fire: refuse it before anything starts.
+            problems = config_class_problems(config, detector.info.names)
+            if problems:
+                raise CommandError(f"{args.config or 'environment'}: {problems}")
             log.info("detector loaded", extra={"model": detector.info.path, "backend": detector.backend})
             async with (
                 open_bus(args.nats_url or config.nats.url, config.nats, config.node) as publisher,

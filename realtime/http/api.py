@@ -1,13 +1,16 @@
 """`/api/streams`: the desired set of streams, read and written over HTTP.
 
 A POST body is one stream object with the same fields as a stream in the YAML config and is
-validated by the same pydantic model, so the API and the file accept exactly the same things.
-Its URL is checked against the `sources` policy (`SOURCE_POLICY`) too: an API client may not
-make the service read local files or probe internal networks unless the operator allows it.
+validated by the same pydantic model, so the API and the file accept exactly the same things,
+with strict types: JSON says what it means, so `"audio": "yes"` is an error rather than true.
+Its rules are checked against the detector's class names too, and its URL against the
+`sources` policy (`SOURCE_POLICY`): an API client may not make the service read local files or
+probe internal networks unless the operator allows it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -18,9 +21,11 @@ from pipelines.frames import InvalidStreamId, validate_stream_id
 from realtime.config import (
     STREAM_SETTINGS,
     WEBRTC_NOT_CONFIGURABLE,
+    AnyStreamSettings,
     CameraStreamSettings,
     WebRtcStreamSettings,
     describe_problems,
+    rule_class_problems,
     validation_problems,
 )
 from realtime.http.context import context_of
@@ -67,6 +72,14 @@ async def list_streams(request: web.Request) -> web.Response:
     return web.json_response({"streams": [view.to_json() for view in views]})
 
 
+def validate_stream(body: dict[str, Any]) -> AnyStreamSettings:
+    try:
+        return STREAM_SETTINGS.validate_python(body, strict=True)
+    except ValidationError as exc:
+        problems = validation_problems(exc, unknown="unknown field")
+        raise ApiError(400, f"invalid stream: {describe_problems(problems)}", problems) from None
+
+
 def refused_url(exc: InvalidSource) -> ApiError:
     return ApiError(400, f"invalid stream: url: {exc}", [{"field": "url", "message": str(exc)}])
 
@@ -78,11 +91,8 @@ async def create_stream(request: web.Request) -> web.Response:
         policy.check_form(body.get("url"))  # first: a path outside the allowed directories is never looked at
     except InvalidSource as exc:
         raise refused_url(exc) from None
-    try:
-        settings = STREAM_SETTINGS.validate_python(body)
-    except ValidationError as exc:
-        problems = validation_problems(exc, unknown="unknown field")
-        raise ApiError(400, f"invalid stream: {describe_problems(problems)}", problems) from None
+    # Off the event loop: a body at the size limit full of polygons takes tens of milliseconds.
+    settings = await asyncio.to_thread(validate_stream, body)
     if isinstance(settings, CameraStreamSettings):
         try:
             await policy.admit(settings.url)  # regular files only; public hosts unless allowed
@@ -92,6 +102,9 @@ async def create_stream(request: web.Request) -> web.Response:
         raise ApiError(400, f"invalid stream: kind: {WEBRTC_NOT_CONFIGURABLE}", [
             {"field": "kind", "message": WEBRTC_NOT_CONFIGURABLE}
         ])
+    problems = rule_class_problems(settings, context_of(request).class_names)
+    if problems:
+        raise ApiError(400, f"invalid stream: {describe_problems(problems)}", problems)
     try:
         view = context_of(request).registry.add(settings)
     except StreamExists:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -20,6 +20,7 @@ class HttpContext:
     readiness: Callable[[], dict[str, bool]]  # named checks; ready when all are true
     api_token: bytes | None = field(default=None, repr=False)  # None: /api is open (loopback only)
     sse_heartbeat_s: float = 15.0
+    class_names: Mapping[int, str] = field(default_factory=dict)  # the detector's; rules must use them
     draining: bool = False  # shutting down: mutations are refused, readiness fails
 
 

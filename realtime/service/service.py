@@ -88,6 +88,7 @@ class Service:
             readiness=self.readiness,
             api_token=api_token.encode("utf-8") if api_token else None,
             sse_heartbeat_s=config.http.sse_heartbeat_s,
+            class_names=batcher.detector.info.names,
         )
         self.app = create_app(self.context)
         self.app[SOURCE_POLICY] = config.sources.to_policy()  # what API clients may add

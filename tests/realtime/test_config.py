@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from realtime.config import ConfigError, load_config
+from realtime.config import MAX_CONFIG_BYTES, ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,3 +70,91 @@ def test_bad_env_override_names_the_key(tmp_path: Path) -> None:
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml", environ={})
+
+
+# -- environment values are read as the setting's type (issue 7, item 11) --------------------
+
+
+@pytest.mark.parametrize("token", ["null", "~", "abc #xyz", "@tok", "!tok", "[a, b]", "{x: 1}", "'quoted'"])
+def test_an_env_token_is_the_string_as_given(tmp_path: Path, token: str) -> None:
+    config = load_config(write(tmp_path, ""), environ={"VIDSENTRY_HTTP__API_TOKEN": token})
+    assert config.http.api_token is not None and config.http.api_token.get_secret_value() == token
+
+
+def test_env_strings_numbers_switches_and_lists(tmp_path: Path) -> None:
+    config = load_config(
+        write(tmp_path, ""),
+        environ={
+            "VIDSENTRY_HTTP__HOST": "::",
+            "VIDSENTRY_NODE": "yes",  # a string setting: not YAML's true
+            "VIDSENTRY_HTTP__PORT": "8081",
+            "VIDSENTRY_HTTP__ALLOW_UNAUTHENTICATED": "true",
+            "VIDSENTRY_DETECTOR__ENGINE": "onnx-cpu",
+            "VIDSENTRY_STREAMS": "[{id: a, url: 'rtsp://cam/1'}]",
+        },
+    )
+    assert config.http.host == "::" and config.node == "yes"
+    assert config.http.port == 8081 and config.http.allow_unauthenticated is True
+    assert config.detector.engine == "onnx-cpu" and [s.id for s in config.streams] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "key"),
+    [
+        ("VIDSENTRY_HTTP__PORT", "s3cret", "http.port (VIDSENTRY_HTTP__PORT)"),
+        ("VIDSENTRY_DETECTOR__CONF", "nan", "detector.conf (VIDSENTRY_DETECTOR__CONF)"),
+        ("VIDSENTRY_SUPERVISOR__WATCHDOG_S", "1e999", "supervisor.watchdog_s (VIDSENTRY_SUPERVISOR__WATCHDOG_S)"),
+        ("VIDSENTRY_STREAMS", "[{id: a, url: 's3cret", "VIDSENTRY_STREAMS: not valid YAML"),
+    ],
+)
+def test_a_bad_env_value_names_the_variable_not_the_value(tmp_path: Path, name: str, value: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, ""), environ={name: value, "VIDSENTRY_HTTP__API_TOKEN": "!s3cret"})
+    assert key in str(info.value) and "s3cret" not in str(info.value)
+
+
+# -- no Infinity or NaN in settings (item 15) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("streams:\n  - {id: a, url: 'rtsp://c/1', detect_fps: .inf}\n", "streams.0.detect_fps"),
+        ("detector:\n  conf: .nan\n", "detector.conf"),
+        ("http:\n  sse_heartbeat_s: 1e999\n", "http.sse_heartbeat_s"),
+        ("supervisor:\n  backoff_max_s: .inf\n", "supervisor.backoff_max_s"),
+        (
+            "streams:\n  - id: a\n    url: rtsp://c/1\n    rules:\n"
+            "      - {id: z, type: zone, polygon: [[0, 0], [9, .nan], [9, 9]]}\n",
+            "streams.0.rules.0.zone.polygon.1.1",
+        ),
+        ("streams:\n  - id: a\n    url: rtsp://c/1\n    rules:\n      - {id: f, type: fall, for_s: .inf}\n",
+         "streams.0.rules.0.fall.for_s"),
+    ],
+)
+def test_non_finite_numbers_are_refused(tmp_path: Path, text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), environ={})
+    assert f"{key}: Input should be a finite number" in str(info.value)
+
+
+# -- the file itself (item 20) --------------------------------------------------------------
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"node: caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"latin1.yaml: not UTF-8 text \(byte 9\)"):
+        load_config(path, environ={})
+
+
+def test_only_regular_files_of_bounded_size_are_read(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_config("/dev/zero", environ={})
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_config(tmp_path, environ={})
+    huge = tmp_path / "huge.yaml"
+    with huge.open("wb") as file:
+        file.truncate(MAX_CONFIG_BYTES + 1)
+    with pytest.raises(ConfigError, match="too large"):
+        load_config(huge, environ={})

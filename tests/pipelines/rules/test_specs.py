@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import math
+import random
 from pathlib import Path
 
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from pipelines.rules.engine import RuleEngine, RuleError
-from pipelines.rules.specs import CountRule, FallRule, LineRule, PresentRule, RuleList, ZoneRule
-from realtime.config import ConfigError, load_config
+from pipelines.rules.geometry import is_simple_polygon, segments_intersect
+from pipelines.rules.specs import (
+    MAX_POLYGON_POINTS,
+    MAX_RULES,
+    CountRule,
+    FallRule,
+    LineRule,
+    PresentRule,
+    RuleList,
+    ZoneRule,
+)
+from realtime.config import Config, ConfigError, load_config
 from tests.pipelines.rules.script import NAMES, rules
 
 GOOD = """
@@ -30,7 +42,7 @@ streams:
 """
 
 
-def load(tmp_path: Path, text: str):  # type: ignore[no-untyped-def]
+def load(tmp_path: Path, text: str) -> Config:
     path = tmp_path / "vidsentry.yaml"
     path.write_text(text)
     return load_config(path, environ={})
@@ -100,3 +112,82 @@ def test_rules_round_trip_through_json(tmp_path: Path) -> None:
     loaded = load(tmp_path, GOOD).streams[0].rules
     adapter = TypeAdapter(RuleList)
     assert adapter.validate_json(adapter.dump_json(loaded)) == loaded
+
+
+# -- bounded validation (issue 7, item 12) and finite numbers (item 15) -----------------------
+
+
+def circle(n: int, radius: float = 400.0) -> list[list[float]]:
+    return [
+        [500 + radius * math.cos(2 * math.pi * i / n), 500 + radius * math.sin(2 * math.pi * i / n)] for i in range(n)
+    ]
+
+
+def test_a_polygon_has_at_most_256_points() -> None:
+    adapter = TypeAdapter(RuleList)
+    assert adapter.validate_python([{"id": "z", "type": "zone", "polygon": circle(MAX_POLYGON_POINTS)}])
+    for rule in ({"id": "z", "type": "zone", "polygon": circle(7200)}, {"id": "p", "type": "present",
+                                                                            "zone": circle(257)}):
+        with pytest.raises(ValidationError) as info:
+            adapter.validate_python([rule])
+        (error,) = info.value.errors()
+        assert error["loc"][-1] in ("polygon", "zone")
+        assert "a polygon has at most 256 points" in error["msg"]
+
+
+def test_a_stream_has_at_most_64_rules(tmp_path: Path) -> None:
+    many = "".join(f"      - {{id: r{i}, type: fall}}\n" for i in range(MAX_RULES + 1))
+    with pytest.raises(ConfigError, match="streams.0.rules: a stream has at most 64 rules, got 65"):
+        load(tmp_path, f"streams:\n  - id: cam\n    url: rtsp://cam/1\n    rules:\n{many}")
+    at_most = many[: many.rindex("      -")]
+    stream = load(tmp_path, f"streams:\n  - id: cam\n    url: rtsp://cam/1\n    rules:\n{at_most}").streams[0]
+    assert len(stream.rules) == MAX_RULES == 64
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_rules_refuse_non_finite_numbers(bad: float) -> None:
+    adapter = TypeAdapter(RuleList)
+    for rule in (
+        {"id": "z", "type": "zone", "polygon": [[0, 0], [9, bad], [9, 9]]},
+        {"id": "l", "type": "line", "points": [[0, 0], [bad, 9]]},
+        {"id": "c", "type": "count", "above": 1, "for_s": bad},
+        {"id": "f", "type": "fall", "cooldown_s": bad},
+    ):
+        with pytest.raises(ValidationError, match="finite number"):
+            adapter.validate_python([rule])
+
+
+def test_lists_become_tuples_so_json_can_be_checked_strictly() -> None:
+    adapter = TypeAdapter(RuleList)
+    rule = {"id": "z", "type": "zone", "polygon": [[0, 0], [9, 0], [9, 9]], "events": ["enter"], "classes": ["A"]}
+    (zone,) = adapter.validate_python([rule], strict=True)
+    assert isinstance(zone, ZoneRule) and zone.polygon == ((0, 0), (9, 0), (9, 9)) and zone.classes == ("A",)
+    with pytest.raises(ValidationError, match="valid boolean"):
+        adapter.validate_python([{**rule, "snapshot": "yes"}], strict=True)
+
+
+def pairwise_simple(polygon: list[tuple[float, float]]) -> bool:
+    """The plain definition: no two non-adjacent edges touch."""
+    n = len(polygon)
+    edges = [(polygon[i], polygon[(i + 1) % n]) for i in range(n)]
+    return not any(
+        segments_intersect(*edges[i], *edges[j])
+        for i in range(n)
+        for j in range(i + 2, n)
+        if not (i == 0 and j == n - 1)
+    )
+
+
+def test_the_vectorised_simple_polygon_check_agrees_with_the_definition() -> None:
+    rng = random.Random(7)
+    outcomes = set()
+    for _ in range(3000):
+        grid = rng.choice([2, 4, 50])  # small grids make touching, collinear and repeated points common
+        polygon = [(float(rng.randint(0, grid)), float(rng.randint(0, grid))) for _ in range(rng.randint(3, 80))]
+        if rng.random() < 0.5:  # in angle order around the middle: mostly simple, sometimes just touching
+            polygon.sort(key=lambda p: math.atan2(p[1] - grid / 2 - 0.1, p[0] - grid / 2 - 0.1))
+        simple = is_simple_polygon(polygon)
+        assert simple == pairwise_simple(polygon), polygon
+        outcomes.add(simple)
+    assert outcomes == {True, False}
+    assert is_simple_polygon([(x, y) for x, y in circle(MAX_POLYGON_POINTS)])
