@@ -203,8 +203,24 @@ class HttpSettings(_Strict):
     sse_queue_events: int = Field(256, ge=1)  # per viewer; the oldest go first when a viewer lags
     sse_max_viewers_per_stream: int = Field(16, ge=1)  # /events viewers of one stream (429 past it)
     sse_max_viewers: int = Field(256, ge=1)  # /events viewers of all streams together (429 past it)
-    sse_heartbeat_s: float = Field(15.0, gt=0)
+    # A comment line this often keeps proxies from closing a quiet event stream; faster only floods.
+    sse_heartbeat_s: float = Field(15.0, ge=1.0, le=3600.0)
+    # A viewer reconnecting with Last-Event-ID gets the durable events it missed from JetStream, at most
+    # this far back and this many (the newest); 0 turns resuming off.
+    sse_resume_window_s: float = Field(600.0, ge=0, le=86400.0)
+    sse_resume_max_events: int = Field(1000, ge=0, le=100_000)
     shutdown_timeout_s: float = Field(20.0, gt=0)  # for streams to stop and events to flush
+    # Host names clients may use besides IP addresses, localhost and the bind host (DNS rebinding: a
+    # foreign name is a 421). Unset with a token: any (the token stops a rebinding page). "*": any.
+    allowed_hosts: list[str] | None = None
+    # Open HTTP connections; at the cap the longest-idle one is closed for a new one, and when none is
+    # idle the new one gets a 503. Also kept below half the process's open-file limit.
+    max_connections: int = Field(512, ge=1)
+    # A connection that has not sent a complete request head this long after connecting or after its last
+    # response is closed (idle keep-alive and slow headers alike).
+    idle_timeout_s: float = Field(30.0, gt=0, le=3600.0)
+    # Reading the body and answering one request (event streams excepted: they last); 408 past it.
+    request_timeout_s: float = Field(30.0, gt=0, le=3600.0)
 
     @field_validator("api_token")
     @classmethod

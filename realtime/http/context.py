@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from realtime.http.history import JetStreamHistory
+from realtime.http.hosts import HostPolicy
 from realtime.http.metrics import ServiceMetrics
+from realtime.http.resume import ResumeSettings
 from realtime.service.registry import StreamRegistry
 from realtime.streams.fanout import EventFanout
 
@@ -22,6 +25,11 @@ class HttpContext:
     sse_heartbeat_s: float = 15.0
     class_names: Mapping[int, str] = field(default_factory=dict)  # the detector's; rules must use them
     draining: bool = False  # shutting down: mutations are refused, readiness fails
+    # Host names answered (DNS rebinding); the service sets it once it knows the bind address.
+    hosts: HostPolicy = field(default_factory=lambda: HostPolicy("127.0.0.1", None, token_set=False))
+    history: JetStreamHistory | None = None  # where reconnecting event viewers resume from; None: recent only
+    resume: ResumeSettings = field(default_factory=ResumeSettings)
+    request_timeout_s: float = 30.0  # http.request_timeout_s: a request, or an event-stream write
 
 
 APP_CONTEXT = web.AppKey("vidsentry_context", HttpContext)

@@ -1,17 +1,30 @@
-"""Who may call the API, and when: the bearer token, and no changes while draining."""
+"""Who may call the API, and when: the bearer token, no changes while draining, and no request a
+browser was tricked into sending.
+
+With no token (the loopback default) a browser on the same machine is the threat: a page on
+another site can send simple requests (a form POST, `text/plain`) and, with DNS rebinding, read
+the answers under its own host name. So: a Host must be one this service answers to; an /api
+request from another site (`Origin`, `Sec-Fetch-Site`) is refused; a body that changes something
+must be `application/json`, which no form can send and no cross-site script can without a CORS
+preflight that this service never answers.
+"""
 
 from __future__ import annotations
 
 import hmac
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from realtime.http.context import context_of
 from realtime.http.errors import json_error
 from realtime.http.handlers import Handler
+from realtime.http.hosts import host_name
 
 API_PREFIX = "/api"
 _READ_ONLY = frozenset({"GET", "HEAD", "OPTIONS"})
+_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
+JSON = "application/json"
 
 
 def _is_api(request: web.Request) -> bool:
@@ -27,8 +40,11 @@ def _token_matches(header: str, token: bytes) -> bool:
     scheme, _, given = header.partition(" ")
     if scheme.lower() != "bearer":
         return False
+    # aiohttp hands undecodable header bytes over as surrogates; surrogateescape gives the raw bytes
+    # back, which can never equal a UTF-8 token, instead of raising (a 500).
+    raw = given.strip().encode("utf-8", "surrogateescape")
     # Constant-time: the comparison must not reveal how much of a guess was right.
-    return hmac.compare_digest(given.strip().encode("utf-8"), token)
+    return hmac.compare_digest(raw, token)
 
 
 @web.middleware
@@ -52,4 +68,58 @@ async def refuse_changes_while_draining(request: web.Request, handler: Handler) 
     if context_of(request).draining and request.method not in _READ_ONLY and _is_api(request):
         detail = "the service is draining; try another instance"
         return json_error(503, "shutting down", detail, headers={"Retry-After": "5"})
+    return await handler(request)
+
+
+# -- Host: DNS rebinding ---------------------------------------------------------------------
+
+
+
+
+@web.middleware
+async def known_hosts_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    host = request.headers.get("Host")
+    if not context_of(request).hosts.allows(host):
+        detail = {"host": host, "setting": "http.allowed_hosts"}
+        return json_error(421, "unknown host: add the name to http.allowed_hosts if it is this service", detail)
+    return await handler(request)
+
+
+# -- Origin / Sec-Fetch-Site: cross-site requests -------------------------------------------------
+
+
+def _origin_allowed(origin: str, request: web.Request) -> bool:
+    if origin == "null":  # sandboxed frames, file:// pages: never this service's own page
+        return False
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return False
+    host = request.headers.get("Host")
+    if host is not None and parts.netloc.lower() == host.strip().lower():
+        return True  # same origin
+    # A name the operator listed is a front end of this service (a proxy with another host:port).
+    return host_name(parts.netloc) in context_of(request).hosts.listed
+
+
+@web.middleware
+async def same_site_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if _is_api(request):
+        if request.headers.get("Sec-Fetch-Site", "").strip().lower() == "cross-site":
+            return json_error(403, "cross-site request refused", {"header": "Sec-Fetch-Site"})
+        origin = request.headers.get("Origin")
+        if origin is not None and not _origin_allowed(origin.strip(), request):
+            return json_error(403, "cross-site request refused", {"header": "Origin", "origin": origin})
+    return await handler(request)
+
+
+# -- Content-Type: no form can send JSON ---------------------------------------------------------
+
+
+@web.middleware
+async def json_bodies_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    # Only requests that reach a route: an unknown path or method stays a 404 / 405.
+    reaches_route = request.match_info.http_exception is None
+    if request.method in _WITH_BODY and reaches_route and _is_api(request) and request.content_type != JSON:
+        detail = {"expected": JSON, "content_type": request.headers.get("Content-Type")}
+        return json_error(415, f"unsupported media type: send the body as {JSON}", detail)
     return await handler(request)

@@ -8,6 +8,11 @@ frame counters once a second and keeps a short window per stream.
 
 Each service has its own CollectorRegistry, so several services in one process (tests)
 never collide, and a deleted stream's labels are removed so churn cannot grow them.
+
+A scrape of hundreds of streams is megabytes of text. `/metrics` serves a render at most
+`RENDER_TTL_S` old, and scrapes that arrive while one is being made wait for it instead of
+making their own; the values are read on the event loop (the parts are not thread-safe), the
+text is formatted on a worker thread, so probes keep answering.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ INFERENCE_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 LATENCY_BUCKETS_S = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0)
 RATE_WINDOW_S = 10.0
 SAMPLE_EVERY_S = 1.0
+RENDER_TTL_S = 1.0
 STATES = (PENDING, *(s.value for s in StreamState))
 
 
@@ -113,6 +119,9 @@ class ServiceMetrics:
         self.registry.register(_ServiceCollector(sources, self.rates))
         self.registry.register(_RuntimeCollector())
         ProcessCollector(registry=self.registry)
+        self.renders = 0  # exposition texts made (for tests: concurrent scrapes share one)
+        self._rendered: tuple[float, bytes] | None = None  # (monotonic time, text)
+        self._rendering: asyncio.Task[bytes] | None = None
 
     def frame_observer(self, stream_id: str) -> FrameObserver:
         inference = self.inference.labels(stream_id)
@@ -132,6 +141,30 @@ class ServiceMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    async def render_shared(self) -> bytes:
+        """The text for one scrape: a render at most RENDER_TTL_S old, or the one being made."""
+        cached = self._rendered
+        if cached is not None and time.monotonic() - cached[0] < RENDER_TTL_S:
+            return cached[1]
+        if self._rendering is None:
+            self._rendering = asyncio.get_running_loop().create_task(self._render_off_loop(), name="metrics-render")
+            self._rendering.add_done_callback(self._render_done)
+        # Shielded: a scraper that hangs up must not cancel the render the others wait for.
+        return await asyncio.shield(self._rendering)
+
+    async def _render_off_loop(self) -> bytes:
+        frozen = CollectorRegistry(auto_describe=False)
+        frozen.register(_Collected(list(self.registry.collect())))
+        body = await asyncio.to_thread(generate_latest, frozen)
+        self.renders += 1
+        self._rendered = (time.monotonic(), body)
+        return body
+
+    def _render_done(self, task: asyncio.Task[bytes]) -> None:
+        self._rendering = None
+        if not task.cancelled():
+            task.exception()  # retrieved: each waiting scrape gets it; none left must not warn
 
     async def sample_rates(self) -> None:
         """Feed the frame-rate window forever (cancel to stop)."""
@@ -262,6 +295,16 @@ class _ServiceCollector(Collector):
             value=self.sources.sse_rejected(),
         )
         yield from (viewers, dropped, rejected)
+
+
+class _Collected(Collector):
+    """Metrics already read, to be formatted elsewhere."""
+
+    def __init__(self, metrics: list[Metric]) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return self._metrics
 
 
 class _RuntimeCollector(Collector):

@@ -23,7 +23,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = context_of(request).metrics.render()
+    body = await context_of(request).metrics.render_shared()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

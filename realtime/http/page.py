@@ -6,16 +6,24 @@ bearer token on a plain page load, and the page must not leak what the API prote
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from html import escape
 
 from aiohttp import web
 
 from realtime.http.context import context_of
+from realtime.http.headers import CONTENT_SECURITY_POLICY
+
+_STYLE = """body{font-family:system-ui,sans-serif;margin:2rem}table{border-collapse:collapse}
+td,th{padding:.3rem .8rem;border-bottom:1px solid #ddd;text-align:left}"""
+# The one inline style block, allowed by its hash; no inline script or other style can run.
+_STYLE_HASH = base64.b64encode(hashlib.sha256(_STYLE.encode()).digest()).decode()
+PAGE_CSP = f"{CONTENT_SECURITY_POLICY}; style-src 'sha256-{_STYLE_HASH}'"
 
 _PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>vidsentry</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2rem}}table{{border-collapse:collapse}}
-td,th{{padding:.3rem .8rem;border-bottom:1px solid #ddd;text-align:left}}</style></head>
+<style>{style}</style></head>
 <body><h1>vidsentry</h1>{content}
 <p>API: <code>/api/streams</code> · metrics: <code>/metrics</code> ·
 health: <code>/healthz</code>, <code>/readyz</code></p>
@@ -41,7 +49,8 @@ async def index(request: web.Request) -> web.Response:
             if views
             else "<p>No streams. Add one with <code>POST /api/streams</code>.</p>"
         )
-    return web.Response(text=_PAGE.format(content=content), content_type="text/html")
+    page = _PAGE.format(style=_STYLE, content=content)
+    return web.Response(text=page, content_type="text/html", headers={"Content-Security-Policy": PAGE_CSP})
 
 
 def add_routes(app: web.Application) -> None:

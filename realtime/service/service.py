@@ -21,7 +21,10 @@ from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config
 from realtime.http import HttpContext, HttpServer, create_app
 from realtime.http.api import SOURCE_POLICY
+from realtime.http.history import JetStreamHistory
+from realtime.http.hosts import HostPolicy
 from realtime.http.metrics import MetricSources, ServiceMetrics
+from realtime.http.resume import ResumeSettings
 from realtime.service.memory import release_free_memory
 from realtime.service.registry import StreamRegistry
 from realtime.streams.fanout import EventFanout
@@ -89,6 +92,10 @@ class Service:
             api_token=api_token.encode("utf-8") if api_token else None,
             sse_heartbeat_s=config.http.sse_heartbeat_s,
             class_names=batcher.detector.info.names,
+            # Reconnecting event viewers resume from JetStream, over the publisher's connection.
+            history=JetStreamHistory(lambda: publisher.nc),
+            resume=ResumeSettings(http.sse_resume_window_s, http.sse_resume_max_events),
+            request_timeout_s=http.request_timeout_s,
         )
         self.app = create_app(self.context)
         self.app[SOURCE_POLICY] = config.sources.to_policy()  # what API clients may add
@@ -103,7 +110,9 @@ class Service:
         self, host: str, port: int, stop: asyncio.Event, *, on_listening: Callable[[str], None] | None = None
     ) -> None:
         """Serve until `stop` is set, then shut down in order. ListenError if the address is unusable."""
-        server = HttpServer(self.app)
+        http = self.config.http
+        self.context.hosts = HostPolicy(host, http.allowed_hosts, token_set=self.context.api_token is not None)
+        server = HttpServer(self.app, max_connections=http.max_connections, idle_timeout_s=http.idle_timeout_s)
         self.url = await server.start(host, port)  # before any stream starts: a bad address costs nothing
         try:
             if not stop.is_set():  # a signal during start-up: no stream needs starting only to stop

@@ -8,6 +8,13 @@ JSON body NATS carries. A viewer is a bounded queue: a slow viewer loses its old
 The number of viewers is bounded too, per stream and in total: each one costs a queue of
 up to `queue_limit` encoded events and an open connection. Past either bound `watch` raises
 `ViewerLimitReached` before anything is registered (counted in `rejected`).
+
+Resuming: the SSE id of every event is the point a reconnecting viewer resumes from, the ce-id
+of the stream's latest durable event (a durable event's own; for a live-only one, the durable
+event before it), so `Last-Event-ID` always names an event JetStream keeps. The last
+`RECENT_DURABLE` durable events of each stream stay here too, to splice a replay from JetStream
+onto the live events without a gap: those the broker has not stored yet (acks in flight, an
+outage) are still found here.
 """
 
 from __future__ import annotations
@@ -22,17 +29,23 @@ from dataclasses import dataclass
 from pipelines.events import Event, EventSink
 from realtime.bus import cloudevents
 
+RECENT_DURABLE = 64  # durable events kept per stream for resuming viewers
+
 
 @dataclass(frozen=True, slots=True)
 class SseMessage:
-    """One server-sent event."""
+    """One server-sent event: `id` is the event's ce-id; `resume_id`, when set, goes on the wire
+    instead (a live-only event carries the id of the durable event before it; "" sends none)."""
 
     event: str
     data: str
     id: str | None = None
+    resume_id: str | None = None
 
     def encode(self) -> bytes:
-        lines = [f"id: {self.id}"] if self.id else []
+        shown = self.id if self.resume_id is None else self.resume_id
+        # No id line rather than an empty one: an empty id would reset the viewer's Last-Event-ID.
+        lines = [f"id: {shown}"] if shown else []
         lines.append(f"event: {self.event}")
         # A data value may not contain raw newlines; each line becomes its own data field.
         lines += [f"data: {line}" for line in self.data.split("\n")]
@@ -119,20 +132,35 @@ class EventFanout:
         self.max_viewers_per_stream = max_viewers_per_stream  # http.sse_max_viewers_per_stream
         self.max_viewers = max_viewers  # http.sse_max_viewers
         self._viewers: dict[str, set[Viewer]] = {}
+        self._recent: dict[str, deque[Event]] = {}  # per stream, newest last; dropped with the stream
         self._closed = False
         self.dropped_by_gone_viewers = 0  # drops of viewers that have since left, for a monotonic total
         self.rejected = 0  # viewers refused by either limit (monotonic)
 
     async def publish(self, event: Event) -> None:
         await self._sink.publish(event)
+        if event.durable:
+            self._recent.setdefault(event.stream_id, deque(maxlen=RECENT_DURABLE)).append(event)
         viewers = self._viewers.get(event.stream_id)
         if not viewers:
             return
-        # Encoded only when someone watches; the same body as on NATS (published_at differs by microseconds).
-        payload, headers = cloudevents.encode(event, self._node, time.time())
-        message = SseMessage(event=event.kind.value, data=payload.decode("utf-8"), id=headers["ce-id"])
+        message = self.message(event)
         for viewer in viewers:
             viewer.offer(message)
+
+    def message(self, event: Event) -> SseMessage:
+        """The event as viewers get it: the same body as on NATS (published_at differs by microseconds)."""
+        payload, headers = cloudevents.encode(event, self._node, time.time())
+        resume_id = None
+        if not event.durable:
+            recent = self._recent.get(event.stream_id)
+            resume_id = recent[-1].id if recent else ""
+        data = payload.decode("utf-8")
+        return SseMessage(event=event.kind.value, data=data, id=headers["ce-id"], resume_id=resume_id)
+
+    def recent(self, stream_id: str) -> list[Event]:
+        """The stream's last durable events the publisher accepted, oldest first (at most RECENT_DURABLE)."""
+        return list(self._recent.get(stream_id, ()))
 
     @contextlib.contextmanager
     def watch(self, stream_id: str) -> Iterator[Viewer]:
@@ -173,6 +201,7 @@ class EventFanout:
 
     def close_stream(self, stream_id: str) -> None:
         """The stream is gone: its viewers get what is queued, then their responses end."""
+        self._recent.pop(stream_id, None)
         for viewer in self._viewers.get(stream_id, ()):
             viewer.close()
 

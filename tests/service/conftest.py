@@ -67,6 +67,7 @@ class LiveService:
         json_body: Any = None,
         data: bytes | str | None = None,
         token: str | None = "default",
+        content_type: str | None = "application/json",  # sent with a body, as an API client does
     ) -> Reply:
         headers = {}
         use = self.token if token == "default" else token
@@ -74,6 +75,8 @@ class LiveService:
             headers["Authorization"] = f"Bearer {use}"
         if json_body is not None:
             data = json.dumps(json_body)
+        if data is not None and content_type is not None:
+            headers["Content-Type"] = content_type
         async with self.session.request(method, self.url + path, data=data, headers=headers) as response:
             text = await response.text()
             try:
@@ -107,7 +110,7 @@ def make_config(**overrides: Any) -> Config:
     raw: dict[str, Any] = {
         "node": "test",
         "supervisor": FAST_SUPERVISOR,
-        "http": {"sse_heartbeat_s": 0.5},
+        "http": {"sse_heartbeat_s": 1.0},
         "sources": OPEN_SOURCES,
     }
     for key, value in overrides.items():

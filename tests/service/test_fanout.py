@@ -9,7 +9,15 @@ import pytest
 
 from pipelines.events import Event, EventKind
 from realtime.bus import cloudevents
-from realtime.streams.fanout import EventFanout, SseMessage, Viewer, ViewerClosed, ViewerLimitReached
+from realtime.http.resume import ResumeSettings, resume
+from realtime.streams.fanout import (
+    RECENT_DURABLE,
+    EventFanout,
+    SseMessage,
+    Viewer,
+    ViewerClosed,
+    ViewerLimitReached,
+)
 
 
 class ListSink:
@@ -136,3 +144,48 @@ def test_viewer_limits_below_one_are_refused() -> None:
     for limits in ({"max_viewers_per_stream": 0}, {"max_viewers": 0}):
         with pytest.raises(ValueError, match="viewer limits"):
             EventFanout(ListSink(), node="n1", **limits)
+
+
+# -- resuming: the SSE id, the recent durable events, and the splice without JetStream ------------
+
+
+async def test_the_sse_id_of_a_live_event_is_the_durable_event_before_it() -> None:
+    fanout = EventFanout(ListSink(), node="n1")
+    with fanout.watch("cam") as viewer:
+        await fanout.publish(event("cam", 0))  # no durable event yet: no id line at all
+        status = event("cam", 1, EventKind.STATUS)
+        await fanout.publish(status)
+        await fanout.publish(event("cam", 2))
+        first, second, third = [await viewer.next(0.1) for _ in range(3)]
+    assert first is not None and second is not None and third is not None
+    assert b"id:" not in first.encode() and first.id  # the ce-id is known, just not sent
+    assert second.encode().startswith(f"id: {status.id}\n".encode())
+    assert third.encode().startswith(f"id: {status.id}\n".encode()) and third.id != status.id
+
+
+async def test_recent_durable_events_are_bounded_and_go_with_their_stream() -> None:
+    fanout = EventFanout(ListSink(), node="n1")
+    for n in range(RECENT_DURABLE + 10):
+        await fanout.publish(event("cam", n, EventKind.TRACKS))
+        await fanout.publish(event("cam", n))  # live-only events are not kept
+    recent = fanout.recent("cam")
+    assert len(recent) == RECENT_DURABLE and recent[-1].data["frame_seq"] == RECENT_DURABLE + 9
+    assert all(e.kind is EventKind.TRACKS for e in recent)
+    fanout.close_stream("cam")
+    assert fanout.recent("cam") == []
+
+
+async def test_without_jetstream_a_resume_comes_from_the_recent_events() -> None:
+    fanout = EventFanout(ListSink(), node="n1")
+    events = [event("cam", n, EventKind.ALERTS) for n in range(6)]
+    for e in events:
+        await fanout.publish(e)
+    settings = ResumeSettings(window_s=600, max_events=3)
+    recent = fanout.recent("cam")
+    found = await resume(events[1].id, "cam", recent=recent, fanout=fanout, history=None, settings=settings)
+    assert [m.id for m in found.messages] == [e.id for e in events[3:]]  # the newest three of four
+    assert found.summary["found"] and found.summary["skipped"] == 1 and found.sent == {e.id for e in events[3:]}
+    gone = await resume("older", "cam", recent=recent, fanout=fanout, history=None, settings=settings)
+    assert gone.messages == [] and gone.summary["found"] is False
+    bad = await resume("two words", "cam", recent=recent, fanout=fanout, history=None, settings=settings)
+    assert bad.summary == {**bad.summary, "found": False, "reason": "not an event id"}
