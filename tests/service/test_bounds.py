@@ -155,7 +155,7 @@ def test_bad_limits_are_config_errors_naming_the_key(tmp_path: Path, key: str, v
 
 def test_a_limit_from_the_environment_is_validated_too() -> None:
     assert load_config(environ={"VIDSENTRY_HTTP__MAX_STREAMS": "8"}).http.max_streams == 8
-    with pytest.raises(ConfigError, match="http.sse_max_viewers: "):
+    with pytest.raises(ConfigError, match=r"http\.sse_max_viewers \(VIDSENTRY_HTTP__SSE_MAX_VIEWERS\): "):
         load_config(environ={"VIDSENTRY_HTTP__SSE_MAX_VIEWERS": "0"})
 
 
