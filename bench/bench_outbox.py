@@ -37,9 +37,9 @@ from pipelines.events import EventKind
 from realtime.bus.cloudevents import encode, subject_for
 from realtime.bus.delivery import WireMessage
 from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.bus.jetstream import STREAM_NAME
 from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import NatsEventPublisher
-from realtime.bus.stream import STREAM_NAME
 
 
 def wire_messages(n: int, stream_id: str) -> list[WireMessage]:

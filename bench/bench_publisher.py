@@ -34,8 +34,8 @@ from pipelines.events import Event, EventKind
 from realtime.bus.cloudevents import encode, subject_for
 from realtime.bus.delivery import WireMessage
 from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.bus.jetstream import STREAM_NAME
 from realtime.bus.publisher import NatsEventPublisher
-from realtime.bus.stream import STREAM_NAME
 
 
 class AckDelays:

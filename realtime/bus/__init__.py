@@ -5,9 +5,9 @@ from realtime.bus.cloudevents import EventEncodingError, decode, encode, rfc3339
 from realtime.bus.connection import BusUnavailable
 from realtime.bus.delivery import DeliveryHooks, KindStats, PublisherStats, WireMessage
 from realtime.bus.embedded import EmbeddedNatsServer, NatsServerError
+from realtime.bus.jetstream import DURABLE_SUBJECTS, STREAM_NAME, StreamSetupError
 from realtime.bus.outbox import Outbox, OutboxLockedError, OutboxRecord, OutboxStats, OutboxWriteError
 from realtime.bus.publisher import NatsEventPublisher
-from realtime.bus.stream import DURABLE_SUBJECTS, STREAM_NAME, StreamSetupError
 from realtime.bus.subscriber import subscribe
 
 __all__ = [

@@ -16,8 +16,8 @@ from nats.aio.client import Client as NatsClient
 from nats.js.client import JetStreamContext
 
 from realtime.bus.delivery import RETRY_BACKOFF_S
+from realtime.bus.jetstream import StreamSetup
 from realtime.bus.ledger import DeliveryLedger
-from realtime.bus.stream import StreamSetup
 from realtime.bus.supervisor import TaskSupervisor
 
 

@@ -45,12 +45,12 @@ from realtime.bus.ack_window import AckWindow
 from realtime.bus.connection import BusUnavailable, connect_nats, redact_url
 from realtime.bus.delivery import DeliveryHooks, NoHooks, PublisherClosedError, PublisherStats, WireMessage
 from realtime.bus.durable import DurableDelivery
+from realtime.bus.jetstream import StreamSetup, check_max_age, ensure_stream
 from realtime.bus.ledger import DeliveryLedger, describe
 from realtime.bus.link import BusLink
 from realtime.bus.outbox import Outbox
 from realtime.bus.retrying import RetryingDelivery
 from realtime.bus.spooling import SpoolingDelivery
-from realtime.bus.stream import StreamSetup, check_max_age, ensure_stream
 from realtime.bus.supervisor import TaskSupervisor
 
 __all__ = ["BusUnavailable", "NatsEventPublisher"]

@@ -21,7 +21,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from realtime.bus.cloudevents import MSG_ID_HEADER, SUBJECT_PREFIX
-from realtime.bus.stream import STREAM_NAME
+from realtime.bus.jetstream import STREAM_NAME
 from realtime.streams.fanout import SseMessage
 
 SCAN_TIMEOUT_S = 5.0

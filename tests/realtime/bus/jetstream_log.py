@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from realtime.bus.stream import STREAM_NAME
+from realtime.bus.jetstream import STREAM_NAME
 
 
 @dataclass(frozen=True)

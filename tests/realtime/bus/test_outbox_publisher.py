@@ -13,9 +13,9 @@ from pipelines.events import Event, EventKind
 from realtime.bus.connection import connect_nats, discard_unsent_publishes
 from realtime.bus.delivery import WireMessage
 from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.bus.jetstream import STREAM_NAME
 from realtime.bus.outbox import Outbox, OutboxWriteError
 from realtime.bus.publisher import NatsEventPublisher
-from realtime.bus.stream import STREAM_NAME
 
 from .jetstream_log import assert_exactly_once_in_order, stored_events
 from .util import event, inspector, wait_until

@@ -16,8 +16,8 @@ from realtime.bus.cloudevents import parse_rfc3339
 from realtime.bus.connection import BusUnavailable
 from realtime.bus.delivery import WireMessage
 from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.bus.jetstream import DURABLE_SUBJECTS, STREAM_NAME
 from realtime.bus.publisher import NatsEventPublisher
-from realtime.bus.stream import DURABLE_SUBJECTS, STREAM_NAME
 
 from .util import event, inspector, wait_until
 

@@ -16,7 +16,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from pipelines.events import Event, EventKind
-from realtime.bus.stream import STREAM_NAME
+from realtime.bus.jetstream import STREAM_NAME
 
 
 def event(kind: EventKind, stream_id: str = "cam1", **data: object) -> Event:
