@@ -5,7 +5,7 @@ from realtime.bus.cloudevents import EventEncodingError, decode, encode, rfc3339
 from realtime.bus.connection import BusUnavailable
 from realtime.bus.delivery import DeliveryHooks, KindStats, PublisherStats, WireMessage
 from realtime.bus.embedded import EmbeddedNatsServer, NatsServerError
-from realtime.bus.jetstream import DURABLE_SUBJECTS, STREAM_NAME, StreamSetupError
+from realtime.bus.jetstream import DURABLE_SUBJECTS, STREAM_NAME, StreamConflictError, StreamSetupError
 from realtime.bus.outbox import Outbox, OutboxLockedError, OutboxRecord, OutboxStats, OutboxWriteError
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.subscriber import subscribe
@@ -26,6 +26,7 @@ __all__ = [
     "OutboxStats",
     "OutboxWriteError",
     "PublisherStats",
+    "StreamConflictError",
     "StreamSetupError",
     "WireMessage",
     "decode",

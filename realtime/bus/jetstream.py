@@ -1,4 +1,11 @@
-"""The JetStream stream that keeps the durable event kinds."""
+"""The JetStream stream that keeps the durable event kinds.
+
+An operator may have made the stream already, or another stream may take our subjects. Subjects
+are compared as NATS wildcards (`*` one token, `>` one or more), not as strings: a VIDSENTRY
+stream whose subjects cover ours (say `vidsentry.>`) is used as it is; another stream whose
+subjects overlap ours is a conflict JetStream would refuse (a subject belongs to one stream), and
+`StreamConflictError` names it and says what to do.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ from typing import Literal
 
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError
 
 from pipelines.events import EventKind
 
@@ -22,10 +29,60 @@ DUPLICATE_WINDOW_S = 120.0  # JetStream drops a re-sent Nats-Msg-Id within this 
 _STREAM_NAME_IN_USE = 10058  # JetStream err_code: "stream name already in use with a different configuration"
 
 StreamSetup = Literal["created", "updated", "unchanged"]
+_MAX_LIST_PAGES = 100  # STREAM.LIST pages (256 streams each) read to find a conflict
 
 
 class StreamSetupError(RuntimeError):
     """The stream cannot be created or brought to the settings we need."""
+
+
+class StreamConflictError(StreamSetupError):
+    """Another stream already takes subjects the VIDSENTRY stream needs (an operator must decide)."""
+
+
+def subject_covers(pattern: str, subject: str) -> bool:
+    """Whether every subject `subject` matches (it may hold wildcards itself) also matches `pattern`."""
+    ours, theirs = pattern.split("."), subject.split(".")
+    for i, token in enumerate(ours):
+        if token == ">":
+            return len(theirs) > i  # `>` takes one or more tokens, whatever they are
+        if i >= len(theirs) or theirs[i] == ">":
+            return False
+        if token != "*" and token != theirs[i]:  # a literal covers only itself, not `*`
+            return False
+    return len(ours) == len(theirs)
+
+
+def subjects_overlap(a: str, b: str) -> bool:
+    """Whether some subject matches both patterns."""
+    left, right = a.split("."), b.split(".")
+    for x, y in zip(left, right, strict=False):
+        if x == ">" or y == ">":
+            return True
+        if x != y and "*" not in (x, y):
+            return False
+    return len(left) == len(right)
+
+
+async def _refuse_conflicts(js: JetStreamContext, needed: list[str]) -> None:
+    """StreamConflictError if a stream other than ours takes subjects overlapping `needed`."""
+    offset = 0
+    for _ in range(_MAX_LIST_PAGES):
+        page = await js.streams_info(offset)
+        if not page:
+            return
+        offset += len(page)
+        for info in page:
+            name = info.config.name
+            if name == STREAM_NAME:
+                continue
+            taken = [s for s in info.config.subjects or [] if any(subjects_overlap(s, ours) for ours in needed)]
+            if taken:
+                raise StreamConflictError(
+                    f"JetStream stream {name} already takes {', '.join(taken)}, which overlaps the subjects "
+                    f"vidsentry keeps its durable events under ({', '.join(needed)}); remove those subjects "
+                    f"from {name} (or delete it), or point vidsentry at another NATS server or account"
+                )
 
 
 def check_max_age(max_age_s: float) -> float:
@@ -54,12 +111,13 @@ async def ensure_stream(js: JetStreamContext, max_age_s: float) -> StreamSetup:
     try:
         info = await js.stream_info(STREAM_NAME)
     except NotFoundError:
+        await _refuse_conflicts(js, list(DURABLE_SUBJECTS))
         try:
             await js.add_stream(desired_config(max_age_s))
             log.info("created JetStream stream %s max_age_s=%g", STREAM_NAME, max_age_s)
             return "created"
-        except BadRequestError as exc:
-            if exc.err_code != _STREAM_NAME_IN_USE:  # e.g. subjects overlap another stream
+        except APIError as exc:
+            if not (isinstance(exc, BadRequestError) and exc.err_code == _STREAM_NAME_IN_USE):
                 raise StreamSetupError(f"cannot create JetStream stream {STREAM_NAME}: {exc.description}") from None
             # Another worker created it between our lookup and create: fall through and reconcile.
             info = await js.stream_info(STREAM_NAME)
@@ -67,9 +125,16 @@ async def ensure_stream(js: JetStreamContext, max_age_s: float) -> StreamSetup:
     current = info.config
     changes: dict[str, object] = {}
     subjects = list(current.subjects or [])
-    missing = [s for s in DURABLE_SUBJECTS if s not in subjects]
+    missing = [s for s in DURABLE_SUBJECTS if not any(subject_covers(theirs, s) for theirs in subjects)]
     if missing:
+        await _refuse_conflicts(js, missing)
         changes["subjects"] = subjects + missing
+    elif not set(DURABLE_SUBJECTS) <= set(subjects):
+        log.info(
+            "JetStream stream %s takes %s, which covers the durable subjects; using its subjects as they are",
+            STREAM_NAME,
+            ", ".join(subjects),
+        )
     if (current.max_age or 0.0) != max_age_s:
         changes["max_age"] = max_age_s
     if (current.duplicate_window or 0.0) < DUPLICATE_WINDOW_S:
@@ -84,7 +149,7 @@ async def ensure_stream(js: JetStreamContext, max_age_s: float) -> StreamSetup:
         return "unchanged"
     try:
         await js.update_stream(current.evolve(**changes))
-    except BadRequestError as exc:
+    except APIError as exc:
         raise StreamSetupError(f"cannot update JetStream stream {STREAM_NAME}: {exc.description}") from None
     log.info("updated JetStream stream %s: %s", STREAM_NAME, ", ".join(sorted(changes)))
     return "updated"

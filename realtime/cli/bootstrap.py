@@ -17,9 +17,10 @@ from engines.errors import EngineUnavailable
 from engines.models import ModelNotFound, default_detector_model
 from engines.registry import create_detector
 from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.bus.jetstream import StreamConflictError, StreamSetupError
 from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import BusUnavailable, NatsEventPublisher
-from realtime.cli.errors import EXIT_RUNTIME, CommandError
+from realtime.cli.errors import EXIT_RUNTIME, EXIT_USAGE, CommandError
 from realtime.config import DetectorSettings, NatsSettings
 
 
@@ -82,6 +83,10 @@ async def open_bus(nats_url: str | None, settings: NatsSettings, node: str) -> A
             try:
                 await publisher.connect()
             except BusUnavailable as exc:
+                raise CommandError(str(exc), EXIT_RUNTIME) from exc
+            except StreamConflictError as exc:  # the operator's streams disagree with ours: a setting to fix
+                raise CommandError(str(exc), EXIT_USAGE) from exc
+            except StreamSetupError as exc:
                 raise CommandError(str(exc), EXIT_RUNTIME) from exc
             yield publisher
         finally:
