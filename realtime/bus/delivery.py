@@ -70,6 +70,10 @@ class PublisherClosedError(nats.errors.ConnectionClosedError):
         return str(self.args[0]) if self.args else super().__str__()
 
 
+class UnconfirmedError(PublisherClosedError):
+    """Given up at close() without an answer from JetStream: it may or may not have stored it."""
+
+
 # Worth another try with the same Nats-Msg-Id (dedup makes the retry idempotent).
 RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (
     nats.errors.TimeoutError,  # includes AckTimeoutError
@@ -121,6 +125,7 @@ class KindStats:
     spooled: int = 0  # durable: queued in the outbox instead of sent directly
     replayed: int = 0  # durable: acked after waiting in the outbox (part of acked)
     dropped_overflow: int = 0  # durable: dropped by a full outbox (oldest low-severity first)
+    unconfirmed: int = 0  # durable: part of failed, given up at close without an answer (maybe stored)
 
 
 @dataclass(slots=True)
@@ -132,6 +137,8 @@ class PublisherStats:
     outbox_bytes: int = 0
     outbox_oldest_age_s: float = 0.0
     outbox_replayed: int = 0  # acked out of the outbox since start
+    outbox_writable: bool = True  # no kind of outbox disk work is failing (see outbox_health.py)
+    outbox_disk_errors: dict[str, int] = field(default_factory=dict)  # by kind: append, remove, delete, ...
     connected: bool = False
     alive: bool = True  # no background task (retries, outbox replay, stream re-creation) has died
     task_failures: int = 0  # background tasks that died with an exception
@@ -148,6 +155,7 @@ class PublisherStats:
     def snapshot(self) -> PublisherStats:
         copy = dataclasses.replace(self)
         copy.kinds = {k: dataclasses.replace(v) for k, v in self.kinds.items()}
+        copy.outbox_disk_errors = dict(self.outbox_disk_errors)
         return copy
 
     def totals(self) -> KindStats:

@@ -36,6 +36,15 @@ also goes into the new file, under a lock held only while the new file takes ove
 result is applied, `stats()` counts files and bytes as the index sees them. Without background
 I/O (the default) the same work runs inline, in the calling thread.
 
+Disk errors: a write, fsync, deletion or compaction the disk refuses never raises out of
+removal or housekeeping; `DiskHealth` counts it by kind, logs the first of each kind, and makes
+the outbox not `writable` until that kind of work succeeds again (`sync()` retries it). acks.log
+is the source of truth for what left: a removal that cannot be written there is kept in memory
+and written with the next one (or by `sync()` / `close()`), so a record acked in this process is
+never replayed by it; a file that cannot be deleted keeps acks.log from being rewritten (which
+would forget the removals of the records in it) until the deletion succeeds. Only an append
+raises (OutboxWriteError): that one record was not queued.
+
 Not thread-safe: call it from one thread (the publisher's event loop); only the worker thread it
 starts itself shares it, as described above.
 """
@@ -71,6 +80,7 @@ from realtime.bus.outbox_codec import (
     frame_record,
     scan,
 )
+from realtime.bus.outbox_health import DiskHealth
 from realtime.bus.outbox_io import Commit, DiskWorker, Job
 
 log = logging.getLogger(__name__)
@@ -83,6 +93,9 @@ _ACKS_NAME = "acks.log"
 _ACKS_PER_FRAME = 4096
 _MERGE_READ_BYTES = 1 << 20  # merges read and write about this much per syscall
 _MERGE_GAP_BYTES = 64 << 10  # records closer than this in one file are read together
+_COMPACT_RETRY_S = 5.0  # after a compaction failed or had to wait for a deletion
+_MIN_UNRECORDED_CAP = 4096  # removals kept in memory while acks.log refuses them: at least this many
+_PROBE_NAME = "probe.tmp"
 
 
 class OutboxError(OSError):
@@ -112,8 +125,11 @@ class OutboxStats:
     removed: int  # acknowledged and removed since open
     recovered: int  # records found on disk at open
     corrupt: int  # damaged records (or stretches) skipped
-    write_errors: int
+    write_errors: int  # disk errors of every kind (sum of disk_errors)
     dropped_overflow: dict[str, int] = field(default_factory=dict)
+    disk_errors: dict[str, int] = field(default_factory=dict)  # by kind: append, remove, delete, compact, fsync
+    removals_unrecorded: int = 0  # removals acks.log has refused so far, kept in memory to write later
+    removals_forgotten: int = 0  # of those, given up past the cap (their records may be sent again)
 
 
 @dataclass(slots=True, eq=False)
@@ -191,7 +207,14 @@ class Outbox:
         self._dirty = False
         self._last_sync = time.monotonic()
         self._closed = False
-        self._appended = self._removed = self._recovered = self._corrupt = self._write_errors = 0
+        self._appended = self._removed = self._recovered = self._corrupt = 0
+        self._health = DiskHealth(self.directory)
+        # Removals acks.log refused, written with the next one; bounded, what goes is counted.
+        self._unrecorded: set[int] = set()
+        self._unrecorded_cap = max(max_events, _MIN_UNRECORDED_CAP)
+        self._forgotten = 0
+        self._compact_not_before = 0.0  # a failed compaction waits before the next try
+        self._retry_queued = False  # a retry of failed file work is queued
         self._dropped: dict[str, int] = {}
         self._last_drop_log = float("-inf")
 
@@ -202,6 +225,9 @@ class Outbox:
         self._acks_lock = threading.Lock()
         self._acks_fd: int | None = None
         self._acks_entries = 0
+        self._acks_size = 0  # bytes in acks.log, to cut a torn removal off again
+        # File work only (the worker thread, or inline): files whose deletion failed, retried later.
+        self._undeleted: list[Path] = []
         self._acks_rewrites: list[_AcksRewrite] = []
 
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -209,6 +235,7 @@ class Outbox:
         try:
             self._load()
             self._acks_fd = os.open(self.directory / _ACKS_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._acks_size = os.fstat(self._acks_fd).st_size
             self._rewrite_acks()
             self._enforce_bounds()
         except BaseException:
@@ -249,8 +276,21 @@ class Outbox:
 
     @property
     def needs_sync(self) -> bool:
-        """Written since the last fsync (and fsync is on)."""
-        return self._dirty and not self._closed and self.fsync_interval_s is not None
+        """sync() has work: written since the last fsync (and fsync is on), or disk work that
+        failed waits for a retry."""
+        if self._closed:
+            return False
+        return (self._dirty and self.fsync_interval_s is not None) or not self._health.writable
+
+    @property
+    def writable(self) -> bool:
+        """No kind of file work is failing (see `DiskHealth`); readiness reports this."""
+        return self._health.writable
+
+    @property
+    def disk_errors(self) -> dict[str, int]:
+        """Disk errors since open, by kind (append, remove, delete, compact, fsync)."""
+        return self._health.counts
 
     def stats(self) -> OutboxStats:
         self._apply_finished()
@@ -264,8 +304,11 @@ class Outbox:
             removed=self._removed,
             recovered=self._recovered,
             corrupt=self._corrupt,
-            write_errors=self._write_errors,
+            write_errors=self._health.total,
             dropped_overflow=self.dropped_overflow,
+            disk_errors=self._health.counts,
+            removals_unrecorded=len(self._unrecorded),
+            removals_forgotten=self._forgotten,
         )
 
     # -- queueing ---------------------------------------------------------------------------------
@@ -284,9 +327,10 @@ class Outbox:
         try:
             _write_all(segment.fd, frame)
         except OSError as exc:
-            self._write_errors += 1
+            self._health.failed("append", exc)
             self._undo_write(segment, offset)
             raise OutboxWriteError(exc.errno or errno.EIO, f"outbox append failed: {exc.strerror or exc}") from exc
+        self._health.ok("append")
         self._next_seq += 1
         segment.size += len(frame)
         segment.live_bytes += len(frame)
@@ -368,10 +412,15 @@ class Outbox:
         return worker.wait_idle(timeout) if worker is not None else True
 
     def sync(self) -> None:
-        """fsync the files written since the last sync (nothing with fsync_interval_s=None); with
-        background I/O this starts the fsync and returns."""
+        """fsync the files written since the last sync (nothing with fsync_interval_s=None), and
+        retry disk work that failed (removals acks.log refused, deletions); with background I/O
+        this starts the file work and returns."""
         self._apply_finished()
-        if not self._dirty or self._closed or self.fsync_interval_s is None:
+        if self._closed:
+            return
+        if not self._health.writable:
+            self._retry_failed_work()
+        if not self._dirty or self.fsync_interval_s is None:
             return
         self._dirty = False
         self._last_sync = time.monotonic()
@@ -389,6 +438,13 @@ class Outbox:
         self.sync()
         self._closed = True
         self._close_fds()
+        if self._unrecorded or self._forgotten:
+            log.warning(
+                "outbox could not record %d removals in %s; those events are sent again on the next start "
+                "(JetStream drops a copy as a duplicate only within its duplicate window)",
+                len(self._unrecorded) + self._forgotten,
+                _ACKS_NAME,
+            )
         if self._live:
             log.warning(
                 "outbox closed with %d events (%d bytes) left in %s; they are replayed on the next start",
@@ -413,10 +469,11 @@ class Outbox:
         segment = entry.segment
         del segment.entries[entry.seq]
         segment.live_bytes -= entry.size
-        if not self._live:
-            self._reset()  # all gone: drop the files instead of logging the removal
-            return
+        # Logged even when the files go next: a deletion can fail, and then acks.log must know.
         self._log_removal(entry.seq)
+        if not self._live:
+            self._reset()  # all gone: drop the files
+            return
         segment.dead.add(entry.seq)
         self._dead_total += 1
         if segment.live == 0 and segment is not self._active:
@@ -478,8 +535,59 @@ class Outbox:
             for commit in worker.take_finished():
                 commit()
 
-    def _count_write_error(self) -> None:
-        self._write_errors += 1
+    def _retry_failed_work(self) -> None:
+        """Write the removals acks.log refused, then (as file work, one at a time) delete the
+        files that could not be deleted, check that the directory takes files again and fsync."""
+        self._write_removals()
+        if self._retry_queued:
+            return
+        self._retry_queued = True
+        self._run_io(partial(self._retry_job, self._active.fd if self._active else None))
+
+    def _retry_job(self, segment_fd: int | None) -> Commit:
+        # File work.
+        self._retry_deletions()
+        if self._health.failing("append") or self._health.failing("compact"):
+            self._probe()
+        if self._health.failing("fsync"):
+            self._sync_files(segment_fd)
+        return self._retry_done
+
+    def _retry_done(self) -> None:
+        self._retry_queued = False
+
+    def _retry_deletions(self) -> bool:
+        """File work: delete the files whose deletion failed; True when none is left."""
+        if not self._undeleted:
+            return True
+        left: list[Path] = []
+        for path in self._undeleted:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                left.append(path)
+        self._undeleted = left
+        if left:
+            return False
+        self._health.ok("delete")
+        return True
+
+    def _probe(self) -> None:
+        """File work: can the directory take a new file and a page of data again?"""
+        path = self.directory / _PROBE_NAME
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _write_all(fd, bytes(4096))
+            finally:
+                os.close(fd)
+            path.unlink()
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            return
+        self._health.ok("append")
+        self._health.ok("compact")
 
     # -- internals: files -------------------------------------------------------------------------
 
@@ -493,7 +601,7 @@ class Outbox:
             try:
                 fd = self._create_segment_file(path)
             except OSError as exc:
-                self._write_errors += 1
+                self._health.failed("append", exc)
                 reason = f"cannot create outbox segment {path}: {exc.strerror}"
                 raise OutboxWriteError(exc.errno or errno.EIO, reason) from exc
             self._run_io(self._fsync_dir)
@@ -535,7 +643,7 @@ class Outbox:
             self._active = None
         self._disk_bytes -= segment.size
         self._dead_total -= len(segment.dead)
-        self._run_io(partial(_close_and_unlink, segment.fd, segment.path))
+        self._run_io(partial(self._delete_file, segment.fd, segment.path))
 
     def _reset(self) -> None:
         # Segments go first: a crash in between leaves acks for records that no longer exist
@@ -551,6 +659,8 @@ class Outbox:
         # One compaction at a time (with background I/O the next removal looks again).
         too_much_dead = self._disk_bytes - self._bytes > self._bytes + 2 * self.segment_bytes
         too_many_files = len(self._segments) > self._max_segments
+        if self._compact_not_before and time.monotonic() < self._compact_not_before:
+            return
         if not self._compacting and (too_much_dead or too_many_files):
             group = self._pick_merge(by_files=too_many_files)
             if group:
@@ -601,17 +711,20 @@ class Outbox:
             os.replace(tmp, target.path)
             self._fsync_dir()
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            log.warning("outbox compaction of %s failed, keeping it as is: %s", target.path.name, exc)
-            return self._merge_failed
+            with contextlib.suppress(OSError):  # a read-only directory refuses this too
+                tmp.unlink(missing_ok=True)
+            self._health.failed("compact", exc)
+            return self._compaction_failed
+        self._health.ok("compact")
         return partial(self._merge_done, group, entries, fd, offsets)
 
-    def _merge_failed(self) -> None:
+    def _compaction_failed(self) -> None:
         self._compacting = False
-        self._write_errors += 1
+        self._compact_not_before = time.monotonic() + _COMPACT_RETRY_S
 
     def _merge_done(self, group: list[_Segment], entries: list[_Entry], fd: int, offsets: list[int]) -> None:
         self._compacting = False
+        self._compact_not_before = 0.0
         target = group[0]
         if self._segments.get(target.path) is not target:
             # All its records went meanwhile: its deletion, queued after the copy, removes the new
@@ -639,23 +752,51 @@ class Outbox:
         target.fd, target.size, target.dead, target.live_bytes = fd, size, dead, live_bytes
 
     def _log_removal(self, seq: int) -> None:
-        frame = frame_record(SEQ.pack(seq))
+        if not self._unrecorded:
+            if not self._write_removals([seq]):
+                self._keep_unrecorded(seq)
+            return
+        # acks.log has refused removals: this one goes with them.
+        self._keep_unrecorded(seq)
+        self._write_removals()
+
+    def _keep_unrecorded(self, seq: int) -> None:
+        self._unrecorded.add(seq)
+        if len(self._unrecorded) > self._unrecorded_cap:
+            self._unrecorded.discard(min(self._unrecorded))  # the oldest: the likeliest to be a duplicate
+            self._forgotten += 1
+
+    def _write_removals(self, seqs: list[int] | None = None) -> bool:
+        """Append removals to acks.log (`seqs`, or every one it refused before); False if it
+        refuses them (DiskHealth hears of it; a torn frame is cut off again)."""
+        pending = seqs is None
+        if seqs is None:
+            if not self._unrecorded:
+                return True
+            seqs = sorted(self._unrecorded)
         with self._acks_lock:
+            fd = self._acks_fd
             try:
-                _write_all(_required(self._acks_fd), frame)
+                written = _write_seqs(_required(fd), seqs)
             except OSError as exc:
                 failure: OSError | None = exc
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, self._acks_size)
             else:
                 failure = None
-                self._acks_entries += 1
+                self._acks_size += written
+                self._acks_entries += -(-len(seqs) // _ACKS_PER_FRAME)
                 for rewrite in self._acks_rewrites:
-                    rewrite.tail.append(seq)
+                    rewrite.tail.extend(seqs)
         if failure is not None:
-            # Removed in memory anyway; after a restart the record is re-sent (a JetStream duplicate).
-            self._write_errors += 1
-            log.warning("outbox could not record a removal: %s", failure)
-            return
+            self._health.failed("remove", failure)
+            return False
+        if pending:
+            self._unrecorded.clear()
+        self._health.ok("remove")
         self._dirty = True
+        return True
 
     def _rewrite_acks(self, *, empty: bool = False) -> None:
         """Keep only the removals that still matter: those of records still in some file (none
@@ -671,51 +812,70 @@ class Outbox:
     def _write_acks_file(self, rewrite: _AcksRewrite) -> Commit | None:
         # File work. The new file gets the seqs, then (under the lock, so no removal slips
         # between) the removals logged meanwhile, and replaces acks.log.
+        if not self._retry_deletions():
+            # A file that should be gone is still there: acks.log must go on listing the removals
+            # of its records, so it is not rewritten until the file is gone.
+            self._forget_rewrite(rewrite)
+            return partial(self._acks_rewritten, rewrite, failed=True)
         path = self.directory / _ACKS_NAME
         tmp = path.with_name(_ACKS_NAME + ".tmp")
         fd: int | None = None
         old_fd: int | None = None
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-            frames = _write_seqs(fd, rewrite.seqs)
+            size = _write_seqs(fd, rewrite.seqs)
             self._fsync(fd)
             with self._acks_lock:
-                frames += _write_seqs(fd, rewrite.tail)
+                size += _write_seqs(fd, rewrite.tail)
                 os.replace(tmp, path)
                 self._acks_rewrites.remove(rewrite)
-                old_fd, self._acks_fd, self._acks_entries = self._acks_fd, fd, frames
+                old_fd, self._acks_fd, self._acks_size = self._acks_fd, fd, size
+                self._acks_entries = -(-len(rewrite.seqs) // _ACKS_PER_FRAME) + -(-len(rewrite.tail) // _ACKS_PER_FRAME)
         except OSError as exc:
-            with self._acks_lock:
-                if rewrite in self._acks_rewrites:
-                    self._acks_rewrites.remove(rewrite)
+            self._forget_rewrite(rewrite)
             if fd is not None:
-                os.close(fd)
-            tmp.unlink(missing_ok=True)
-            log.warning("outbox could not compact %s: %s", _ACKS_NAME, exc)
+                _close_quietly(fd)
+            with contextlib.suppress(OSError):  # a read-only directory refuses this too
+                tmp.unlink(missing_ok=True)
+            self._health.failed("compact", exc)
             return partial(self._acks_rewritten, rewrite, failed=True)
+        self._health.ok("compact")
         self._fsync_dir()
         if old_fd is not None:
             _close_quietly(old_fd)
         return partial(self._acks_rewritten, rewrite, failed=False) if rewrite.compaction else None
 
+    def _forget_rewrite(self, rewrite: _AcksRewrite) -> None:
+        with self._acks_lock:
+            if rewrite in self._acks_rewrites:
+                self._acks_rewrites.remove(rewrite)
+
     def _acks_rewritten(self, rewrite: _AcksRewrite, *, failed: bool) -> None:
         if rewrite.compaction:
             self._compacting = False
-        if failed:
-            self._write_errors += 1
+        self._compact_not_before = time.monotonic() + _COMPACT_RETRY_S if failed else 0.0
 
-    def _sync_files(self, segment_fd: int | None) -> Commit | None:
+    def _sync_files(self, segment_fd: int | None) -> None:
         # File work; acks.log's descriptor is read here: only file work replaces it.
-        failed = 0
+        self._retry_deletions()
         for fd in (segment_fd, self._acks_fd):
             if fd is None:
                 continue
             try:
                 os.fsync(fd)
             except OSError as exc:
-                failed += 1
-                log.warning("outbox fsync failed in %s: %s", self.directory, exc)
-        return self._count_write_error if failed else None
+                self._health.failed("fsync", exc)
+                return
+        self._health.ok("fsync")
+
+    def _delete_file(self, fd: int, path: Path) -> None:
+        # File work. A file that cannot be deleted is retried later (see _retry_deletions).
+        _close_quietly(fd)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            self._undeleted.append(path)
+            self._health.failed("delete", exc)
 
     def _fsync_job(self, fd: int) -> None:
         self._fsync(fd)
@@ -768,7 +928,8 @@ class Outbox:
 
     def _load(self) -> None:
         for stale in self.directory.glob("*.tmp"):  # a compaction interrupted by a crash
-            stale.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # harmless if it stays: the next one truncates it
+                stale.unlink(missing_ok=True)
         found: dict[int, _Entry] = {}
         for path in sorted(self.directory.glob("seg-*.log")):
             data = path.read_bytes()
@@ -829,15 +990,18 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _write_seqs(fd: int, seqs: list[int]) -> int:
-    """Frames of packed little-endian u64 sequence numbers; returns how many frames."""
-    packed = array.array("Q", seqs)
-    if sys.byteorder == "big":
-        packed.byteswap()
-    data = memoryview(packed).cast("B")
-    step = _ACKS_PER_FRAME * SEQ.size
-    frames = [frame_record(bytes(data[start : start + step])) for start in range(0, len(data), step)]
+    """Write frames of packed little-endian u64 sequence numbers; returns how many bytes."""
+    if len(seqs) == 1:  # one removal: the common case
+        frames = frame_record(SEQ.pack(seqs[0]))
+    else:
+        packed = array.array("Q", seqs)
+        if sys.byteorder == "big":
+            packed.byteswap()
+        data = memoryview(packed).cast("B")
+        step = _ACKS_PER_FRAME * SEQ.size
+        frames = b"".join(frame_record(bytes(data[start : start + step])) for start in range(0, len(data), step))
     if frames:
-        _write_all(fd, b"".join(frames))
+        _write_all(fd, frames)
     return len(frames)
 
 
@@ -891,14 +1055,6 @@ def _read_span(span: list[_Entry], out: list[memoryview]) -> int:
 def _close_quietly(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.close(fd)
-
-
-def _close_and_unlink(fd: int, path: Path) -> None:
-    _close_quietly(fd)
-    try:
-        path.unlink(missing_ok=True)
-    except OSError as exc:
-        log.warning("outbox could not delete %s: %s", path.name, exc)
 
 
 def _required(fd: int | None) -> int:

@@ -42,10 +42,18 @@ from nats.aio.client import Client as NatsClient
 from pipelines.events import Event, EventKind
 from realtime.bus import cloudevents
 from realtime.bus.ack_window import AckWindow
+from realtime.bus.async_acks import ErrorAwareJetStream
 from realtime.bus.connection import BusUnavailable, connect_nats, redact_url
-from realtime.bus.delivery import DeliveryHooks, NoHooks, PublisherClosedError, PublisherStats, WireMessage
+from realtime.bus.delivery import (
+    DeliveryHooks,
+    NoHooks,
+    PublisherClosedError,
+    PublisherStats,
+    UnconfirmedError,
+    WireMessage,
+)
 from realtime.bus.durable import DurableDelivery
-from realtime.bus.jetstream import StreamSetup, check_max_age, ensure_stream
+from realtime.bus.jetstream import StreamSetup, StreamSetupError, check_max_age, ensure_stream
 from realtime.bus.ledger import DeliveryLedger, describe
 from realtime.bus.link import BusLink
 from realtime.bus.outbox import Outbox
@@ -58,6 +66,8 @@ __all__ = ["BusUnavailable", "NatsEventPublisher"]
 log = logging.getLogger(__name__)
 
 _CORE_FLUSH_CAP_S = 2.0
+_LINK_CHECK_S = 0.1  # how often a flush with an outbox looks whether the link is still up
+_MIN_DRAIN_S = 1.0  # close() gives draining the connection at least this long
 
 
 class NatsEventPublisher:
@@ -91,6 +101,7 @@ class NatsEventPublisher:
         self.reconnect_wait = reconnect_wait
         self._shown_url = redact_url(url)
         self._outbox = outbox
+        self._flushed_at_close = True
 
         self._ledger = DeliveryLedger(hooks or NoHooks(), queued=(lambda: outbox.depth) if outbox is not None else None)
         self._window = AckWindow(max_pending_acks, ack_timeout)
@@ -179,7 +190,7 @@ class NatsEventPublisher:
             pending_size=0 if self._outbox is not None else None,
         )
         # Headroom over our own bound: nats-py's semaphore must never be the one that stalls.
-        js = nc.jetstream(publish_async_max_pending=2 * self.max_pending_acks + 16)
+        js = ErrorAwareJetStream(nc, publish_async_max_pending=2 * self.max_pending_acks + 16)
         link.nc, link.js = nc, js
         try:
             await self.ensure_stream()
@@ -201,14 +212,26 @@ class NatsEventPublisher:
             raise BusUnavailable(f"JetStream is not enabled on {self._shown_url}; start nats-server with -js") from None
         except nats.errors.TimeoutError:
             raise BusUnavailable(f"JetStream on {self._shown_url} did not answer") from None
+        except nats.errors.MaxPayloadError:
+            max_payload = self._link.nc.max_payload if self._link.nc is not None else 0
+            raise StreamSetupError(
+                f"NATS server {self._shown_url} takes messages of at most {max_payload} bytes, too small "
+                "even to set up the JetStream stream; raise its max_payload"
+            ) from None
 
     async def flush(self, timeout: float = 10.0) -> bool:  # noqa: ASYNC109 - a bounded wait is the API
         """Wait until every durable message is acked or given up (False if that takes longer
         than `timeout` s), then push buffered live messages out, best effort."""
+        return await self._flush(timeout, while_connected=False)
+
+    async def _flush(self, timeout: float, *, while_connected: bool) -> bool:  # noqa: ASYNC109
+        # while_connected (with an outbox): nothing settles without a connection, the outbox keeps
+        # it for the next one, so stop waiting as soon as the link is down (False).
         deadline = time.monotonic() + timeout
         try:
             async with asyncio.timeout(timeout):
-                await self._ledger.idle.wait()
+                if not await self._wait_settled(while_connected and self._outbox is not None):
+                    return False
         except TimeoutError:
             return False
         nc = self._link.nc
@@ -221,27 +244,44 @@ class NatsEventPublisher:
                     await nc.flush()
         return True
 
-    async def close(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109 - bounded like flush
-        """Flush, then drain the connection. Without an outbox whatever is still unacked counts as
-        failed; with one it stays on disk for the next start (no waiting while disconnected)."""
+    async def _wait_settled(self, while_connected: bool) -> bool:
+        idle = self._ledger.idle
+        if not while_connected:
+            await idle.wait()
+            return True
+        while not idle.is_set():
+            if not self.connected:
+                return False  # it waits on disk for the next connection, or the next start
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_LINK_CHECK_S):
+                    await idle.wait()
+        return True
+
+    async def close(self, timeout: float = 10.0) -> bool:  # noqa: ASYNC109 - bounded like flush
+        """Flush, then drain the connection, all within about `timeout` s; True if everything was
+        settled. Without an outbox whatever is still unanswered counts as failed (and as
+        `unconfirmed`); with one it stays on disk for the next start (no waiting while
+        disconnected)."""
         link = self._link
         if link.closed:
-            return
+            return self._flushed_at_close
+        deadline = time.monotonic() + timeout
         # With an outbox nothing is lost by not waiting for a broker that is not there.
         can_flush = link.nc is not None and (self._outbox is None or self.connected)
-        flushed = await self.flush(timeout) if can_flush else link.nc is None
+        flushed = await self._flush(timeout, while_connected=True) if can_flush else link.nc is None
+        self._flushed_at_close = flushed
         link.closed = True
         await self._supervisor.cancel_all()
         self._delivery.on_closing()
         nc, link.nc, link.js = link.nc, None, None
         if nc is not None:
             try:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(max(deadline - time.monotonic(), _MIN_DRAIN_S)):
                     await nc.drain()
             except (nats.errors.Error, TimeoutError) as exc:
                 log.debug("drain failed, closing instead: %r", exc)
                 await nc.close()
-        self._window.fail_unanswered(PublisherClosedError("publisher closed before ack"))
+        self._window.fail_unanswered(UnconfirmedError("publisher closed before ack"))
         await asyncio.sleep(0)  # let the done-callbacks settle them
         await self._delivery.on_closed()
         stats = self._ledger.stats.totals()
@@ -254,6 +294,7 @@ class NatsEventPublisher:
             stats.dropped,
             self._outbox.depth if self._outbox is not None else 0,
         )
+        return flushed
 
     async def __aenter__(self) -> NatsEventPublisher:
         await self.connect()
@@ -300,6 +341,11 @@ class NatsEventPublisher:
     @property
     def outbox(self) -> Outbox | None:
         return self._outbox
+
+    @property
+    def outbox_writable(self) -> bool:
+        """The outbox's disk takes what it must write (True without an outbox); for readiness."""
+        return self._outbox is None or self._outbox.writable
 
     # -- publishing -----------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from realtime.bus.supervisor import TaskSupervisor
 log = logging.getLogger(__name__)
 
 _REPLAY_BATCH = 256  # records read from the outbox per step
+_HOUSEKEEPING_S = 1.0  # how often failed disk work is retried when the outbox never fsyncs
 
 
 class SpoolingDelivery(DurableDelivery):
@@ -129,6 +130,8 @@ class SpoolingDelivery(DurableDelivery):
         snap.outbox_bytes = outbox.bytes
         snap.outbox_oldest_age_s = outbox.oldest_age_s
         snap.outbox_replayed = self.replayed_total
+        snap.outbox_writable = outbox.writable
+        snap.outbox_disk_errors = outbox.disk_errors
         for kind, count in outbox.dropped_overflow.items():
             snap.kind(kind).dropped_overflow = count
 
@@ -220,14 +223,14 @@ class SpoolingDelivery(DurableDelivery):
 
     async def _wait_for_work(self) -> None:
         """Sleep until woken; meanwhile fsync what the outbox wrote once its interval is up, so a
-        quiet outage does not leave the last appends unsynced."""
+        quiet outage does not leave the last appends unsynced, and retry disk work that failed
+        (so a disk that works again is seen to, without waiting for traffic)."""
         outbox = self.outbox
-        interval = outbox.fsync_interval_s
-        if interval is None or not outbox.needs_sync:
+        if not outbox.needs_sync:
             await self._wakeup.wait()
             return
         try:
-            async with asyncio.timeout(interval):
+            async with asyncio.timeout(outbox.fsync_interval_s or _HOUSEKEEPING_S):
                 await self._wakeup.wait()
         except TimeoutError:
             outbox.sync()

@@ -264,7 +264,12 @@ class _ServiceCollector(Collector):
         if outbox is not None:
             events = GaugeMetricFamily("vidsentry_outbox_events", "Durable events spooled on disk", value=outbox[0])
             size = GaugeMetricFamily("vidsentry_outbox_bytes", "Bytes spooled on disk", value=outbox[1])
-            yield from (events, size)
+            errors = CounterMetricFamily(
+                "vidsentry_outbox_disk_errors", "Outbox disk operations that failed, by kind", labels=["op"]
+            )
+            for op, count in sorted(stats.outbox_disk_errors.items()):
+                errors.add_metric([op], count)
+            yield from (events, size, errors)
 
     def _detector(self) -> Iterable[Metric]:
         stats = self.sources.batcher()

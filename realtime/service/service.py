@@ -103,8 +103,12 @@ class Service:
 
     def readiness(self) -> dict[str, bool]:
         """Every precondition of processing, by name: the shared engines' tasks are alive, the
-        publisher's background tasks too, and NATS is connected."""
-        return {"nats": self.publisher.connected, "publisher": self.publisher.alive, **self.engines.health()}
+        publisher's background tasks too, NATS is connected, and the disk outbox (when there is
+        one) can write."""
+        checks = {"nats": self.publisher.connected, "publisher": self.publisher.alive, **self.engines.health()}
+        if self.publisher.outbox is not None:
+            checks["outbox"] = self.publisher.outbox_writable
+        return checks
 
     async def run(
         self, host: str, port: int, stop: asyncio.Event, *, on_listening: Callable[[str], None] | None = None
