@@ -59,11 +59,20 @@ class EmbeddedNatsServer:
     """Runs `nats-server -js` as a child process on a loopback port.
 
     The store directory survives `kill()` and `restart()` (that is the point of outage tests);
-    a temporary one made here is removed by `stop()`.
+    a temporary one made here is removed by `stop()`. `config_file` is passed with `-c` (for
+    settings without a flag, e.g. `max_payload`); the address, JetStream and store flags win.
     """
 
-    def __init__(self, store_dir: Path | None = None, host: str = "127.0.0.1", port: int | None = None):
+    def __init__(
+        self,
+        store_dir: Path | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        *,
+        config_file: Path | None = None,
+    ):
         self.host = host
+        self.config_file = config_file
         self._requested_port = port
         self._port: int | None = port
         self._store_dir = Path(store_dir) if store_dir is not None else None
@@ -119,6 +128,8 @@ class EmbeddedNatsServer:
             raise NatsServerError(f"port {self.host}:{self._port} is already in use")
 
         cmd = [str(binary), "-a", self.host, "-p", str(self._port), "-js", "-sd", str(self._store_dir)]
+        if self.config_file is not None:
+            cmd += ["-c", str(self.config_file)]
         assert self.log_path is not None
         with open(self.log_path, "ab") as log_file:
             # Own session: a Ctrl-C in the terminal must not kill the broker before we drain into it.

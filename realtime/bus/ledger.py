@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from nats.js.api import PubAck
 
-from realtime.bus.delivery import DeliveryHooks, PublisherStats, WireMessage
+from realtime.bus.delivery import DeliveryHooks, PublisherStats, UnconfirmedError, WireMessage
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,9 @@ class DeliveryLedger:
 
     def failed(self, msg: WireMessage, error: BaseException) -> None:
         """Count `msg` as undeliverable and hand it to the hooks (it does not settle it)."""
-        self.stats.kind(msg.kind).failed += 1
+        stats = self.stats.kind(msg.kind)
+        stats.failed += 1
+        stats.unconfirmed += isinstance(error, UnconfirmedError)
         self.note_error("durable event undeliverable", msg, error)
         log.debug("undeliverable kind=%s id=%s error=%r", msg.kind.value, msg.event_id, error)
         try:

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from realtime.bus.ack_window import AckWindow
-from realtime.bus.delivery import RETRY_BACKOFF_S, PublisherClosedError, PublisherStats, WireMessage, is_retryable
+from realtime.bus.delivery import RETRY_BACKOFF_S, PublisherStats, UnconfirmedError, WireMessage, is_retryable
 from realtime.bus.durable import DurableDelivery
 from realtime.bus.ledger import DeliveryLedger
 from realtime.bus.link import BusLink
@@ -85,7 +85,7 @@ class RetryingDelivery(DurableDelivery):
     def on_closing(self) -> None:
         while self._retries:
             retry = self._retries.popleft()
-            self._ledger.give_up(retry.msg, PublisherClosedError("publisher closed before retry"))
+            self._ledger.give_up(retry.msg, UnconfirmedError("publisher closed before retry"))
 
     def add_stats(self, snap: PublisherStats) -> None:
         snap.retry_backlog = len(self._retries)

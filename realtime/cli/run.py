@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pipelines.detect import DetectionBatcher
+from pipelines.events import DURABLE_KINDS
 from pipelines.frames import StatusChange, StreamState
 from pipelines.graph import SharedEngines
 from realtime.cli import checks
@@ -32,6 +33,10 @@ from realtime.streams.runner import StreamRunner, StreamSummary
 from realtime.streams.spec import StreamSpec, stream_spec
 
 log = logging.getLogger(__name__)
+
+# After the source stops: how long JetStream gets to answer for the last events. What it has not
+# answered by then is reported as unconfirmed (without an outbox) or left in the outbox.
+FLUSH_DEADLINE_S = 5.0
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -99,10 +104,11 @@ def summary_text(s: StreamSummary, extra: dict[str, Any]) -> str:
         f"corrupt packets {c('corrupt_packets'):.0f}, abandoned readers {c('abandoned_readers'):.0f}",
         f"  latency     capture→publish p50 {ms(s.latency_p50_ms)}, p99 {ms(s.latency_p99_ms)}; "
         f"model p50 {ms(s.inference_p50_ms)}",
-        f"  events      published {extra['events_published']}, failed {extra['events_failed']}, "
+        f"  events      published {extra['events_published']}, stored {extra['events_acked']}, "
+        f"failed {extra['events_failed']} ({extra['events_unconfirmed']} unconfirmed at the deadline), "
         f"dropped while disconnected {extra['events_dropped']}, duplicates {extra['events_duplicates']}",
         f"  outbox      spooled {extra['events_spooled']}, replayed {extra['events_replayed']}, "
-        f"dropped when full {extra['events_dropped_overflow']}",
+        f"dropped when full {extra['events_dropped_overflow']}, waiting for the next start {extra['outbox_waiting']}",
     ]
     return "\n".join(lines)
 
@@ -144,21 +150,30 @@ async def run_command(args: argparse.Namespace) -> int:
                     await progress
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(sig)
-            await publisher.flush(timeout=5.0)
+            # Settle (or give up on) every event before the summary counts them: bounded, so a
+            # broker that refuses or does not answer cannot hold the exit.
+            await publisher.close(timeout=FLUSH_DEADLINE_S)
             summary = runner.summary()
-            totals = publisher.stats.totals()
+            stats = publisher.stats
     finally:
         detector.close()
 
+    totals = stats.totals()
+    durable = [stats.kinds[kind.value] for kind in DURABLE_KINDS if kind.value in stats.kinds]
+    lost = sum(k.failed for k in durable)
     extra = {
         "captions": 0,
         "events_published": totals.published,
+        "events_acked": totals.acked,
         "events_failed": totals.failed,
+        "events_lost": lost,  # durable events JetStream did not store (or did not confirm)
+        "events_unconfirmed": totals.unconfirmed,
         "events_dropped": totals.dropped,
         "events_duplicates": totals.duplicates,
         "events_spooled": totals.spooled,
         "events_replayed": totals.replayed,
         "events_dropped_overflow": totals.dropped_overflow,
+        "outbox_waiting": stats.outbox_depth,
     }
     text = summary_text(summary, extra)
     if args.json:
@@ -173,4 +188,8 @@ async def run_command(args: argparse.Namespace) -> int:
         camera = spec.camera
         bad_input = (camera is not None and camera.source.is_file) or not was_live
         raise CommandError(f"{runner.source.display}: {reason}", EXIT_USAGE if bad_input else EXIT_RUNTIME)
+    if lost:
+        unanswered = f" ({totals.unconfirmed} unanswered within {FLUSH_DEADLINE_S:g} s)" if totals.unconfirmed else ""
+        why = f"; last error: {stats.last_error}" if stats.last_error else ""
+        raise CommandError(f"{lost} durable events were not stored by JetStream{unanswered}{why}", EXIT_RUNTIME)
     return EXIT_OK

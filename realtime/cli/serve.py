@@ -3,7 +3,8 @@
 Order of start: config (bad keys: exit 2) → listen address and token (a non-loopback
 address without a token: exit 2) → detector → NATS (embedded when none is configured) →
 HTTP → streams. Order of stop: see realtime.service.service; then the publisher is flushed and
-drained, and the process exits 0.
+drained (within what is left of http.shutdown_timeout_s; at once when NATS is down and an outbox
+keeps the events, which it logs), and the process exits 0.
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ async def serve_command(args: argparse.Namespace) -> int:
                     raise CommandError(str(exc), EXIT_RUNTIME) from None
                 # One budget for stopping streams and flushing, so the whole drain fits the grace period.
                 spent = loop.time() - stop_requested_at[0] if stop_requested_at else 0.0
-                flushed = await publisher.flush(max(2.0, config.http.shutdown_timeout_s - spent))
+                nats_connected = publisher.connected
+                flushed = await publisher.close(max(2.0, config.http.shutdown_timeout_s - spent))
                 stats = publisher.stats
                 log.info(
                     "service stopped",
@@ -128,7 +130,16 @@ async def serve_command(args: argparse.Namespace) -> int:
                         },
                     },
                 )
-                if not flushed:
+                if stats.outbox_depth:
+                    log.warning(
+                        "durable events wait in the outbox for the next start",
+                        extra={
+                            "outbox_events": stats.outbox_depth,
+                            "outbox_dir": str(config.nats.outbox_dir),
+                            "nats_connected": nats_connected,
+                        },
+                    )
+                elif not flushed:
                     log.warning("some durable events were still unacknowledged at shutdown")
         finally:
             detector.close()
