@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -22,23 +20,11 @@ from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import STREAM_NAME, desired_config
 from tests.realtime.bus.jetstream_log import stored_events
 from tests.service.conftest import FAST_SUPERVISOR
-from tests.service.serve_process import ROOT, ServeProcess, write_config
+from tests.service.serve_process import ServeProcess, write_config
 from tests.service.test_serve_command import http, poll, stored_bodies
+from tests.support.cli import vidsentry
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def vidsentry(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VIDSENTRY_")}
-    return subprocess.run(
-        [sys.executable, "-m", "realtime.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env={**env, "PYTHONUNBUFFERED": "1"},
-        check=False,
-    )
 
 
 def error_line(proc: subprocess.CompletedProcess[str], code: int) -> str:

@@ -13,21 +13,7 @@ import nats
 import pytest
 
 from realtime.bus.embedded import EmbeddedNatsServer
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def vidsentry(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "realtime.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=env,
-        check=False,
-    )
+from tests.support.cli import ROOT, vidsentry
 
 
 def assert_usage_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.cli.test_cli_contract import one_error_line, vidsentry
 from tests.service.conftest import LiveService
 from tests.service.serve_process import write_config
+from tests.support.cli import one_error_line, vidsentry
 
 UNREACHABLE = "rtsp://127.0.0.1:1/cam"
 
