@@ -53,8 +53,3 @@ class StreamClock:
         time = self._last_time + max(0.0, wall - self._last_captured_at)
         self._last_time, self._last_captured_at = time, max(wall, self._last_captured_at)
         return time
-
-    @property
-    def now(self) -> float | None:
-        """The last time handed out (None before the first frame)."""
-        return self._last_time

@@ -22,8 +22,8 @@ from pipelines.detect import DetectionBatcher, DetectorFailed
 from pipelines.event_bodies import detections_event, track_event
 from pipelines.events import EventSink
 from pipelines.frames import FrameResult, VideoFrame
-from pipelines.graph import StageContext, StageFailed, counter, gauge, register_counters
-from pipelines.graph.counters import Counters
+from pipelines.graph import StageContext, StageFailed, counter, register_counters
+from pipelines.graph.counters import Counters, frame_stage, queue_depth
 from pipelines.graph.stage import FrameObserver
 from pipelines.mailbox import FrameMailbox, MailboxClosed
 from pipelines.rules.engine import RuleEngine
@@ -41,19 +41,11 @@ STAGE_NAME = "detect"
 
 register_counters(
     {
-        "frames_processed": counter("Video frames processed", metric="frames", label=("stage", "processed")),
-        "frames_dropped": counter(
-            "Video frames replaced in the mailbox before the detector took them (latest-frame-wins)",
-            metric="frames",
-            label=("stage", "dropped"),
-        ),
-        "frames_skipped": counter("Video frames left out by detect_fps", metric="frames", label=("stage", "skipped")),
-        "frames_failed": counter("Video frames the detector failed on", metric="frames", label=("stage", "failed")),
-        "mailbox_depth": gauge(
-            "Items waiting per stream queue: mailbox (frames), status (events)",
-            metric="queue_depth",
-            label=("queue", "mailbox"),
-        ),
+        "frames_processed": frame_stage("processed"),
+        "frames_dropped": frame_stage("dropped"),
+        "frames_skipped": frame_stage("skipped"),
+        "frames_failed": frame_stage("failed"),
+        "mailbox_depth": queue_depth("mailbox"),
         "detections": counter("Objects detected"),
         "tracks": counter("Tracks confirmed"),
         "track_events": counter("Track lifecycle events"),

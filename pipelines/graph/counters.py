@@ -33,6 +33,22 @@ def gauge(help: str, *, metric: str | None = None, label: tuple[str, str] | None
     return CounterInfo("gauge", help, metric, label)
 
 
+# Keys folded into one labelled family share its help text.
+FRAMES_HELP = (
+    "Video frames per stream: in (decoded), processed, dropped (latest-frame-wins), skipped (detect_fps), "
+    "failed (detector error)"
+)
+QUEUE_DEPTH_HELP = "Items waiting per stream queue: mailbox (frames), status (events)"
+
+
+def frame_stage(stage: str) -> CounterInfo:
+    return counter(FRAMES_HELP, metric="frames", label=("stage", stage))
+
+
+def queue_depth(queue: str) -> CounterInfo:
+    return gauge(QUEUE_DEPTH_HELP, metric="queue_depth", label=("queue", queue))
+
+
 _CATALOGUE: dict[str, CounterInfo] = {}
 
 
@@ -58,10 +74,6 @@ def counter_info(key: str) -> CounterInfo:
 register_counters(
     {
         "status_events_dropped": counter("Status events dropped (queue full)"),
-        "status_queue_depth": gauge(
-            "Items waiting per stream queue: mailbox (frames), status (events)",
-            metric="queue_depth",
-            label=("queue", "status"),
-        ),
+        "status_queue_depth": queue_depth("status"),
     }
 )

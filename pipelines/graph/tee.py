@@ -61,12 +61,6 @@ class FrameTee:
         for box in self._names.values():
             box.close()
 
-    def mailbox(self, name: str) -> FrameMailbox:
-        return self._names[name]
-
-    @property
-    def consumers(self) -> dict[str, FrameMailbox]:
-        return dict(self._names)
 
 
 class AudioTee:
@@ -96,7 +90,3 @@ class AudioTee:
         self._closed = True
         for buffer in self._buffers.values():
             buffer.close()
-
-    @property
-    def consumers(self) -> dict[str, AudioBuffer]:
-        return dict(self._buffers)

@@ -12,14 +12,10 @@ from realtime.cli.errors import CommandError
 from realtime.config import check_nats_url
 
 
-def positive_seconds(flag: str, value: float | None) -> None:
+def positive(flag: str, value: float | None, *, unit: str = "") -> None:
+    """A finite number above 0 (argparse lets `nan` and `inf` through), or not given."""
     if value is not None and not (math.isfinite(value) and value > 0):
-        raise CommandError(f"{flag} must be a positive number of seconds")
-
-
-def positive_number(flag: str, value: float | None) -> None:
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise CommandError(f"{flag} must be a positive number")
+        raise CommandError(f"{flag} must be a positive number{' of ' + unit if unit else ''}")
 
 
 def nats_url(value: str | None) -> str | None:

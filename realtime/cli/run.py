@@ -40,8 +40,8 @@ FLUSH_DEADLINE_S = 5.0
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    checks.positive_seconds("--duration", args.duration)
-    checks.positive_number("--detect-fps", args.detect_fps)
+    checks.positive("--duration", args.duration, unit="seconds")
+    checks.positive("--detect-fps", args.detect_fps)
     if args.conf is not None and not 0.0 < args.conf < 1.0:  # false for NaN too
         raise CommandError("--conf must be between 0 and 1")
     if args.connect_attempts < 0:

@@ -12,8 +12,8 @@ from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
 
 async def subscribe_command(args: argparse.Namespace) -> int:
     checks.nats_url(args.nats_url)
-    checks.positive_seconds("--duration", args.duration)
-    checks.positive_seconds("--connect-timeout", args.connect_timeout)
+    checks.positive("--duration", args.duration, unit="seconds")
+    checks.positive("--connect-timeout", args.connect_timeout, unit="seconds")
     try:
         check_subject(args.subject)
     except ValueError as exc:

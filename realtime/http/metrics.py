@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 
 from pipelines.detect import BatcherStats
 from pipelines.frames import FrameResult, StreamState
-from pipelines.graph.counters import CounterInfo, counter_info
+from pipelines.graph.counters import counter_info
 from pipelines.graph.stage import FrameObserver
 from realtime.bus.delivery import PublisherStats
 from realtime.streams.view import PENDING, StreamView
@@ -206,8 +206,7 @@ class _ServiceCollector(Collector):
                 if family is None:
                     labels = ["stream", info.label[0]] if info.label else ["stream"]
                     kind = CounterMetricFamily if info.kind == "counter" else GaugeMetricFamily
-                    text = _family_help(info) if info.label else info.help
-                    family = families[name] = kind(name, text, labels=labels)
+                    family = families[name] = kind(name, info.help, labels=labels)
                 family.add_metric([sid, info.label[1]] if info.label else [sid], value)
             for stage, rate in zip(("in", "processed", "dropped"), self.rates.rates(sid), strict=True):
                 fps.add_metric([sid, stage], rate)
@@ -336,14 +335,3 @@ class _RuntimeCollector(Collector):
         )
         yield family
 
-
-def _family_help(info: CounterInfo) -> str:
-    # One help text per labelled family, whichever of its keys comes first.
-    return _FAMILY_HELP.get(info.metric or "", info.help)
-
-
-_FAMILY_HELP = {
-    "frames": "Video frames per stream: in (decoded), processed, dropped (latest-frame-wins), skipped (detect_fps), "
-    "failed (detector error)",
-    "queue_depth": "Items waiting per stream queue: mailbox (frames), status (events)",
-}

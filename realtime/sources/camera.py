@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 from pipelines.frames import StreamState
 from pipelines.graph import SourceOutputs, counter, register_counters
-from pipelines.graph.counters import Counters
+from pipelines.graph.counters import Counters, frame_stage
 from realtime.sources.spec import SourceSpec
 from realtime.sources.supervisor import CameraSupervisor, SourceStats, SupervisorPolicy
 
 register_counters(
     {
-        "frames_in": counter("Video frames decoded", metric="frames", label=("stage", "in")),
+        "frames_in": frame_stage("in"),
         "reconnects": counter("Times the source went reconnecting"),
         "stalls": counter("Times the frame watchdog declared the source stalled"),
         "corrupt_packets": counter("Undecodable packets skipped"),
