@@ -111,6 +111,11 @@ class FrameLoop:
         self.rule_engine: RuleEngine | None = None
         self.alerts: AlertPublisher | None = None
 
+    @property
+    def last_frame(self) -> VideoFrame | None:
+        """The newest frame the detector processed (its `detections` event has the same `frame_seq`)."""
+        return self._last_frame
+
     async def run(self) -> None:
         """Process frames until the mailbox is closed and empty, then end open tracks and alerts."""
         # Built here rather than in __init__: rules that do not fit the model (a class it does not

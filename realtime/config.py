@@ -243,6 +243,45 @@ class SourceSettings(_Strict):
         return SourcePolicy(local_dirs=dirs, allow_private_hosts=self.allow_private_hosts)
 
 
+ICE_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
+
+
+class IceServerSettings(_Strict):
+    """A STUN or TURN server offered to browser sessions (RTCIceServer)."""
+
+    urls: list[str] = Field(min_length=1)
+    username: str | None = None
+    credential: SecretStr | None = None  # TURN only; kept out of reprs and logs
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(ICE_SCHEMES):
+                raise ValueError(f"{url!r} is not an ICE server URL: use {', '.join(ICE_SCHEMES)}")
+        return urls
+
+
+class WebRtcSettings(_Strict):
+    """Browser sessions (`POST /api/webrtc/offer`). Each one is a stream: it counts against
+    `http.max_streams` as well as `max_sessions`."""
+
+    # None by default: no STUN/TURN server is contacted (aiortc would otherwise use a public one).
+    ice_servers: list[IceServerSettings] = []
+    max_sessions: int = Field(4, ge=1)  # concurrent sessions (503 past it)
+    # No audio or video from a connected browser for this long ends its session (a closed tab
+    # leaves the peer connection up; its media stops).
+    inactivity_timeout_s: float = Field(5.0, gt=0, le=3600.0)
+    connect_timeout_s: float = Field(15.0, gt=0, le=600.0)  # answer to ICE connected
+    # Larger frames are scaled down to fit, faster frames dropped (counted), before any conversion.
+    max_width: int = Field(1920, ge=16, le=7680)
+    max_height: int = Field(1080, ge=16, le=4320)
+    max_fps: float = Field(30.0, gt=0, le=240.0)
+    max_sdp_bytes: int = Field(32 * 1024, ge=1024, le=60 * 1024)  # under the 64 KiB body cap of /api
+    # Events wait while the DataChannel holds this much unsent; stale detections are dropped meanwhile.
+    channel_buffer_bytes: int = Field(256 * 1024, ge=4096)
+
+
 class Config(_Strict):
     node: str = Field(default_factory=socket.gethostname)
     nats: NatsSettings = NatsSettings()
@@ -251,6 +290,7 @@ class Config(_Strict):
     tracker: TrackerSettings = TrackerSettings()
     supervisor: SupervisorSettings = SupervisorSettings()
     sources: SourceSettings = SourceSettings()
+    webrtc: WebRtcSettings = WebRtcSettings()
     streams: list[StreamSettings] = []
 
     @field_validator("streams")

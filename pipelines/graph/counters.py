@@ -38,7 +38,7 @@ FRAMES_HELP = (
     "Video frames per stream: in (decoded), processed, dropped (latest-frame-wins), skipped (detect_fps), "
     "failed (detector error)"
 )
-QUEUE_DEPTH_HELP = "Items waiting per stream queue: mailbox (frames), status (events)"
+QUEUE_DEPTH_HELP = "Items waiting per stream queue: mailbox (frames), status (events), channel (browser events)"
 
 
 def frame_stage(stage: str) -> CounterInfo:

@@ -52,10 +52,15 @@ def unknown_stream(stream_id: str) -> ApiError:
     return ApiError(404, "unknown stream", {"id": stream_id})
 
 
-async def read_json_object(request: web.Request) -> dict[str, Any]:
+STREAM_EXAMPLE = '{"id": "cam1", "url": "rtsp://..."}'
+
+
+async def read_json_object(
+    request: web.Request, *, what: str = "stream object", example: str = STREAM_EXAMPLE
+) -> dict[str, Any]:
     raw = await request.read()  # bounded by the app's client_max_size (413 past it)
     if not raw.strip():
-        raise ApiError(400, "missing body", "send one stream object as JSON, e.g. {\"id\": \"cam1\", \"url\": \"rtsp://...\"}")
+        raise ApiError(400, "missing body", f"send one {what} as JSON, e.g. {example}")
     try:
         body = json.loads(raw)
     except ValueError as exc:  # includes UnicodeDecodeError
@@ -63,7 +68,7 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
     except RecursionError:
         raise ApiError(400, "bad JSON", "nested too deeply") from None
     if not isinstance(body, dict):
-        raise ApiError(400, "bad JSON", f"expected one stream object, got {type(body).__name__}")
+        raise ApiError(400, "bad JSON", f"expected one {what}, got {type(body).__name__}")
     return body
 
 

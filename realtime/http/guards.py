@@ -22,6 +22,9 @@ from realtime.http.handlers import Handler
 from realtime.http.hosts import host_name
 
 API_PREFIX = "/api"
+# A route whose body carries its own secret (a session's close token), for callers that cannot set
+# headers: `navigator.sendBeacon` sends neither a bearer token nor a JSON content type.
+BEACON_ROUTE = "webrtc-close"
 _READ_ONLY = frozenset({"GET", "HEAD", "OPTIONS"})
 _WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 JSON = "application/json"
@@ -34,6 +37,10 @@ def _is_api(request: web.Request) -> bool:
         return True
     resource = request.match_info.route.resource
     return resource is not None and resource.canonical.startswith(API_PREFIX + "/")
+
+
+def _is_beacon(request: web.Request) -> bool:
+    return request.match_info.route.name == BEACON_ROUTE
 
 
 def _token_matches(header: str, token: bytes) -> bool:
@@ -50,7 +57,7 @@ def _token_matches(header: str, token: bytes) -> bool:
 @web.middleware
 async def bearer_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     token = context_of(request).api_token
-    if token is None or not _is_api(request):
+    if token is None or not _is_api(request) or _is_beacon(request):
         return await handler(request)
     header = request.headers.get("Authorization")
     if header is None:
@@ -119,7 +126,13 @@ async def same_site_only(request: web.Request, handler: Handler) -> web.StreamRe
 async def json_bodies_only(request: web.Request, handler: Handler) -> web.StreamResponse:
     # Only requests that reach a route: an unknown path or method stays a 404 / 405.
     reaches_route = request.match_info.http_exception is None
-    if request.method in _WITH_BODY and reaches_route and _is_api(request) and request.content_type != JSON:
+    if (
+        request.method in _WITH_BODY
+        and reaches_route
+        and _is_api(request)
+        and request.content_type != JSON
+        and not _is_beacon(request)
+    ):
         detail = {"expected": JSON, "content_type": request.headers.get("Content-Type")}
         return json_error(415, f"unsupported media type: send the body as {JSON}", detail)
     return await handler(request)

@@ -175,6 +175,14 @@ class StreamRegistry:
     def views(self) -> list[StreamView]:
         return [self._view(w) for w in self._wanted.values()]
 
+    def runner(self, stream_id: str) -> StreamRunner | None:
+        """The current run of a desired stream (None while pending, ended or stopping a deleted one)."""
+        wanted = self._wanted.get(stream_id)
+        running = self._running.get(stream_id)
+        if wanted is None or running is None or running.generation != wanted.generation:
+            return None
+        return running.runner
+
     @property
     def running_count(self) -> int:
         """Runs alive, including those still stopping after a delete."""

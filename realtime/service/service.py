@@ -11,6 +11,7 @@ closes. Flushing and draining the publisher is left to its owner, after this ret
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -18,7 +19,7 @@ from pipelines.detect import DetectionBatcher
 from pipelines.graph import SharedEngines
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
-from realtime.config import AnyStreamSettings, Config
+from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
 from realtime.http import HttpContext, HttpServer, create_app
 from realtime.http.api import SOURCE_POLICY
 from realtime.http.history import JetStreamHistory
@@ -26,11 +27,13 @@ from realtime.http.hosts import HostPolicy
 from realtime.http.metrics import MetricSources, ServiceMetrics
 from realtime.http.resume import ResumeSettings
 from realtime.service.memory import release_free_memory
-from realtime.service.registry import StreamRegistry
+from realtime.service.registry import RegistryClosed, StreamRegistry, UnknownStream
 from realtime.streams.fanout import EventFanout
 from realtime.streams.runner import StreamRunner
 from realtime.streams.spec import stream_spec
 from realtime.streams.view import StreamView
+from realtime.webrtc import signalling
+from realtime.webrtc.sessions import SessionTable
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +100,13 @@ class Service:
             resume=ResumeSettings(http.sse_resume_window_s, http.sse_resume_max_events),
             request_timeout_s=http.request_timeout_s,
         )
+        # Browser sessions: each one is a `webrtc` stream in the registry while it lasts.
+        self.sessions = SessionTable(
+            config.webrtc, admit=self.registry.add, forget=self._forget_session, listen=self.fanout.listen
+        )
         self.app = create_app(self.context)
         self.app[SOURCE_POLICY] = config.sources.to_policy()  # what API clients may add
+        signalling.add_routes(self.app, self.sessions)
         self.url: str | None = None
 
     def readiness(self) -> dict[str, bool]:
@@ -160,17 +168,25 @@ class Service:
             )
             reconciler.cancel()
             await asyncio.wait({reconciler})
+        await self.sessions.aclose()  # sessions negotiated but never started, too
 
     def _make_runner(self, settings: AnyStreamSettings) -> StreamRunner:
         config = self.config
         # The config file's streams are trusted; one an API client added gives generic failure reasons.
         trusted = any(settings is stream for stream in config.streams)
+        source = self.sessions.source(settings.id) if isinstance(settings, WebRtcStreamSettings) else None
         return StreamRunner(
             stream_spec(settings, tracker=config.tracker, supervisor=config.supervisor, trusted=trusted),
             self.engines,
             self.fanout,
             on_frame=self.metrics.frame_observer(settings.id),
+            source=source,
         )
+
+    def _forget_session(self, stream_id: str) -> None:
+        """A browser session ended: its stream leaves the desired set (a DELETE may have done it)."""
+        with contextlib.suppress(UnknownStream, RegistryClosed):
+            self.registry.remove(stream_id)
 
     def _stream_gone(self, stream_id: str) -> None:
         self.fanout.close_stream(stream_id)

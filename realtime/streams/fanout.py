@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pipelines.events import Event, EventSink
 from realtime.bus import cloudevents
+
+log = logging.getLogger(__name__)
 
 RECENT_DURABLE = 64  # durable events kept per stream for resuming viewers
 
@@ -50,6 +53,10 @@ class SseMessage:
         # A data value may not contain raw newlines; each line becomes its own data field.
         lines += [f"data: {line}" for line in self.data.split("\n")]
         return ("\n".join(lines) + "\n\n").encode("utf-8")
+
+
+# Called on the event loop with each event of one stream and its encoded message; must not block.
+Listener = Callable[[Event, SseMessage], None]
 
 
 class ViewerClosed(Exception):
@@ -132,6 +139,8 @@ class EventFanout:
         self.max_viewers_per_stream = max_viewers_per_stream  # http.sse_max_viewers_per_stream
         self.max_viewers = max_viewers  # http.sse_max_viewers
         self._viewers: dict[str, set[Viewer]] = {}
+        # In-process consumers (a browser session's DataChannel): bounded by their owners, not here.
+        self._listeners: dict[str, list[Listener]] = {}
         self._recent: dict[str, deque[Event]] = {}  # per stream, newest last; dropped with the stream
         self._closed = False
         self.dropped_by_gone_viewers = 0  # drops of viewers that have since left, for a monotonic total
@@ -142,11 +151,17 @@ class EventFanout:
         if event.durable:
             self._recent.setdefault(event.stream_id, deque(maxlen=RECENT_DURABLE)).append(event)
         viewers = self._viewers.get(event.stream_id)
-        if not viewers:
+        listeners = self._listeners.get(event.stream_id)
+        if not viewers and not listeners:
             return
-        message = self.message(event)
-        for viewer in viewers:
+        message = self.message(event)  # encoded once for every viewer and listener
+        for viewer in viewers or ():
             viewer.offer(message)
+        for listener in list(listeners or ()):
+            try:
+                listener(event, message)
+            except Exception:  # one consumer's bug must not cost the stream its events
+                log.exception("event listener raised", extra={"stream_id": event.stream_id})
 
     def message(self, event: Event) -> SseMessage:
         """The event as viewers get it: the same body as on NATS (published_at differs by microseconds)."""
@@ -181,6 +196,19 @@ class EventFanout:
                 if not viewers:
                     del self._viewers[stream_id]
             self.dropped_by_gone_viewers += viewer.dropped
+
+    @contextlib.contextmanager
+    def listen(self, stream_id: str, listener: Listener) -> Iterator[None]:
+        """Call `listener` with every event of `stream_id` for the duration of the block."""
+        self._listeners.setdefault(stream_id, []).append(listener)
+        try:
+            yield
+        finally:
+            listeners = self._listeners.get(stream_id)
+            if listeners is not None:
+                listeners.remove(listener)
+                if not listeners:
+                    del self._listeners[stream_id]
 
     def _check_room(self, stream_id: str) -> None:
         if len(self._viewers.get(stream_id, ())) >= self.max_viewers_per_stream:

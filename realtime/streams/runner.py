@@ -1,8 +1,8 @@
 """One stream, run as one unit: its source and graph, built from its spec, with a summary at the end.
 
 The graph itself (tees, stages, status relay) lives in `pipelines.graph`; the runner supplies
-what only `realtime` knows: which source a spec means (a supervised camera reader today, a
-WebRTC session later) and the shared engines and sink of the process. It never raises into its
+what only `realtime` knows: which source a spec means (a supervised camera reader, or a
+browser's WebRTC session) and the shared engines and sink of the process. It never raises into its
 caller: whatever goes wrong ends in `stopped` or `failed` with a reason.
 """
 
@@ -84,9 +84,11 @@ class StreamRunner:
         on_status: Callable[[StatusChange], None] | None = None,
         on_frame: FrameObserver | None = None,
         stages: Sequence[StageFactory] = DEFAULT_STAGES,
+        source: MediaSource | None = None,
     ) -> None:
         self.spec = spec
-        self.source = make_source(spec)
+        # A browser session exists before its stream runs: the WebRTC edge hands it over.
+        self.source = source if source is not None else make_source(spec)
         self.graph: StreamGraph | None = StreamGraph(
             spec.processing, self.source, stages, engines, sink, on_status=on_status, on_frame=on_frame
         )

@@ -1,0 +1,173 @@
+"""A browser stand-in made of a real aiortc peer: it sends vtest frames and spoken audio to the
+service's `/api/webrtc/offer`, the way the page does (non-trickle, a DataChannel named
+"events" created before the offer), and collects what the service sends back."""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import av
+import numpy as np
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+VIDEO_CLOCK = 90_000
+AUDIO_RATE = 48_000
+AUDIO_PTIME = 0.020
+
+
+def load_frames(
+    path: Path, *, start: int = 100, count: int = 40, size: tuple[int, int] = (640, 480)
+) -> list[np.ndarray]:
+    """`count` RGB frames of a clip from frame `start` on, scaled to `size` (decoded once, then looped)."""
+    frames: list[np.ndarray] = []
+    with av.open(str(path)) as container:
+        for index, frame in enumerate(container.decode(video=0)):
+            if index >= start:
+                frames.append(frame.to_ndarray(format="rgb24", width=size[0], height=size[1]))
+            if len(frames) >= count:
+                break
+    return frames
+
+
+def load_speech(path: Path, seconds: float = 12.0) -> np.ndarray:
+    """Mono s16 samples at 48 kHz (what a browser's Opus track decodes to)."""
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=AUDIO_RATE)
+    chunks: list[np.ndarray] = []
+    with av.open(str(path)) as container:
+        for frame in container.decode(audio=0):
+            chunks += [out.to_ndarray().reshape(-1) for out in resampler.resample(frame)]
+            if sum(len(c) for c in chunks) >= seconds * AUDIO_RATE:
+                break
+    return np.concatenate(chunks)[: int(seconds * AUDIO_RATE)]
+
+
+class LoopVideoTrack(MediaStreamTrack):
+    """Frames in a loop at `fps`, paced by the wall clock like a camera."""
+
+    kind = "video"
+
+    def __init__(self, frames: list[np.ndarray], fps: float) -> None:
+        super().__init__()
+        self._frames = frames
+        self._fps = fps
+        self._start: float | None = None
+        self.sent = 0
+
+    async def recv(self) -> av.VideoFrame:
+        if self.readyState != "live":
+            raise MediaStreamError  # stopped: the sender stops sending
+        if self._start is None:
+            self._start = time.monotonic()
+        due = self._start + self.sent / self._fps
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        frame = av.VideoFrame.from_ndarray(self._frames[self.sent % len(self._frames)], format="rgb24")
+        frame.pts = int(self.sent * VIDEO_CLOCK / self._fps)
+        frame.time_base = fractions.Fraction(1, VIDEO_CLOCK)
+        self.sent += 1
+        return frame
+
+
+class LoopAudioTrack(MediaStreamTrack):
+    """Speech in a loop, 20 ms frames of 48 kHz mono s16, paced by the wall clock."""
+
+    kind = "audio"
+
+    def __init__(self, samples: np.ndarray) -> None:
+        super().__init__()
+        self._samples = samples
+        self._start: float | None = None
+        self._sent = 0
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        due = self._start + self._sent * AUDIO_PTIME
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        size = int(AUDIO_RATE * AUDIO_PTIME)
+        begin = (self._sent * size) % max(1, len(self._samples) - size)
+        chunk = self._samples[begin : begin + size]
+        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = AUDIO_RATE
+        frame.pts = self._sent * size
+        frame.time_base = fractions.Fraction(1, AUDIO_RATE)
+        self._sent += 1
+        return frame
+
+
+@dataclass
+class Peer:
+    pc: RTCPeerConnection
+    channel: Any
+    answer: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    video: LoopVideoTrack | None = None
+
+    @property
+    def stream_id(self) -> str:
+        return str(self.answer["stream_id"])
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [m for m in self.messages if m.get("kind") == kind]
+
+    async def wait_for(self, condition: Callable[[], bool], within_s: float, what: str) -> None:
+        deadline = time.monotonic() + within_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; {len(self.messages)} messages")
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        await self.pc.close()
+
+
+async def make_offer(
+    *, frames: list[np.ndarray] | None, speech: np.ndarray | None, fps: float = 15.0
+) -> tuple[RTCPeerConnection, Any, LoopVideoTrack | None]:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    channel = pc.createDataChannel("events")
+    video = LoopVideoTrack(frames, fps) if frames is not None else None
+    if video is not None:
+        pc.addTrack(video)
+    if speech is not None:
+        pc.addTrack(LoopAudioTrack(speech))
+    await pc.setLocalDescription(await pc.createOffer())  # gathers every candidate (non-trickle)
+    return pc, channel, video
+
+
+async def connect(
+    http: aiohttp.ClientSession,
+    base_url: str,
+    *,
+    frames: list[np.ndarray] | None,
+    speech: np.ndarray | None = None,
+    fps: float = 15.0,
+    stream_id: str | None = None,
+    token: str | None = None,
+) -> Peer:
+    """Offer, answer, and a collecting DataChannel; raises AssertionError when the offer is refused."""
+    pc, channel, video = await make_offer(frames=frames, speech=speech, fps=fps)
+    peer = Peer(pc, channel, video=video)
+    channel.on("message", lambda text: peer.messages.append(json.loads(text)))
+    body: dict[str, Any] = {"sdp": pc.localDescription.sdp, "type": "offer"}
+    if stream_id is not None:
+        body["stream_id"] = stream_id
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with http.post(f"{base_url}/api/webrtc/offer", json=body, headers=headers) as response:
+        answer = await response.json()
+        if response.status != 201:
+            await pc.close()
+            raise AssertionError(f"offer refused: {response.status} {answer}")
+    peer.answer = answer
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
+    return peer
