@@ -33,6 +33,7 @@ from realtime.streams.runner import StreamRunner
 from realtime.streams.spec import stream_spec
 from realtime.streams.view import StreamView
 from realtime.webrtc import signalling
+from realtime.webrtc.metrics import SessionCollector
 from realtime.webrtc.sessions import SessionTable
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class Service:
         self.sessions = SessionTable(
             config.webrtc, admit=self.registry.add, forget=self._forget_session, listen=self.fanout.listen
         )
+        self.metrics.registry.register(SessionCollector(self.sessions))
         self.app = create_app(self.context)
         self.app[SOURCE_POLICY] = config.sources.to_policy()  # what API clients may add
         signalling.add_routes(self.app, self.sessions)

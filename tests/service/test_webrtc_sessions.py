@@ -95,6 +95,9 @@ async def test_detections_arrive_on_the_channel_and_on_nats(
         assert view["counters"]["channel_sent"] > 0
         listed = await svc.call("GET", "/api/streams")
         assert [s["id"] for s in listed.body["streams"]] == [stream_id]
+        metrics = (await svc.call("GET", "/metrics")).body
+        assert "vidsentry_webrtc_sessions 1.0" in metrics and "vidsentry_webrtc_sessions_opened_total 1.0" in metrics
+        assert f'vidsentry_stream_channel_sent_total{{stream="{stream_id}"}}' in metrics
     finally:
         await peer.close()
         await nc.close()
