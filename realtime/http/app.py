@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from realtime.http import api, ops, page, sse
+from realtime.http import api, ops, page, preview, sse
 from realtime.http.connections import (
     AcceptErrorLog,
     BadRequestLog,
@@ -59,6 +59,7 @@ def create_app(context: HttpContext) -> web.Application:
     app.on_response_prepare.append(add_security_headers)
     api.add_routes(app)
     app.router.add_get("/api/streams/{stream_id}/events", sse.stream_events, name=STREAMING_ROUTE)
+    preview.add_routes(app)
     ops.add_routes(app)
     page.add_routes(app)
     return app

@@ -301,15 +301,6 @@ async def test_a_viewer_that_disconnects_is_released(svc: LiveService, rtsp_serv
     assert (await svc.call("DELETE", "/api/streams/gone")).status == 204
 
 
-async def test_the_page_lists_streams(svc: LiveService, sample_clip: Path) -> None:
-    body = {"id": "lobby", "url": str(sample_clip), "detect_fps": 2}
-    assert (await svc.call("POST", "/api/streams", json_body=body)).status == 201
-    page = await svc.call("GET", "/")
-    assert page.status == 200 and page.headers["Content-Type"].startswith("text/html")
-    assert "lobby" in page.body
-    assert (await svc.call("DELETE", "/api/streams/lobby")).status == 204
-
-
 async def test_config_streams_start_with_the_service(
     detector: Detector, shared_nats_server: EmbeddedNatsServer, sample_clip: Path
 ) -> None:

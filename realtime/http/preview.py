@@ -1,0 +1,139 @@
+"""`GET /api/streams/{id}/frame.jpg`: the newest frame the detector processed, as JPEG.
+
+The page's camera view polls this a couple of times a second and draws the boxes of the
+`detections` event whose `frame_seq` matches `X-Frame-Seq`. Encoding is the expensive part, so
+it happens at most once per stream per `ENCODE_WINDOW_S` and only for a frame not yet encoded:
+every viewer inside the window gets the same bytes, and viewers that arrive while an encode is
+running wait for that one. The cache holds one JPEG per running stream and forgets streams that
+have gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+from aiohttp import web
+
+from pipelines.frames import VideoFrame
+from realtime.http.api import stream_id_of, unknown_stream
+from realtime.http.context import context_of
+from realtime.http.errors import ApiError
+from realtime.service.registry import StreamRegistry, UnknownStream
+from realtime.streams.runner import StreamRunner
+
+ENCODE_WINDOW_S = 0.5  # the page polls at ~2/s; a faster poller sees the same frame twice
+JPEG_QUALITY = 80
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    seq: int
+    pts: float
+    jpeg: bytes
+    made_at: float  # time.monotonic() of the encode
+
+
+@dataclass(eq=False)
+class _Entry:
+    # Weak: a stream deleted and added again under the same id is a new run with its own seq.
+    run: weakref.ref[StreamRunner]
+    latest: Preview | None = None
+    pending: asyncio.Future[Preview] | None = field(default=None, repr=False)
+
+
+def encode_jpeg(frame: VideoFrame, quality: int = JPEG_QUALITY) -> Preview:
+    bgr = cv2.cvtColor(frame.image, cv2.COLOR_RGB2BGR)
+    ok, data = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise RuntimeError(f"JPEG encoding failed for frame {frame.seq}")
+    return Preview(frame.seq, frame.pts, np.asarray(data).tobytes(), time.monotonic())
+
+
+class FramePreviews:
+    """One JPEG per running stream, shared by every viewer; `encodes` counts the encodes done."""
+
+    def __init__(self, window_s: float = ENCODE_WINDOW_S) -> None:
+        self.window_s = window_s
+        self.encodes = 0
+        self._entries: dict[str, _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def latest(self, stream_id: str, runner: StreamRunner, registry: StreamRegistry) -> Preview | None:
+        """The stream's newest processed frame as JPEG; None while it has processed none."""
+        loop = runner.frame_loop
+        frame = loop.last_frame if loop is not None else None
+        entry = self._entries.get(stream_id)
+        if entry is None or entry.run() is not runner:
+            self._forget_gone(registry)
+            entry = self._entries[stream_id] = _Entry(weakref.ref(runner))
+        if entry.pending is not None:  # an encode is running: share it
+            return await asyncio.shield(entry.pending)
+        latest = entry.latest
+        if frame is None:
+            return latest
+        if latest is not None and (latest.seq == frame.seq or time.monotonic() - latest.made_at < self.window_s):
+            return latest
+        entry.pending = asyncio.ensure_future(self._encode(entry, frame))
+        # Shielded: a viewer that leaves mid-encode must not cancel it for the others.
+        return await asyncio.shield(entry.pending)
+
+    async def _encode(self, entry: _Entry, frame: VideoFrame) -> Preview:
+        self.encodes += 1
+        try:
+            preview = await asyncio.to_thread(encode_jpeg, frame)
+        finally:
+            entry.pending = None
+        entry.latest = preview
+        return preview
+
+    def forget(self, stream_id: str) -> None:
+        self._entries.pop(stream_id, None)
+
+    def _forget_gone(self, registry: StreamRegistry) -> None:
+        # Runs whenever an entry is made, so the cache never holds more than the streams running.
+        for stream_id, entry in list(self._entries.items()):
+            run = entry.run()
+            if run is None or registry.runner(stream_id) is not run:
+                del self._entries[stream_id]
+
+
+PREVIEWS = web.AppKey("vidsentry_frame_previews", FramePreviews)
+
+
+async def frame_jpeg(request: web.Request) -> web.Response:
+    ctx = context_of(request)
+    stream_id = stream_id_of(request)
+    runner = ctx.registry.runner(stream_id)
+    previews = request.app[PREVIEWS]
+    preview = None
+    if runner is not None:
+        preview = await previews.latest(stream_id, runner, ctx.registry)
+    else:
+        previews.forget(stream_id)
+        try:
+            ctx.registry.get(stream_id)
+        except UnknownStream:
+            raise unknown_stream(stream_id) from None
+    if preview is None:
+        raise ApiError(404, "no frame yet", {"id": stream_id, "message": "the detector has processed no frame of it"})
+    return web.Response(
+        body=preview.jpeg,
+        content_type="image/jpeg",
+        headers={
+            "Cache-Control": "no-store",
+            "X-Frame-Seq": str(preview.seq),
+            "X-Frame-Pts": f"{preview.pts:.3f}",
+        },
+    )
+
+
+def add_routes(app: web.Application) -> None:
+    app[PREVIEWS] = FramePreviews()
+    app.router.add_get("/api/streams/{stream_id}/frame.jpg", frame_jpeg)

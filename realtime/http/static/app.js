@@ -1,0 +1,919 @@
+// vidsentry's page: go live from this browser over WebRTC, or watch the service's cameras.
+// Plain modern JavaScript served as is: no build step, no framework, nothing from another origin.
+
+const $ = (id) => document.getElementById(id);
+
+const TOKEN_KEY = "vidsentry.token";
+const LIST_EVERY_MS = 2000;
+const FRAME_EVERY_MS = 500; // frame.jpg is encoded at most every 0.5 s anyway
+const EVENTS_RETRY_MS = 3000;
+const KEEP_DETECTIONS = 50; // enough to match a frame a few seconds old to its boxes
+const KEEP_CAPTION_LINES = 200;
+const KEEP_ALERTS = 20;
+const FPS_WINDOW_MS = 2000;
+const STALE_OVERLAY_MS = 1500; // boxes older than this are cleared, not left on a moving picture
+const ICE_GATHER_TIMEOUT_MS = 5000;
+const MAX_SSE_BUFFER = 1 << 20;
+
+// ICE servers for the peer connection; none by default (later the server may say which to use).
+let iceServers = [];
+
+// Test hooks (and a handle for anyone poking at the page from the console).
+const hooks = {
+  streamId: null,
+  state: "idle",
+  boxesDrawn: 0,
+  messages: 0,
+  watch: { streamId: null, boxesDrawn: 0, messages: 0 },
+};
+window.vidsentry = hooks;
+
+// -- API calls and the token --------------------------------------------------------------------
+
+class Unauthorized extends Error {}
+
+const auth = { token: sessionStorage.getItem(TOKEN_KEY) };
+
+async function api(path, init = {}) {
+  const used = auth.token;
+  const headers = new Headers(init.headers || {});
+  if (used) headers.set("Authorization", `Bearer ${used}`);
+  const response = await fetch(path, { ...init, headers, cache: "no-store" });
+  if (response.status === 401) {
+    if (auth.token === used) { // not a late answer to a call made before a new token was given
+      auth.token = null; // no more calls with a token the server refuses
+      sessionStorage.removeItem(TOKEN_KEY);
+      askForToken(used ? "The saved token was not accepted. Enter it again." : "");
+    }
+    throw new Unauthorized("the API token is needed");
+  }
+  return response;
+}
+
+async function errorText(response) {
+  try {
+    const body = await response.json();
+    if (body && typeof body.error === "string") return body.error;
+  } catch {
+    // not JSON: fall through to the status line
+  }
+  return `${response.status} ${response.statusText}`.trim();
+}
+
+function askForToken(message) {
+  document.body.dataset.auth = "needed";
+  stopWatching(); // nothing of the streams stays on screen without a token that works
+  $("app").hidden = true;
+  $("token-panel").hidden = false;
+  $("token-message").textContent = message;
+  $("token-input").focus();
+}
+
+async function submitToken(event) {
+  event.preventDefault();
+  const given = $("token-input").value.trim();
+  if (!given) return;
+  let response;
+  try {
+    response = await fetch("/api/streams", { headers: { Authorization: `Bearer ${given}` }, cache: "no-store" });
+  } catch (error) {
+    $("token-message").textContent = `Could not reach the server: ${error.message}`;
+    return;
+  }
+  if (response.status === 401) {
+    $("token-message").textContent = "That token was not accepted.";
+    return;
+  }
+  auth.token = given;
+  sessionStorage.setItem(TOKEN_KEY, given);
+  $("token-input").value = "";
+  unlock();
+}
+
+function unlock() {
+  document.body.dataset.auth = "ok";
+  $("token-panel").hidden = true;
+  $("app").hidden = false;
+  showMode(currentMode());
+}
+
+function pageNotice(text) {
+  const notice = $("page-notice");
+  notice.textContent = text;
+  notice.hidden = !text;
+}
+
+// -- Modes -------------------------------------------------------------------------------------
+
+function currentMode() {
+  return location.hash === "#watch" ? "watch" : "live";
+}
+
+function showMode(mode) {
+  for (const tab of document.querySelectorAll("[role=tab]")) {
+    const on = tab.dataset.mode === mode;
+    tab.setAttribute("aria-selected", String(on));
+    $(tab.getAttribute("aria-controls")).hidden = !on;
+  }
+  if (document.body.dataset.auth !== "ok") return;
+  if (mode === "watch") startWatching();
+  else stopWatching();
+}
+
+// -- Drawing boxes (both modes) ------------------------------------------------------------------
+
+const WARN = "#e0a23a";
+const PALETTE = ["#6aaee6", "#5bbf86", "#b48ee0", "#4fc1c9", "#d98bb6", "#9fc46a", "#7f9cf5", "#e3c16f"];
+
+function colourFor(trackId) {
+  return trackId == null ? "#c9ced6" : PALETTE[Math.abs(trackId) % PALETTE.length];
+}
+
+function labelOf(object) {
+  const parts = [object.class, `${Math.round(object.score * 100)}%`];
+  if (object.track_id != null) parts.push(`#${object.track_id}`);
+  return parts.join(" ");
+}
+
+// Draws `objects` (boxes in frame pixels) scaled by (sx, sy); `unit` is one CSS pixel in canvas
+// units, so lines and labels look the same size whatever the frame's resolution. Returns how many
+// boxes were drawn, and how many of them in the warning colour (tracks named by an active alert).
+function drawBoxes(ctx, objects, sx, sy, unit, alerted) {
+  let warned = 0;
+  const font = 12 * unit;
+  ctx.font = `600 ${font}px system-ui, sans-serif`;
+  ctx.textBaseline = "top";
+  for (const object of objects) {
+    const [x1, y1, x2, y2] = object.box;
+    const x = x1 * sx;
+    const y = y1 * sy;
+    const w = (x2 - x1) * sx;
+    const h = (y2 - y1) * sy;
+    const warn = object.track_id != null && alerted.has(object.track_id);
+    const colour = warn ? WARN : colourFor(object.track_id);
+    if (warn) warned += 1;
+    ctx.lineWidth = (warn ? 3 : 2) * unit;
+    ctx.strokeStyle = colour;
+    ctx.strokeRect(x, y, w, h);
+    const label = labelOf(object);
+    const pad = 4 * unit;
+    const tw = ctx.measureText(label).width + 2 * pad;
+    const th = font + 2 * pad;
+    // Above the box when it fits, inside it otherwise; never past the right edge.
+    const ly = y - th >= 0 ? y - th : y;
+    const lx = Math.max(0, Math.min(x - ctx.lineWidth / 2, ctx.canvas.width - tw));
+    ctx.fillStyle = colour;
+    ctx.fillRect(lx, ly, tw, th);
+    ctx.fillStyle = "#0d1014";
+    ctx.fillText(label, lx + pad, ly + pad);
+  }
+  return { drawn: objects.length, warned };
+}
+
+// -- Alerts (both modes) ----------------------------------------------------------------------
+
+class AlertList {
+  constructor(list) {
+    this.list = list;
+    this.alerts = new Map(); // alert_id -> {body, active, at}
+  }
+
+  update(body) {
+    const known = this.alerts.get(body.alert_id);
+    const entry = { body: known && body.event === "end" ? { ...known.body, ...body } : body, active: body.event !== "end", at: new Date() };
+    this.alerts.delete(body.alert_id);
+    this.alerts.set(body.alert_id, entry);
+    while (this.alerts.size > KEEP_ALERTS) {
+      const oldest = [...this.alerts].find(([, e]) => !e.active) || [...this.alerts][0];
+      this.alerts.delete(oldest[0]);
+    }
+    this.render();
+  }
+
+  clear() {
+    this.alerts.clear();
+    this.render();
+  }
+
+  // Track ids named by alerts still active: their boxes are drawn in the warning colour.
+  alertedTracks() {
+    const ids = new Set();
+    for (const { body, active } of this.alerts.values()) {
+      if (active) for (const id of body.track_ids || []) ids.add(id);
+    }
+    return ids;
+  }
+
+  render() {
+    const items = [...this.alerts.values()].reverse().map(({ body, active, at }) => {
+      const li = document.createElement("li");
+      li.className = `alert ${active ? "active" : "ended"} severity-${body.severity || "info"}`;
+      const what = document.createElement("div");
+      what.className = "what";
+      what.textContent = `${body.rule_id}${body.class ? ` · ${body.class}` : ""}`;
+      const when = document.createElement("div");
+      when.className = "when";
+      const tracks = (body.track_ids || []).map((id) => `#${id}`).join(" ");
+      when.textContent = [active ? "active" : "ended", body.severity, tracks, at.toLocaleTimeString()]
+        .filter(Boolean)
+        .join(" · ");
+      li.append(what, when);
+      return li;
+    });
+    this.list.replaceChildren(...items);
+  }
+}
+
+// -- Go live ---------------------------------------------------------------------------------
+
+const CAPTION_EMPTY = "captions-empty";
+
+class CaptionPanel {
+  constructor(list) {
+    this.list = list;
+    this.lines = new Map(); // segment_id -> <li>
+  }
+
+  partial(body) {
+    const key = String(body.segment_id);
+    let line = this.lines.get(key);
+    if (line && line.dataset.final) return; // a final is never replaced by a late partial
+    if (line && Number(line.dataset.revision) > Number(body.revision)) return;
+    line = line || this.add(key);
+    line.className = "caption partial";
+    line.dataset.revision = String(body.revision ?? 0);
+    line.textContent = body.text;
+  }
+
+  final(body) {
+    const key = String(body.segment_id);
+    const line = this.lines.get(key) || this.add(key);
+    line.className = "caption final";
+    line.dataset.final = "1";
+    line.textContent = body.text;
+  }
+
+  add(key) {
+    const list = this.list;
+    const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 8;
+    const line = document.createElement("li");
+    line.dataset.segment = key;
+    list.append(line);
+    this.lines.set(key, line);
+    while (list.children.length > KEEP_CAPTION_LINES) {
+      const oldest = list.firstElementChild;
+      this.lines.delete(oldest.dataset.segment);
+      oldest.remove();
+    }
+    $(CAPTION_EMPTY).hidden = true;
+    if (atBottom) requestAnimationFrame(() => (list.scrollTop = list.scrollHeight));
+    return line;
+  }
+
+  clear() {
+    this.list.replaceChildren();
+    this.lines.clear();
+    $(CAPTION_EMPTY).hidden = false;
+  }
+}
+
+const live = {
+  attempt: 0, // counts Starts and Stops: an older Start that resumes after either gives up
+  pc: null,
+  media: null,
+  session: null, // {streamId, closeToken}
+  frames: 0,
+  arrivals: [], // arrival times of detections messages within FPS_WINDOW_MS
+  lagMs: null,
+  last: null, // {body, at}
+  alerts: null,
+  captions: null,
+};
+
+const STATE_TEXT = {
+  idle: "idle",
+  starting: "starting…",
+  new: "connecting…",
+  connecting: "connecting…",
+  connected: "live",
+  disconnected: "interrupted",
+  failed: "failed",
+  closed: "stopped",
+  error: "not started",
+};
+
+function setLiveState(state) {
+  hooks.state = state;
+  document.body.dataset.state = state;
+  const pill = $("live-state");
+  pill.dataset.state = state;
+  pill.textContent = STATE_TEXT[state] || state;
+  const busy = live.pc !== null || live.media !== null || state === "starting";
+  $("start").disabled = busy;
+  $("stop").disabled = !busy;
+}
+
+function liveNotice(text, kind = "error") {
+  const notice = $("live-notice");
+  notice.textContent = text;
+  notice.dataset.kind = kind;
+  notice.hidden = !text;
+}
+
+function mediaErrorText(error) {
+  switch (error && error.name) {
+    case "NotAllowedError":
+    case "SecurityError":
+      return "Camera and microphone access was denied. Allow it in the browser's site settings, then press Start again.";
+    case "NotFoundError":
+    case "OverconstrainedError":
+      return "No camera was found. Connect one, then press Start again.";
+    case "NotReadableError":
+      return "The camera is in use by another application or could not be opened.";
+    default:
+      return `Could not open the camera: ${(error && error.message) || error}`;
+  }
+}
+
+const AUDIO = { echoCancellation: false, noiseSuppression: false, autoGainControl: false };
+
+async function openMedia() {
+  try {
+    return await navigator.mediaDevices.getUserMedia({ video: true, audio: AUDIO });
+  } catch (error) {
+    if (error.name !== "NotFoundError") throw error;
+    // A camera without a microphone still goes live: no captions, boxes as usual.
+    const media = await navigator.mediaDevices.getUserMedia({ video: true });
+    liveNotice("No microphone found: going live with video only.", "info");
+    return media;
+  }
+}
+
+function iceGatheringDone(pc) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      if (pc.iceGatheringState !== "complete") return;
+      pc.removeEventListener("icegatheringstatechange", done);
+      resolve();
+    };
+    pc.addEventListener("icegatheringstatechange", done);
+    setTimeout(resolve, ICE_GATHER_TIMEOUT_MS); // send what was gathered rather than hang
+  });
+}
+
+async function startLive() {
+  if (!navigator.mediaDevices || !window.RTCPeerConnection) {
+    liveNotice("This browser cannot share a camera here (it needs HTTPS or localhost, and WebRTC).");
+    return;
+  }
+  const attempt = ++live.attempt; // Stop, or another Start, makes this one stale
+  const current = () => attempt === live.attempt;
+  liveNotice("");
+  resetLiveView();
+  setLiveState("starting");
+  let media;
+  try {
+    media = await openMedia();
+  } catch (error) {
+    if (!current()) return;
+    liveNotice(mediaErrorText(error));
+    setLiveState("error");
+    return;
+  }
+  if (!current()) {
+    for (const track of media.getTracks()) track.stop();
+    return;
+  }
+  live.media = media;
+  $("live-video").srcObject = media;
+  $("live-box").classList.add("on");
+  $("live-placeholder").hidden = true;
+
+  const pc = (live.pc = new RTCPeerConnection({ iceServers }));
+  for (const track of media.getTracks()) pc.addTrack(track, media);
+  const channel = pc.createDataChannel("events");
+  channel.addEventListener("message", onLiveMessage);
+  channel.addEventListener("close", () => {
+    if (live.pc !== pc) return; // closed by Stop
+    live.session = null; // the server ended it: nothing to DELETE
+    liveNotice("The server ended the session.", "info");
+    stopLive();
+  });
+  pc.addEventListener("connectionstatechange", () => {
+    if (live.pc !== pc) return;
+    setLiveState(pc.connectionState);
+    if (pc.connectionState === "failed") {
+      liveNotice("The connection to the server failed.");
+      stopLive("failed");
+    }
+  });
+  try {
+    await pc.setLocalDescription(await pc.createOffer());
+    await iceGatheringDone(pc);
+    if (!current()) return;
+    const offer = pc.localDescription;
+    const response = await api("/api/webrtc/offer", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ sdp: offer.sdp, type: offer.type }),
+    });
+    if (!response.ok) {
+      const reason = await errorText(response);
+      if (!current()) return;
+      liveNotice(response.status === 503 ? `The server is full: ${reason}` : `The server refused the session: ${reason}`);
+      stopLive("error");
+      return;
+    }
+    const answer = await response.json();
+    if (!current()) {
+      deleteSession(answer.stream_id); // stopped while the server was answering
+      return;
+    }
+    live.session = { streamId: answer.stream_id, closeToken: answer.close_token };
+    hooks.streamId = answer.stream_id;
+    $("live-session").textContent = answer.stream_id;
+    await pc.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
+  } catch (error) {
+    if (!current()) return;
+    if (error instanceof Unauthorized) {
+      stopLive("idle");
+      return; // the token form is up; Start again once it is in
+    }
+    liveNotice(`Could not go live: ${error.message || error}`);
+    stopLive("error");
+  }
+}
+
+// Bounded, so a server that does not answer cannot hold anything up.
+function deleteSession(streamId) {
+  return api(`/api/streams/${encodeURIComponent(streamId)}`, { method: "DELETE", signal: AbortSignal.timeout(3000) })
+    .catch(() => {
+      // already gone, or no token: the session ends with its connection anyway
+    });
+}
+
+function stopLive(finalState = "closed") {
+  const { pc, media, session } = live;
+  live.attempt += 1;
+  live.pc = null;
+  live.media = null;
+  live.session = null;
+  if (media) for (const track of media.getTracks()) track.stop();
+  $("live-video").srcObject = null;
+  $("live-box").classList.remove("on");
+  $("live-placeholder").hidden = false;
+  clearOverlay();
+  setLiveState(finalState);
+  if (!pc) return;
+  if (!session) {
+    pc.close();
+    return;
+  }
+  // DELETE first, then close: closing first would end the session by its DataChannel and make
+  // the DELETE a 404.
+  deleteSession(session.streamId).finally(() => pc.close());
+}
+
+function resetLiveView() {
+  live.frames = 0;
+  live.arrivals = [];
+  live.lagMs = null;
+  live.last = null;
+  hooks.messages = 0;
+  hooks.streamId = null;
+  $("live-overlay").dataset.frames = "0";
+  $("live-session").textContent = "–";
+  live.alerts.clear();
+  live.captions.clear();
+  renderLiveStats();
+}
+
+function onLiveMessage(event) {
+  let message;
+  try {
+    message = JSON.parse(event.data);
+  } catch {
+    return;
+  }
+  const { kind, body } = message || {};
+  if (!body) return;
+  hooks.messages += 1;
+  switch (kind) {
+    case "detections": {
+      const now = performance.now();
+      live.frames += 1;
+      $("live-overlay").dataset.frames = String(live.frames);
+      live.arrivals.push(now);
+      if (typeof message.lag_ms === "number") {
+        live.lagMs = live.lagMs === null ? message.lag_ms : live.lagMs + 0.2 * (message.lag_ms - live.lagMs);
+      }
+      live.last = { body, at: now };
+      drawLiveOverlay();
+      break;
+    }
+    case "alerts":
+      live.alerts.update(body);
+      drawLiveOverlay();
+      break;
+    case "partials":
+      live.captions.partial(body);
+      break;
+    case "captions":
+      live.captions.final(body);
+      break;
+    case "status":
+      if (body.reason && (body.state === "failed" || body.state === "stopped")) liveNotice(body.reason, "info");
+      break;
+    default:
+      break; // tracks: the boxes carry their track ids already
+  }
+}
+
+function drawLiveOverlay() {
+  const video = $("live-video");
+  const canvas = $("live-overlay");
+  // The canvas covers the video's box exactly (CSS); its pixels follow the displayed size.
+  const width = video.clientWidth;
+  const height = video.clientHeight;
+  const dpr = window.devicePixelRatio || 1;
+  const pixelsWide = Math.round(width * dpr);
+  const pixelsHigh = Math.round(height * dpr);
+  if (canvas.width !== pixelsWide || canvas.height !== pixelsHigh) {
+    canvas.width = pixelsWide;
+    canvas.height = pixelsHigh;
+  }
+  const ctx = canvas.getContext("2d");
+  ctx.clearRect(0, 0, canvas.width, canvas.height);
+  let counts = { drawn: 0, warned: 0 };
+  const last = live.last;
+  if (last && width > 0 && performance.now() - last.at < STALE_OVERLAY_MS) {
+    const { body } = last;
+    const sx = pixelsWide / body.width;
+    const sy = pixelsHigh / body.height;
+    counts = drawBoxes(ctx, body.objects || [], sx, sy, dpr, live.alerts.alertedTracks());
+  }
+  canvas.dataset.boxes = String(counts.drawn);
+  canvas.dataset.alerted = String(counts.warned);
+  hooks.boxesDrawn = counts.drawn;
+}
+
+function clearOverlay() {
+  live.last = null;
+  drawLiveOverlay();
+}
+
+function renderLiveStats() {
+  const now = performance.now();
+  while (live.arrivals.length && live.arrivals[0] < now - FPS_WINDOW_MS) live.arrivals.shift();
+  const running = live.pc !== null;
+  $("live-fps").textContent = running && live.frames ? (live.arrivals.length / (FPS_WINDOW_MS / 1000)).toFixed(1) : "–";
+  $("live-lag").textContent = running && live.lagMs !== null ? `${Math.round(live.lagMs)} ms` : "–";
+  if (live.last && now - live.last.at >= STALE_OVERLAY_MS) clearOverlay();
+}
+
+window.addEventListener("pagehide", () => {
+  const { session, pc } = live;
+  if (session) {
+    // sendBeacon cannot send headers: the session's close token is its authority.
+    const body = JSON.stringify({ stream_id: session.streamId, close_token: session.closeToken });
+    navigator.sendBeacon("/api/webrtc/close", new Blob([body], { type: "text/plain" }));
+  }
+  if (pc) pc.close();
+});
+
+// -- Watch cameras ------------------------------------------------------------------------------
+
+const watch = {
+  timer: null,
+  selected: null,
+  abort: null,
+  items: new Map(), // stream id -> <li>
+  detections: [], // the last KEEP_DETECTIONS detections bodies of the selected stream
+  frames: 0,
+  alerts: null,
+  bitmap: null,
+  seq: null,
+  meta: {}, // the selected stream as last listed
+};
+
+function startWatching() {
+  if (watch.timer !== null) return;
+  refreshStreams();
+  watch.timer = setInterval(refreshStreams, LIST_EVERY_MS);
+  if (watch.selected) select(watch.selected);
+}
+
+function stopWatching() {
+  if (watch.timer !== null) clearInterval(watch.timer);
+  watch.timer = null;
+  if (watch.abort) watch.abort.abort();
+  watch.abort = null;
+}
+
+async function refreshStreams() {
+  let streams;
+  try {
+    const response = await api("/api/streams");
+    if (!response.ok) {
+      pageNotice(`Could not list the streams: ${await errorText(response)}`);
+      return;
+    }
+    streams = (await response.json()).streams || [];
+  } catch (error) {
+    if (!(error instanceof Unauthorized)) pageNotice(`Could not list the streams: ${error.message}`);
+    return;
+  }
+  if (watch.timer === null) return; // left the mode meanwhile
+  pageNotice("");
+  renderStreams(streams);
+}
+
+function streamItem(id) {
+  const li = document.createElement("li");
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = "stream";
+  button.dataset.id = id;
+  button.innerHTML =
+    '<span class="line"><span class="id"></span><span class="kind"></span></span>' +
+    '<span class="line"><span class="pill"></span></span><span class="reason"></span>';
+  button.querySelector(".id").textContent = id;
+  button.addEventListener("click", () => select(id));
+  li.append(button);
+  return li;
+}
+
+function renderStreams(streams) {
+  const list = $("streams");
+  const seen = new Set();
+  streams.forEach((stream, index) => {
+    seen.add(stream.id);
+    let li = watch.items.get(stream.id);
+    if (!li) {
+      li = streamItem(stream.id);
+      watch.items.set(stream.id, li);
+    }
+    // The server's order; a node is moved only when out of place, so focus stays where it is.
+    if (list.children[index] !== li) list.insertBefore(li, list.children[index] || null);
+    const button = li.firstElementChild;
+    button.setAttribute("aria-pressed", String(stream.id === watch.selected));
+    button.querySelector(".kind").textContent = stream.kind || "camera";
+    const pill = button.querySelector(".pill");
+    pill.dataset.state = stream.state;
+    pill.textContent = stream.state;
+    button.querySelector(".reason").textContent = stream.reason || "";
+    if (stream.id === watch.selected) showStreamMeta(stream);
+  });
+  for (const [id, li] of watch.items) {
+    if (!seen.has(id)) {
+      li.remove();
+      watch.items.delete(id);
+    }
+  }
+  $("streams-empty").hidden = streams.length > 0;
+  if (watch.selected && !seen.has(watch.selected)) watchNote("This stream is gone.");
+}
+
+function showStreamMeta(stream) {
+  watch.meta = stream;
+  const parts = [stream.kind || "camera", stream.state];
+  if (stream.reason) parts.push(stream.reason);
+  $("watch-meta").textContent = parts.join(" · ");
+}
+
+function watchNote(text) {
+  const note = $("watch-placeholder");
+  note.textContent = text;
+  note.hidden = !text;
+  note.classList.toggle("over", $("watch-canvas").classList.contains("on"));
+}
+
+function select(id) {
+  if (watch.abort) watch.abort.abort();
+  const abort = (watch.abort = new AbortController());
+  if (watch.selected !== id) {
+    watch.selected = id;
+    watch.detections = [];
+    watch.frames = 0;
+    watch.alerts.clear();
+    watch.seq = null;
+    watch.meta = {};
+    $("watch-meta").textContent = "";
+    $("watch-frame").textContent = "";
+    if (watch.bitmap) watch.bitmap.close();
+    watch.bitmap = null;
+    const canvas = $("watch-canvas");
+    canvas.classList.remove("on");
+    canvas.dataset.boxes = "0";
+    canvas.dataset.alerted = "0";
+    canvas.dataset.frames = "0";
+  }
+  hooks.watch = { streamId: id, boxesDrawn: 0, messages: 0 };
+  $("watch-title").textContent = id;
+  for (const [other, li] of watch.items) li.firstElementChild.setAttribute("aria-pressed", String(other === id));
+  watchNote(watch.bitmap ? "" : "Loading the latest frame…");
+  readEvents(id, abort.signal);
+  pollFrames(id, abort.signal);
+}
+
+function sleep(ms, signal) {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener("abort", () => {
+      clearTimeout(timer);
+      resolve();
+    }, { once: true });
+  });
+}
+
+// EventSource cannot send a bearer header, so the events are read with fetch and parsed here.
+async function readSse(body, signal, onEvent, onId) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  signal.addEventListener("abort", () => reader.cancel().catch(() => {}), { once: true });
+  let buffer = "";
+  let name = "message";
+  let data = [];
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n")) >= 0) {
+      let line = buffer.slice(0, end);
+      buffer = buffer.slice(end + 1);
+      if (line.endsWith("\r")) line = line.slice(0, -1);
+      if (line === "") {
+        if (data.length) onEvent(name, data.join("\n"));
+        name = "message";
+        data = [];
+      } else if (!line.startsWith(":")) {
+        const colon = line.indexOf(":");
+        const field = colon < 0 ? line : line.slice(0, colon);
+        let value = colon < 0 ? "" : line.slice(colon + 1);
+        if (value.startsWith(" ")) value = value.slice(1);
+        if (field === "event") name = value;
+        else if (field === "data") data.push(value);
+        else if (field === "id" && !value.includes("\0")) onId(value);
+      }
+    }
+    if (buffer.length > MAX_SSE_BUFFER) throw new Error("an event line too long");
+  }
+}
+
+async function readEvents(id, signal) {
+  let lastId = null; // as EventSource does: a reconnect resumes after the last event seen
+  while (!signal.aborted) {
+    try {
+      const headers = { Accept: "text/event-stream" };
+      if (lastId) headers["Last-Event-ID"] = lastId;
+      const response = await api(`/api/streams/${encodeURIComponent(id)}/events`, { signal, headers });
+      if (response.ok) {
+        await readSse(response.body, signal, (name, data) => onWatchEvent(name, data), (value) => (lastId = value));
+      } else if (response.status === 404) {
+        return; // the frame poll says the stream is gone
+      } else {
+        watchNote(`Events unavailable: ${await errorText(response)}`);
+      }
+    } catch (error) {
+      if (signal.aborted || error instanceof Unauthorized) return;
+    }
+    await sleep(EVENTS_RETRY_MS, signal);
+  }
+}
+
+function onWatchEvent(name, data) {
+  let body;
+  try {
+    body = JSON.parse(data);
+  } catch {
+    return;
+  }
+  hooks.watch.messages += 1;
+  switch (name) {
+    case "stream":
+      showStreamMeta(body);
+      break;
+    case "detections":
+      watch.frames += 1;
+      $("watch-canvas").dataset.frames = String(watch.frames);
+      watch.detections.push(body);
+      if (watch.detections.length > KEEP_DETECTIONS) watch.detections.shift();
+      // The JPEG can arrive before its frame's event: redraw once the boxes that match it are in.
+      if (body.frame_seq === watch.seq) drawWatch();
+      break;
+    case "alerts":
+      watch.alerts.update(body);
+      drawWatch();
+      break;
+    case "status":
+      showStreamMeta({ ...watch.meta, state: body.state, reason: body.reason });
+      break;
+    default:
+      break;
+  }
+}
+
+async function pollFrames(id, signal) {
+  const path = `/api/streams/${encodeURIComponent(id)}/frame.jpg`;
+  while (!signal.aborted) {
+    const started = performance.now();
+    try {
+      const response = await api(path, { signal });
+      if (response.ok) {
+        const seq = Number(response.headers.get("X-Frame-Seq"));
+        const bitmap = await createImageBitmap(await response.blob());
+        if (signal.aborted) {
+          bitmap.close();
+          return;
+        }
+        if (watch.bitmap) watch.bitmap.close();
+        watch.bitmap = bitmap;
+        watch.seq = seq;
+        watchNote("");
+        drawWatch();
+      } else {
+        const reason = await errorText(response);
+        if (reason === "unknown stream") watchNote("This stream is gone.");
+        else if (reason === "no frame yet") watchNote("Waiting for the first processed frame…");
+        else watchNote(`No frame: ${reason}`);
+      }
+    } catch (error) {
+      if (signal.aborted || error instanceof Unauthorized) return;
+      watchNote(`Could not load the frame: ${error.message}`);
+    }
+    await sleep(Math.max(0, FRAME_EVERY_MS - (performance.now() - started)), signal);
+  }
+}
+
+// The detections of the frame shown: the event with the same frame_seq, else the newest.
+function detectionsFor(seq) {
+  for (let i = watch.detections.length - 1; i >= 0; i -= 1) {
+    if (watch.detections[i].frame_seq === seq) return watch.detections[i];
+  }
+  return watch.detections[watch.detections.length - 1] || null;
+}
+
+function drawWatch() {
+  const bitmap = watch.bitmap;
+  if (!bitmap) return;
+  const canvas = $("watch-canvas");
+  if (canvas.width !== bitmap.width) canvas.width = bitmap.width;
+  if (canvas.height !== bitmap.height) canvas.height = bitmap.height;
+  canvas.classList.add("on");
+  const ctx = canvas.getContext("2d");
+  ctx.drawImage(bitmap, 0, 0);
+  const body = detectionsFor(watch.seq);
+  let counts = { drawn: 0, warned: 0 };
+  if (body) {
+    const shown = canvas.clientWidth || bitmap.width;
+    const unit = bitmap.width / shown;
+    counts = drawBoxes(ctx, body.objects || [], bitmap.width / body.width, bitmap.height / body.height, unit,
+      watch.alerts.alertedTracks());
+  }
+  const drawn = counts.drawn;
+  canvas.dataset.boxes = String(drawn);
+  canvas.dataset.alerted = String(counts.warned);
+  hooks.watch.boxesDrawn = drawn;
+  const matched = body && body.frame_seq === watch.seq ? "" : " (boxes of a nearby frame)";
+  const tracked = body ? (body.objects || []).filter((o) => o.track_id != null).length : 0;
+  const active = [...watch.alerts.alerts.values()].filter((a) => a.active).length;
+  $("watch-frame").textContent = [
+    `frame ${watch.seq}`,
+    `${drawn} box${drawn === 1 ? "" : "es"}${matched}`,
+    `${tracked} tracked`,
+    active ? `${active} active alert${active === 1 ? "" : "s"}` : "",
+  ].filter(Boolean).join(" · ");
+}
+
+// -- Start-up ---------------------------------------------------------------------------------
+
+async function boot() {
+  live.alerts = new AlertList($("live-alerts"));
+  live.captions = new CaptionPanel($("captions"));
+  watch.alerts = new AlertList($("watch-alerts"));
+  $("token-form").addEventListener("submit", submitToken);
+  $("start").addEventListener("click", startLive);
+  $("stop").addEventListener("click", () => stopLive());
+  for (const tab of document.querySelectorAll("[role=tab]")) {
+    tab.addEventListener("click", () => {
+      history.replaceState(null, "", tab.dataset.mode === "watch" ? "#watch" : "#live");
+      showMode(tab.dataset.mode);
+    });
+  }
+  window.addEventListener("hashchange", () => showMode(currentMode()));
+  new ResizeObserver(() => drawLiveOverlay()).observe($("live-video"));
+  setInterval(renderLiveStats, 500);
+  setLiveState("idle");
+  showMode(currentMode());
+  // One call decides whether the token is needed before anything of the streams is shown.
+  try {
+    const response = await api("/api/streams");
+    if (!response.ok) pageNotice(`The server answered: ${await errorText(response)}`);
+    unlock();
+  } catch (error) {
+    if (!(error instanceof Unauthorized)) pageNotice(`Could not reach the server: ${error.message}`);
+  }
+}
+
+boot();
