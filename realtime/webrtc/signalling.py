@@ -81,7 +81,22 @@ async def close_session(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+async def client_config(request: web.Request) -> web.Response:
+    """What the page needs before its offer: the ICE servers (TURN credentials included, so this
+    sits behind the bearer token like the rest of /api)."""
+    servers = [
+        {
+            "urls": list(server.urls),
+            **({"username": server.username} if server.username else {}),
+            **({"credential": server.credential.get_secret_value()} if server.credential else {}),
+        }
+        for server in request.app[SESSIONS].settings.ice_servers
+    ]
+    return web.json_response({"ice_servers": servers}, headers={"Cache-Control": "no-store"})
+
+
 def add_routes(app: web.Application, table: SessionTable) -> None:
     app[SESSIONS] = table
+    app.router.add_get("/api/webrtc/config", client_config)
     app.router.add_post("/api/webrtc/offer", create_session)
     app.router.add_post("/api/webrtc/close", close_session, name=BEACON_ROUTE)

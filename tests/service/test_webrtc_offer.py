@@ -125,3 +125,15 @@ async def test_offers_need_the_token_and_the_beacon_its_close_token(
         assert peer.stream_id not in token_svc.service.sessions
     finally:
         await peer.close()
+
+
+async def test_the_page_learns_the_configured_ice_servers_behind_the_token(
+    detector: Detector, shared_nats_server: EmbeddedNatsServer
+) -> None:
+    turn = {"urls": ["turn:turn.example:3478"], "username": "u", "credential": "pw"}
+    config = make_config(webrtc={"ice_servers": [turn, {"urls": ["stun:stun.example:3478"]}]})
+    async with live_service(detector, shared_nats_server.url, config=config, token=TOKEN) as live:
+        assert (await live.call("GET", "/api/webrtc/config", token=None)).status == 401
+        reply = await live.call("GET", "/api/webrtc/config")
+        assert reply.status == 200 and reply.headers["Cache-Control"] == "no-store"
+        assert reply.body == {"ice_servers": [turn, {"urls": ["stun:stun.example:3478"]}]}

@@ -15,8 +15,17 @@ const STALE_OVERLAY_MS = 1500; // boxes older than this are cleared, not left on
 const ICE_GATHER_TIMEOUT_MS = 5000;
 const MAX_SSE_BUFFER = 1 << 20;
 
-// ICE servers for the peer connection; none by default (later the server may say which to use).
-let iceServers = [];
+// The ICE servers the service is configured with (webrtc.ice_servers; none by default).
+async function iceServers() {
+  const response = await api("/api/webrtc/config");
+  if (!response.ok) throw new Error(await errorText(response));
+  const body = await response.json();
+  return (body.ice_servers || []).map((server) => ({
+    urls: server.urls,
+    ...(server.username ? { username: server.username } : {}),
+    ...(server.credential ? { credential: server.credential } : {}),
+  }));
+}
 
 // Test hooks (and a handle for anyone poking at the page from the console).
 const hooks = {
@@ -390,7 +399,17 @@ async function startLive() {
   $("live-box").classList.add("on");
   $("live-placeholder").hidden = true;
 
-  const pc = (live.pc = new RTCPeerConnection({ iceServers }));
+  let servers;
+  try {
+    servers = await iceServers();
+  } catch (error) {
+    if (!current()) return;
+    stopLive("error");
+    if (!(error instanceof Unauthorized)) liveNotice(`Could not reach the server: ${error.message || error}`);
+    return;
+  }
+  if (!current()) return; // Stop (or another Start) released the media already
+  const pc = (live.pc = new RTCPeerConnection({ iceServers: servers }));
   for (const track of media.getTracks()) pc.addTrack(track, media);
   const channel = pc.createDataChannel("events");
   channel.addEventListener("message", onLiveMessage);
