@@ -1,0 +1,295 @@
+"""One model shared by every stream, fed through a cross-stream batcher (any model).
+
+Each stream has at most one item in flight, so the queue is bounded by the number of streams.
+When the model is free the batcher takes the items that are ready, up to its batch limit, and
+runs them in one call on its own thread. Streams that just got their results back need a moment
+to submit their next item, so while fewer items are queued than streams are registered the
+batcher waits for them, but never longer than `gather_window_s`: a paused stream costs the
+others at most that. Without the window, four streams settle into alternating batches of two.
+
+The batcher is supervised: if its runner task ends for any reason other than `aclose()`, if
+the model breaks its contract (not one result per item), or if `max_consecutive_failures`
+model calls in a row raise, the batcher is dead. It logs why once, `alive` turns False,
+`failure` holds a one-line reason, and every item waiting and every later `submit()` fails at
+once with the batcher's `failed_error` instead of hanging. A model call that raises below that
+threshold fails only its items, with the model's error. Items waiting are capped at
+`max_pending`; past it `submit()` raises `full_error` at once rather than queue without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Generic, Self, TypeVar
+
+log = logging.getLogger(__name__)
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+DEFAULT_GATHER_WINDOW_S = 0.005
+# Each stream has at most one item waiting, so 256 is far above the streams one node runs.
+# Reaching it means a caller broke that contract (submitting without awaiting); refusing then
+# keeps memory (256 1080p RGB frames are ~1.6 GB) and latency bounded.
+DEFAULT_MAX_PENDING = 256
+# Model calls in a row that may raise before the model is declared broken: enough that a few
+# bad items do not take every stream down, few enough that a dead model is noticed in seconds.
+DEFAULT_MAX_CONSECUTIVE_FAILURES = 5
+
+
+class ModelFailed(RuntimeError):
+    """The shared model is unusable (crashed, broken, or closed); `reason` says why.
+
+    Not transient: every later `submit()` raises it too."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class QueueFull(RuntimeError):
+    """`max_pending` items are already waiting; this one was refused, not queued."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome(Generic[Out]):
+    result: Out
+    elapsed_ms: float  # wall time of the model call this item rode in
+    batch_size: int
+    started_at: float  # wall clock when that model call began
+
+
+@dataclass(slots=True)
+class BatcherStats:
+    calls: int = 0
+    items: int = 0
+    failures: int = 0  # model calls that raised
+    busy_s: float = 0.0
+    rejected: int = 0  # submit() calls refused as full
+
+    @property
+    def frames(self) -> int:  # the detector's name for its items
+        return self.items
+
+
+class ModelBatcher(Generic[In, Out]):
+    def __init__(
+        self,
+        call: Callable[[list[In]], list[Out]],
+        *,
+        name: str,
+        unit: str,
+        max_batch: int,
+        gather_window_s: float = DEFAULT_GATHER_WINDOW_S,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        max_consecutive_failures: int = DEFAULT_MAX_CONSECUTIVE_FAILURES,
+        failed_error: type[ModelFailed] = ModelFailed,
+        full_error: type[QueueFull] = QueueFull,
+        thread_name: str | None = None,
+    ) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be at least 1, got {max_pending}")
+        if max_consecutive_failures < 1:
+            raise ValueError(f"max_consecutive_failures must be at least 1, got {max_consecutive_failures}")
+        self._call = call
+        self.name = name  # "detector": in reasons and logs
+        self.unit = unit  # "frames": what the items are, in messages
+        self.max_batch = max(1, max_batch)
+        self.gather_window_s = gather_window_s
+        self.max_pending = max_pending
+        self.max_consecutive_failures = max_consecutive_failures
+        self._failed_error = failed_error
+        self._full_error = full_error
+        self._clients = 0
+        self._arrived = asyncio.Event()
+        self._pending: asyncio.Queue[tuple[In, asyncio.Future[Outcome[Out]]]] = asyncio.Queue(maxsize=max_pending)
+        # Every future a submit() awaits until it resolves, wherever it is (queued, gathered into
+        # a batch, in the model call), so dying or closing can resolve them all.
+        self._waiting: set[asyncio.Future[Outcome[Out]]] = set()
+        thread_name = thread_name or f"vidsentry-{name.replace(' ', '-')}"
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+        self._runner: asyncio.Task[None] | None = None
+        self._closed = False
+        self._failure: str | None = None
+        self._consecutive_failures = 0
+        self._busy_since: float | None = None
+        self.stats = BatcherStats()
+
+    async def __aenter__(self) -> Self:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def alive(self) -> bool:
+        """Started, and neither dead nor closed: `submit()` calls are being served."""
+        return self._runner is not None and self._failure is None and not self._closed
+
+    @property
+    def failure(self) -> str | None:
+        """Why the batcher died (one line, for users), or None while it has not."""
+        return self._failure
+
+    @property
+    def pending(self) -> int:
+        """Items queued and not yet gathered into a batch."""
+        return self._pending.qsize()
+
+    @property
+    def busy(self) -> bool:
+        """A model call is running now."""
+        return self._busy_since is not None
+
+    def start(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"the {self.name} batcher was closed; it cannot be started again")
+        if self._runner is None:
+            self._runner = asyncio.create_task(self._run(), name=f"{self.name.replace(' ', '-')}-batcher")
+            self._runner.add_done_callback(self._runner_done)
+
+    @contextlib.contextmanager
+    def client(self) -> Iterator[None]:
+        """Register a stream for the lifetime of its loop (sizes the gather window's wait)."""
+        self._clients += 1
+        try:
+            yield
+        finally:
+            self._clients -= 1
+
+    async def submit(self, item: In) -> Outcome[Out]:
+        """Run the model on one item, batched with other streams' items.
+
+        Raises the model's error if its call failed, `failed_error` if the batcher is dead or
+        closed (at once, or while waiting if it dies then), and `full_error` if `max_pending`
+        items are already waiting."""
+        if self._failure is not None:
+            raise self._failed_error(self._failure)
+        if self._closed:
+            raise self._failed_error(f"{self.name} is closed")
+        if self._runner is None:
+            raise RuntimeError(f"the {self.name} batcher's start() was not called")
+        future: asyncio.Future[Outcome[Out]] = asyncio.get_running_loop().create_future()
+        try:
+            self._pending.put_nowait((item, future))
+        except asyncio.QueueFull:
+            self.stats.rejected += 1
+            raise self._full_error(
+                f"{self.max_pending} {self.unit} are already waiting for the {self.name}"
+            ) from None
+        self._waiting.add(future)
+        future.add_done_callback(self._waiting.discard)
+        self._arrived.set()
+        return await future
+
+    async def _gather(self) -> list[tuple[In, asyncio.Future[Outcome[Out]]]]:
+        batch = [await self._pending.get()]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.gather_window_s
+        while len(batch) < self.max_batch:
+            if not self._pending.empty():
+                batch.append(self._pending.get_nowait())
+                continue
+            remaining = deadline - loop.time()
+            if len(batch) >= self._clients or remaining <= 0:
+                break
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+        return batch
+
+    async def _run(self) -> None:
+        """Serve batches until cancelled by aclose() or the model is found broken (then return dead).
+
+        Futures still unresolved when it ends are resolved by aclose() or _die(), not here."""
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._gather()
+            live = [(item, fut) for item, fut in batch if not fut.done()]
+            if not live:
+                continue
+            items = [item for item, _ in live]
+            started_wall = time.time()
+            started = self._busy_since = time.perf_counter()
+            try:
+                results = await loop.run_in_executor(self._executor, self._call, items)
+            except Exception as exc:  # the model failed: fail these items, keep serving
+                self.stats.failures += 1
+                self._consecutive_failures += 1
+                log.warning(f"{self.name} call failed", extra={"error": repr(exc), "batch": len(items)})
+                for _, fut in live:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                if self._consecutive_failures >= self.max_consecutive_failures:
+                    self._die(
+                        f"{self.name} failed {self._consecutive_failures} model calls in a row; "
+                        f"last error: {describe(exc)}",
+                        exc,
+                    )
+                    return
+                continue
+            finally:
+                self._busy_since = None
+            if not isinstance(results, list) or len(results) != len(items):
+                got = f"{len(results)} results" if isinstance(results, list) else f"a {type(results).__name__}"
+                self._die(f"{self.name} engine is broken: backend returned {got} for {len(items)} {self.unit}")
+                return
+            self._consecutive_failures = 0
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            self.stats.calls += 1
+            self.stats.items += len(items)
+            self.stats.busy_s += elapsed_ms / 1000
+            for (_, fut), result in zip(live, results, strict=True):
+                if not fut.done():
+                    fut.set_result(Outcome(result, elapsed_ms, len(items), started_wall))
+
+    def _runner_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            if not self._closed:
+                self._die(f"{self.name} batcher was cancelled")
+            return
+        exc = task.exception()  # retrieving it also keeps asyncio from logging it again
+        if exc is not None:
+            self._die(f"{self.name} batcher crashed: {describe(exc)}", exc)
+        elif not self._closed:
+            self._die(f"{self.name} batcher stopped")  # no-op after _run returned through _die
+
+    def _die(self, reason: str, exc: BaseException | None = None) -> None:
+        """Mark the batcher dead (once) and fail everything waiting with `failed_error(reason)`."""
+        if self._failure is not None:
+            return
+        self._failure = reason
+        log.error("%s batcher is dead: %s", self.name, reason, exc_info=exc, extra={"reason": reason})
+        self._drain_queue()
+        for fut in list(self._waiting):
+            if not fut.done():
+                fut.set_exception(self._failed_error(reason))
+
+    def _drain_queue(self) -> None:
+        while not self._pending.empty():
+            self._pending.get_nowait()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        runner, self._runner = self._runner, None
+        if runner is not None and not runner.done():
+            runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runner
+        # Items still waiting (queued, gathered, or in the interrupted model call) are cancelled.
+        self._drain_queue()
+        for fut in list(self._waiting):
+            fut.cancel()
+        # Wait for an in-flight model call so the model is not closed under it.
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0].strip() if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
