@@ -1,0 +1,61 @@
+"""The speech-recognition contract: requests, results and the recognizer protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from engines.errors import EngineUnavailable
+
+SAMPLE_RATE = 16_000
+MAX_AUDIO_S = 30.0  # Whisper's window: one request never holds more
+
+
+class AsrUnavailable(EngineUnavailable, RuntimeError):
+    """The ASR model or runtime cannot be used here (missing package, bad model dir, no CUDA)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AsrWord:
+    word: str  # as Whisper spells it, leading space kept (" hello")
+    start: float  # seconds from the start of the request's audio
+    end: float
+    probability: float
+
+
+@dataclass(frozen=True, slots=True)
+class AsrRequest:
+    audio: np.ndarray  # float32 mono 16 kHz in [-1, 1], at most 30 s
+    prompt: str = ""  # committed text before this audio, to condition on (previous_text); may be ""
+
+
+@dataclass(frozen=True, slots=True)
+class AsrResult:
+    words: tuple[AsrWord, ...]
+    text: str  # the words joined, stripped (words aligned after the end of the audio are left out)
+    no_speech_prob: float
+    avg_logprob: float
+    compression_ratio: float
+    language: str
+
+
+@dataclass(frozen=True, slots=True)
+class AsrInfo:
+    name: str  # e.g. "tiny.en" or the model dir name
+    path: str
+    device: str  # "cpu" | "cuda"
+    compute_type: str
+    sample_rate: int = SAMPLE_RATE
+
+
+class SpeechRecognizer(Protocol):
+    info: AsrInfo
+
+    def transcribe_batch(self, requests: Sequence[AsrRequest]) -> list[AsrResult]:
+        """Blocking; called from one worker thread. One result per request, in order."""
+        ...
+
+    def close(self) -> None: ...
