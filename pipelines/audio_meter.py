@@ -1,5 +1,5 @@
-"""The audio stage until captions take its place: it consumes a stream's audio so its buffer
-never fills, and counts what arrived."""
+"""The audio stage of streams without captions (no speech recognizer in the service, or the
+stream's captions are off): it consumes the audio so its buffer never fills, and counts it."""
 
 from __future__ import annotations
 
@@ -50,14 +50,21 @@ class AudioMeter:
         """Nothing to do: the meter ends when its buffer closes."""
 
     def counters(self) -> Counters:
-        stats = self.audio.stats
-        return {
-            "audio_seconds": round(stats.seconds_in, 2),
-            "audio_dropped_seconds": round(stats.seconds_dropped, 2),
-            "audio_buffered_s": round(self.audio.buffered_seconds, 3),
-        }
+        return audio_counters(self.audio)
+
+
+def audio_counters(audio: AudioBuffer) -> Counters:
+    """What every audio stage reports about its buffer."""
+    stats = audio.stats
+    return {
+        "audio_seconds": round(stats.seconds_in, 2),
+        "audio_dropped_seconds": round(stats.seconds_dropped, 2),
+        "audio_buffered_s": round(audio.buffered_seconds, 3),
+    }
 
 
 def build(ctx: StageContext) -> AudioMeter | None:
+    if ctx.engines.captions is not None and ctx.spec.captions:
+        return None  # the caption stage takes the audio
     audio = ctx.audio(STAGE_NAME, max_seconds=AUDIO_BUFFER_SECONDS)
     return None if audio is None else AudioMeter(audio)

@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, Self, TypeVar
 
+from pipelines.compute import ComputeShares
+
 log = logging.getLogger(__name__)
 
 In = TypeVar("In")
@@ -91,11 +93,19 @@ class ModelBatcher(Generic[In, Out]):
         failed_error: type[ModelFailed] = ModelFailed,
         full_error: type[QueueFull] = QueueFull,
         thread_name: str | None = None,
+        compute: ComputeShares | None = None,
     ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be at least 1, got {max_pending}")
         if max_consecutive_failures < 1:
             raise ValueError(f"max_consecutive_failures must be at least 1, got {max_consecutive_failures}")
+        if compute is not None:  # each call waits for this model's turn at the CPU
+            unguarded = call
+
+            def call(items: list[In]) -> list[Out]:
+                with compute.turn(name):
+                    return unguarded(items)
+
         self._call = call
         self.name = name  # "detector": in reasons and logs
         self.unit = unit  # "frames": what the items are, in messages

@@ -22,8 +22,12 @@ from pipelines.batching import (
     ModelFailed,
     QueueFull,
 )
+from pipelines.compute import ComputeShares
 
 __all__ = ["BatchDetector", "BatcherFull", "BatcherStats", "DetectionBatcher", "DetectionOutcome", "DetectorFailed"]
+
+
+DETECTOR = "detector"  # the batcher's name: in reasons, logs and compute shares
 
 
 class BatchDetector(Protocol):
@@ -61,11 +65,12 @@ class DetectionBatcher(ModelBatcher[np.ndarray, Detections]):
         gather_window_s: float = DEFAULT_GATHER_WINDOW_S,
         max_pending: int = DEFAULT_MAX_PENDING,
         max_consecutive_failures: int = DEFAULT_MAX_CONSECUTIVE_FAILURES,
+        compute: ComputeShares | None = None,
     ) -> None:
         self.detector = detector
         super().__init__(
             detector.detect,
-            name="detector",
+            name=DETECTOR,
             unit="frames",
             max_batch=min(max_batch or detector.max_batch, detector.max_batch),
             gather_window_s=gather_window_s,
@@ -74,6 +79,7 @@ class DetectionBatcher(ModelBatcher[np.ndarray, Detections]):
             failed_error=DetectorFailed,
             full_error=BatcherFull,
             thread_name="vidsentry-infer",
+            compute=compute,
         )
 
     async def detect(self, image: np.ndarray) -> DetectionOutcome:

@@ -127,3 +127,54 @@ def alert_event(stream_id: str, change: AlertChange, *, captured_at: float, snap
         data=data,
         id=f"alert-{change.alert_id}-{change.kind.value}",
     )
+
+
+def partial_event(
+    stream_id: str, *, segment_id: str, text: str, start: float, end: float, revision: int, captured_at: float
+) -> Event:
+    """Tentative text of the caption segment `segment_id`; a higher `revision` replaces it."""
+    return Event(
+        kind=EventKind.PARTIALS,
+        stream_id=stream_id,
+        pts=start,
+        captured_at=captured_at,
+        data={
+            "segment_id": segment_id,
+            "text": text,
+            "start": round(start, 3),
+            "end": round(end, 3),
+            "revision": revision,
+        },
+    )
+
+
+def caption_event(
+    stream_id: str,
+    *,
+    segment_id: str,
+    words: Sequence[tuple[str, float, float, float]],  # (word, start, end, probability), media seconds
+    language: str,
+    model: str,
+    captured_at: float,
+) -> Event:
+    """Final text of the caption segment `segment_id`: never changed afterwards."""
+    start, end = words[0][1], words[-1][2]
+    return Event(
+        kind=EventKind.CAPTIONS,
+        stream_id=stream_id,
+        pts=start,
+        captured_at=captured_at,
+        data={
+            "segment_id": segment_id,
+            "text": "".join(w[0] for w in words).strip(),
+            "start": round(start, 3),
+            "end": round(end, 3),
+            "words": [
+                {"word": w[0].strip(), "start": round(w[1], 3), "end": round(w[2], 3), "probability": round(w[3], 3)}
+                for w in words
+            ],
+            "language": language,
+            "model": model,
+        },
+        id=f"caption-{stream_id}-{segment_id}",
+    )

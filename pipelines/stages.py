@@ -6,9 +6,11 @@ Adding a capability is one module with a `build(ctx) -> Stage | None` factory, p
 from __future__ import annotations
 
 from pipelines import audio_meter, frame_loop
+from pipelines.captions import stage as captions
 from pipelines.graph import StageFactory
 
 DEFAULT_STAGES: tuple[StageFactory, ...] = (
     frame_loop.build,
-    audio_meter.build,
+    captions.build,  # when the service has a speech recognizer and the stream wants captions
+    audio_meter.build,  # otherwise: audio is still taken and counted
 )

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from engines.asr.types import SpeechRecognizer
+from engines.asr.vad import VadModel
+from engines.asr.whisper import create_recognizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES_OUT = ROOT / ".cache" / "samples"
@@ -55,3 +61,11 @@ from tests.support.rtsp import rtsp_server  # noqa: E402
 from tests.support.vtest import vtest_detections  # noqa: E402
 
 __all__ = ["nats_server", "rtsp_server", "shared_nats_server", "vtest_detections"]
+
+
+@pytest.fixture(scope="session")
+def caption_models() -> Iterator[tuple[SpeechRecognizer, VadModel]]:
+    """The bundled tiny.en recognizer and the Silero voice detector, loaded once per test session."""
+    recognizer = create_recognizer(threads=min(4, os.cpu_count() or 1))
+    yield recognizer, VadModel.load()
+    recognizer.close()

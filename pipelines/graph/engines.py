@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipelines.captions.engine import CaptionEngine
 from pipelines.detect import DetectionBatcher
 from pipelines.rules.snapshots import SnapshotStore
 
@@ -13,7 +14,11 @@ from pipelines.rules.snapshots import SnapshotStore
 class SharedEngines:
     detector: DetectionBatcher
     snapshots: SnapshotStore | None = None  # alert pictures; None: alerts carry `snapshot: null`
+    captions: CaptionEngine | None = None  # the shared speech recognizer; None: no captions anywhere
 
     def health(self) -> dict[str, bool]:
         """Named liveness checks of the shared engines (for readiness)."""
-        return {"detector": self.detector.alive}
+        checks = {"detector": self.detector.alive}
+        if self.captions is not None:
+            checks["asr"] = self.captions.batcher.alive
+        return checks

@@ -16,6 +16,7 @@ class ProcessingSpec:
     detect_fps: float | None  # cap on the detection rate; None: every frame the hardware allows
     tracker: TrackerConfig
     rules: tuple[RuleSpec, ...]
+    captions: bool = True  # live captions of its audio, when the service has a speech recognizer
 
     def __post_init__(self) -> None:
         validate_stream_id(self.stream_id)

@@ -52,6 +52,11 @@ class StageContext:
     def stream_id(self) -> str:
         return self.spec.stream_id
 
+    @property
+    def lossless(self) -> bool:
+        """The source is a file played as fast as it is processed, not in real time."""
+        return self.frame_tee.lossless
+
     def frames(self, name: str, *, primary: bool = False) -> FrameMailbox:
         """A latest-frame mailbox of this stream's video for one consumer. At most one consumer is
         primary: with a lossless source (a file played as fast as possible) it holds the source

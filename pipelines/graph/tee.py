@@ -31,6 +31,10 @@ class FrameTee:
         self._names: dict[str, FrameMailbox] = {}
         self._closed = False
 
+    @property
+    def lossless(self) -> bool:
+        return self._lossless
+
     def attach(self, name: str, *, primary: bool = False) -> FrameMailbox:
         if name in self._names:
             raise ValueError(f"frame consumer {name!r} is attached already")

@@ -1,0 +1,107 @@
+"""Which words of a re-decoded, growing audio window are final: LocalAgreement-2.
+
+The window is decoded again each time it has grown by a step. A word is committed (final,
+never changed) once two decodes in a row agree on it and on every word before it; what the
+latest decode says after that is tentative (a partial). Words carry media times, so the words
+already committed are recognised in a new hypothesis by time (a word whose middle lies before the
+end of the last committed word) and, where Whisper shifts its times a little, by text (the first
+few words repeating the committed tail are dropped). At a pause the pending words are committed
+as they are (`flush`): nothing more will be said to confirm them.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MAX_NGRAM = 5  # committed words a new hypothesis may repeat at its start
+_NON_WORD = re.compile(r"[^\w']+")
+
+
+@dataclass(frozen=True, slots=True)
+class Word:
+    text: str  # as Whisper spells it, leading space kept
+    start: float  # media seconds
+    end: float
+    probability: float
+
+    @property
+    def key(self) -> str:
+        return normalise(self.text)
+
+
+def normalise(text: str) -> str:
+    """Case, punctuation and spacing do not make words differ ("Hello," == "hello")."""
+    return _NON_WORD.sub("", unicodedata.normalize("NFKC", text).lower())
+
+
+def join_words(words: Sequence[Word]) -> str:
+    return "".join(w.text for w in words).strip()
+
+
+MAX_LOOP_NGRAM = 8
+
+
+def cut_repetition(words: Sequence[Word]) -> list[Word]:
+    """The words before a repetition loop: where a run of 2 to 8 words is immediately said again
+    (or one word a third time), Whisper has started looping at the edge of its window; what
+    follows the first copy is not speech. Real speech rarely repeats itself verbatim back to back."""
+    keys = [w.key for w in words]
+    for i in range(len(keys)):
+        if i >= 2 and keys[i] == keys[i - 1] == keys[i - 2]:
+            return list(words[:i])
+        for n in range(2, min(MAX_LOOP_NGRAM, (i + 1) // 2) + 1):
+            if keys[i - n + 1 : i + 1] == keys[i - 2 * n + 1 : i - n + 1]:
+                return list(words[: i - n + 1])
+    return list(words)
+
+
+class LocalAgreement:
+    def __init__(self) -> None:
+        self.committed_end = float("-inf")  # media end of the last committed word
+        self._tail: deque[str] = deque(maxlen=MAX_NGRAM)  # keys of the last committed words
+        self._previous: list[Word] = []  # the last hypothesis, past what is committed
+
+    @property
+    def pending(self) -> list[Word]:
+        """The tentative words of the last hypothesis."""
+        return list(self._previous)
+
+    def update(self, hypothesis: Sequence[Word]) -> tuple[list[Word], list[Word]]:
+        """(words committed now, tentative words after them) for a new decode of the window."""
+        fresh = self._after_committed(hypothesis)
+        agreed = 0
+        for old, new in zip(self._previous, fresh, strict=False):
+            if old.key != new.key or not new.key:
+                break
+            agreed += 1
+        committed, tentative = fresh[:agreed], fresh[agreed:]
+        self._commit(committed)
+        self._previous = tentative
+        return committed, tentative
+
+    def flush(self, hypothesis: Sequence[Word] | None = None) -> list[Word]:
+        """Commit what a final decode says (or, without one, the pending words) and start over."""
+        words = self._after_committed(hypothesis) if hypothesis is not None else self._previous
+        self._commit(words)
+        self._previous = []
+        return list(words)
+
+    def _commit(self, words: Sequence[Word]) -> None:
+        for word in words:
+            self._tail.append(word.key)
+        if words:
+            self.committed_end = max(self.committed_end, words[-1].end)
+
+    def _after_committed(self, hypothesis: Sequence[Word]) -> list[Word]:
+        fresh = [w for w in hypothesis if (w.start + w.end) / 2 > self.committed_end and w.key]
+        if not fresh or not self._tail:
+            return fresh
+        tail = list(self._tail)
+        for n in range(min(MAX_NGRAM, len(tail), len(fresh)), 0, -1):
+            if [w.key for w in fresh[:n]] == tail[-n:]:
+                return fresh[n:]
+        return fresh

@@ -1,0 +1,73 @@
+"""The speech recognizer every stream shares, and the caption settings of the service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engines.asr.types import AsrRequest, AsrResult, SpeechRecognizer
+from engines.asr.vad import VadModel
+from pipelines.batching import DEFAULT_GATHER_WINDOW_S, ModelBatcher, ModelFailed, QueueFull
+from pipelines.compute import ComputeShares
+
+# Streams whose decodes may ride in one CTranslate2 call. Each stream has at most one request in
+# flight, so this is also how many streams are served per call.
+DEFAULT_MAX_BATCH = 8
+
+
+RECOGNIZER = "speech recognizer"  # the batcher's name: in reasons, logs and compute shares
+
+
+class RecognizerFailed(ModelFailed):
+    """The shared speech recognizer is unusable; captions stop, detection goes on."""
+
+
+class RecognizerBusy(QueueFull):
+    """Too many decodes are already waiting."""
+
+
+@dataclass(frozen=True, slots=True)
+class CaptionSettings:
+    # The latency/accuracy knob: the window is decoded again each time it has grown this much.
+    # Smaller: earlier partials and finals, more compute; larger: fewer, better-informed decodes.
+    step_s: float = 0.5
+    endpoint_s: float = 0.6  # this much silence after speech ends the utterance (finalizes it)
+    vad_threshold: float = 0.5  # speech probability from which a 32 ms window counts as speech
+    pre_roll_s: float = 0.3  # audio kept before the detected start of speech
+    max_window_s: float = 12.0  # continuous speech longer than this is cut at its committed words
+    max_lag_s: float = 6.0  # audio waiting past this is dropped, oldest first (counted)
+    prompt_chars: int = 200  # committed text before the window given to Whisper as context
+    # Guards against Whisper's known failure modes (a result that trips one is not used).
+    max_compression_ratio: float = 2.4  # repetition loops compress well
+    no_speech_prob: float = 0.6  # with a low avg_logprob: nothing was said
+    min_avg_logprob: float = -1.0
+
+
+class SpeechBatcher(ModelBatcher[AsrRequest, AsrResult]):
+    def __init__(
+        self, recognizer: SpeechRecognizer, *, max_batch: int = DEFAULT_MAX_BATCH, compute: ComputeShares | None = None
+    ) -> None:
+        self.recognizer = recognizer
+        super().__init__(
+            recognizer.transcribe_batch,
+            name=RECOGNIZER,
+            unit="decodes",
+            max_batch=max_batch,
+            gather_window_s=DEFAULT_GATHER_WINDOW_S,
+            failed_error=RecognizerFailed,
+            full_error=RecognizerBusy,
+            thread_name="vidsentry-asr",
+            compute=compute,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CaptionEngine:
+    """What the caption stage of every stream shares."""
+
+    batcher: SpeechBatcher
+    vad: VadModel
+    settings: CaptionSettings = CaptionSettings()
+
+    @property
+    def model_name(self) -> str:
+        return self.batcher.recognizer.info.name

@@ -1,0 +1,326 @@
+"""The caption stage of one stream: its audio to `partials` and `captions` events.
+
+Audio arrives as 16 kHz mono chunks. A per-stream voice detector (Silero, shared model, own
+state) decides when someone speaks; silence and noise never reach Whisper. While someone speaks
+the utterance's audio is decoded again every `step_s` of new audio through the shared recognizer
+(one request in flight per stream; the recognizer batches streams together). LocalAgreement
+turns successive decodes into finals that never change (`captions`) and a tentative tail
+(`partials`, replaced by a higher `revision` of the same `segment_id`, and finally by the
+`captions` event with that id). A pause of `endpoint_s` ends the utterance: one last decode,
+everything pending becomes final. Continuous speech longer than `max_window_s` is cut at its
+committed words so no decode grows past that. Committed text before the window is Whisper's
+prompt. Decodes that look like Whisper's failure modes (a repetition loop, speech-free audio)
+are not used.
+
+Audio waiting longer than `max_lag_s` (the recognizer cannot keep up) is dropped, oldest first,
+and counted. If the shared recognizer dies, this stream's captions stop (counted, logged once)
+and its video goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engines.asr.types import AsrRequest, AsrResult
+from engines.asr.vad import StreamVad
+from pipelines.audio_meter import audio_counters
+from pipelines.captions.agreement import LocalAgreement, Word, cut_repetition, join_words
+from pipelines.captions.engine import CaptionEngine, RecognizerBusy, RecognizerFailed
+from pipelines.captions.window import AudioWindow
+from pipelines.event_bodies import caption_event, partial_event
+from pipelines.events import EventSink
+from pipelines.frames import AudioChunk
+from pipelines.graph import StageContext, counter, register_counters
+from pipelines.graph.counters import Counters
+from pipelines.mailbox import AudioBuffer, MailboxClosed
+
+log = logging.getLogger(__name__)
+
+STAGE_NAME = "captions"
+GAP_S = 0.5  # a jump in media time this large (dropped audio, a restarted clock) ends the utterance
+MIN_SPEECH_WINDOWS = 2  # 64 ms of speech starts an utterance; one loud click does not
+MIN_DECODE_S = 0.3
+COMMITTED_KEPT = 256  # committed words remembered for the prompt
+LOSSLESS_AUDIO_S = 300.0  # a bound still: 19 MB of float32 audio
+
+register_counters(
+    {
+        "speech_seconds": counter("Seconds of audio the voice detector took for speech"),
+        "captions": counter("Final caption segments published"),
+        "caption_words": counter("Words in final captions"),
+        "partials": counter("Partial caption updates published"),
+        "asr_decodes": counter("Decodes of this stream's audio by the shared speech recognizer"),
+        "asr_rejected": counter("Decodes not used: a repetition loop or no speech (Whisper's failure modes)"),
+        "asr_errors": counter("Decodes that failed or were refused (recognizer busy or dead)"),
+    }
+)
+
+
+@dataclass(slots=True)
+class CaptionStats:
+    speech_seconds: float = 0.0
+    captions: int = 0
+    words: int = 0
+    partials: int = 0
+    decodes: int = 0
+    rejected: int = 0
+    errors: int = 0
+
+
+class CaptionStage:
+    name = STAGE_NAME
+
+    def __init__(
+        self, stream_id: str, audio: AudioBuffer, engine: CaptionEngine, sink: EventSink, *, live: bool = True
+    ) -> None:
+        self.stream_id = stream_id
+        # Live audio arrives steadily, so a wall-clock silence means the source went quiet and ends
+        # the utterance; a file played as fast as it is processed arrives in bursts and only its
+        # media time counts.
+        self.live = live
+        self.audio = audio
+        self.engine = engine
+        self.settings = engine.settings
+        self.sink = sink
+        self.stats = CaptionStats()
+        self.vad = StreamVad(engine.vad)
+        self.window = AudioWindow()
+        self.agreement = LocalAgreement()
+        self._committed: deque[Word] = deque(maxlen=COMMITTED_KEPT)
+        self._run_id = secrets.token_hex(3)  # segment ids stay unique when the stream runs again
+        self._segment = 0
+        self._revision = -1
+        self._partial_text = ""
+        self._speaking = False
+        self._speech_run = 0
+        self._last_voice = 0.0  # media time of the last window that sounded like speech
+        self._decoded_to = 0.0  # window end at the last decode
+        self._vad_time: float | None = None  # media time of the next VAD window's start
+        self._wall_offset = 0.0  # captured_at - media time, from the newest chunk
+        self._recognizer_gone = False
+
+    # -- Stage -----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        with self.engine.batcher.client():
+            while True:
+                try:
+                    async with asyncio.timeout(self.settings.endpoint_s if self.live else None):
+                        chunks = await self.audio.get_many()
+                except TimeoutError:
+                    chunks = []  # no audio for a while: a pending utterance may still end
+                except MailboxClosed:
+                    if self._speaking:
+                        await self._decode(final=True)
+                    return
+                for chunk in chunks:
+                    if self._feed(chunk):
+                        await self._decode(final=True)  # a gap: the utterance before it ends here
+                        self._reset(chunk)
+                if self._recognizer_gone or not self._speaking:
+                    continue
+                silent_for = self.window.end - self._last_voice
+                if silent_for >= self.settings.endpoint_s or (not chunks and self.window.duration > 0):
+                    await self._decode(final=True)
+                    self._end_utterance()
+                elif self._decode_due():
+                    await self._decode(final=False)
+                    await self._bound_window()
+
+    def _decode_due(self) -> bool:
+        grown = self.window.end - self._decoded_to
+        return grown >= self.settings.step_s and self.window.duration >= MIN_DECODE_S
+
+    def stop(self) -> None:
+        """Nothing to do: the stage ends when its audio buffer closes."""
+
+    def counters(self) -> Counters:
+        stats = self.stats
+        return {
+            **audio_counters(self.audio),
+            "speech_seconds": round(stats.speech_seconds, 2),
+            "captions": stats.captions,
+            "caption_words": stats.words,
+            "partials": stats.partials,
+            "asr_decodes": stats.decodes,
+            "asr_rejected": stats.rejected,
+            "asr_errors": stats.errors,
+        }
+
+    # -- audio in --------------------------------------------------------------------------------
+
+    def _feed(self, chunk: AudioChunk) -> bool:
+        """Voice detection and the window; True when the chunk does not follow the window's audio."""
+        if self.window.duration and abs(chunk.pts - self.window.end) > GAP_S:
+            return True
+        self._take(chunk)
+        return False
+
+    def _reset(self, chunk: AudioChunk) -> None:
+        self._end_utterance()
+        self.window.clear()
+        self.vad.reset()
+        self._vad_time = None
+        self._take(chunk)
+
+    def _take(self, chunk: AudioChunk) -> None:
+        self._wall_offset = chunk.captured_at - (chunk.pts + chunk.duration)
+        self.window.append(chunk.pts, chunk.samples)
+        if self._vad_time is None:
+            self._vad_time = chunk.pts
+        settings = self.settings
+        step = self.vad.window / chunk.sample_rate
+        for probability in self.vad.process(chunk.samples):
+            self._vad_time += step
+            if probability >= settings.vad_threshold:
+                self.stats.speech_seconds += step
+            if self._speaking:
+                if probability >= settings.vad_threshold - 0.15:
+                    self._last_voice = self._vad_time
+                continue
+            self._speech_run = self._speech_run + 1 if probability >= settings.vad_threshold else 0
+            if self._speech_run >= MIN_SPEECH_WINDOWS:
+                self._speaking = True
+                self._last_voice = self._vad_time
+                self._decoded_to = self.window.end
+        if not self._speaking:
+            self.window.keep_last(settings.pre_roll_s)
+
+    # -- decoding ----------------------------------------------------------------------------------
+
+    async def _decode(self, *, final: bool) -> None:
+        if self._recognizer_gone or self.window.duration < MIN_DECODE_S:
+            if final:
+                await self._publish(self.agreement.flush(), [])
+            return
+        start = self.window.start
+        self._decoded_to = self.window.end
+        result = await self._recognize(AsrRequest(self.window.audio(), prompt=self._prompt(start)))
+        if result is None:
+            committed, tentative = (self.agreement.flush(), []) if final else ([], self.agreement.pending)
+        else:
+            words = cut_repetition([Word(w.word, start + w.start, start + w.end, w.probability) for w in result.words])
+            if final:
+                committed, tentative = self.agreement.flush(words), []
+            else:
+                committed, tentative = self.agreement.update(words)
+            if log.isEnabledFor(logging.DEBUG):  # transcripts only at debug level
+                log.debug(
+                    "caption decode",
+                    extra={
+                        "stream_id": self.stream_id,
+                        "window": [round(start, 2), round(self.window.end, 2)],
+                        "final": final,
+                        "heard": join_words(words),
+                        "committed": join_words(committed),
+                    },
+                )
+        await self._publish(committed, tentative, language=result.language if result else "en")
+
+    async def _recognize(self, request: AsrRequest) -> AsrResult | None:
+        """The recognizer's result, or None when it failed or looks like a Whisper failure mode."""
+        try:
+            outcome = await self.engine.batcher.submit(request)
+        except RecognizerFailed as exc:
+            self.stats.errors += 1
+            self._recognizer_gone = True
+            log.error(
+                "captions stopped: the speech recognizer failed",
+                extra={"stream_id": self.stream_id, "reason": exc.reason},
+            )
+            return None
+        except RecognizerBusy:
+            self.stats.errors += 1
+            return None
+        except Exception as exc:  # one failed call: this decode is lost, the next one may work
+            self.stats.errors += 1
+            log.warning("caption decode failed", extra={"stream_id": self.stream_id, "error": repr(exc)})
+            return None
+        self.stats.decodes += 1
+        result = outcome.result
+        settings = self.settings
+        looping = result.compression_ratio > settings.max_compression_ratio
+        silent = result.no_speech_prob > settings.no_speech_prob and result.avg_logprob < settings.min_avg_logprob
+        if looping or silent:
+            self.stats.rejected += 1
+            return None
+        return result
+
+    def _prompt(self, window_start: float) -> str:
+        before = [w for w in self._committed if w.end <= window_start]
+        return join_words(before)[-self.settings.prompt_chars :]
+
+    async def _bound_window(self) -> None:
+        """Keep continuous speech from growing a decode past max_window_s."""
+        if self.window.duration <= self.settings.max_window_s:
+            return
+        if self.agreement.committed_end > self.window.start + MIN_DECODE_S:
+            self.window.trim_before(self.agreement.committed_end)
+        if self.window.duration > self.settings.max_window_s:  # nothing agreed for that long
+            await self._publish(self.agreement.flush(), [])
+            self.window.keep_last(self.settings.pre_roll_s)
+
+    def _end_utterance(self) -> None:
+        self._speaking = False
+        self._speech_run = 0
+        self.window.keep_last(self.settings.pre_roll_s)
+
+    # -- events out --------------------------------------------------------------------------------
+
+    async def _publish(self, committed: Sequence[Word], tentative: Sequence[Word], language: str = "en") -> None:
+        if committed:
+            segment_id = self._segment_id()
+            words = [(w.text, w.start, w.end, w.probability) for w in committed]
+            await self.sink.publish(
+                caption_event(
+                    self.stream_id,
+                    segment_id=segment_id,
+                    words=words,
+                    language=language,
+                    model=self.engine.model_name,
+                    captured_at=committed[-1].end + self._wall_offset,
+                )
+            )
+            self._committed.extend(committed)
+            self.stats.captions += 1
+            self.stats.words += len(committed)
+            self._segment += 1
+            self._revision, self._partial_text = -1, ""
+        text = join_words(tentative)
+        if text == self._partial_text:
+            return
+        # A partial the final decode did not confirm is withdrawn with an empty revision.
+        start = tentative[0].start if tentative else self.window.start
+        end = tentative[-1].end if tentative else self.window.end
+        self._revision += 1
+        self._partial_text = text
+        await self.sink.publish(
+            partial_event(
+                self.stream_id,
+                segment_id=self._segment_id(),
+                text=text,
+                start=start,
+                end=end,
+                revision=self._revision,
+                captured_at=end + self._wall_offset,
+            )
+        )
+        self.stats.partials += 1
+
+    def _segment_id(self) -> str:
+        return f"{self._run_id}-{self._segment}"
+
+
+def build(ctx: StageContext) -> CaptionStage | None:
+    engine = ctx.engines.captions
+    if engine is None or not ctx.spec.captions:
+        return None
+    # A file played as fast as possible delivers audio far ahead of real time: keep it, do not drop it.
+    max_seconds = LOSSLESS_AUDIO_S if ctx.lossless else engine.settings.max_lag_s
+    audio = ctx.audio(STAGE_NAME, max_seconds=max_seconds)
+    return None if audio is None else CaptionStage(ctx.stream_id, audio, engine, ctx.sink, live=not ctx.lossless)

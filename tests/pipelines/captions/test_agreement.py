@@ -1,0 +1,86 @@
+"""LocalAgreement: a word is final once two decodes in a row agree on it and all before it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipelines.captions.agreement import LocalAgreement, Word, normalise
+from pipelines.captions.window import AudioWindow
+
+
+def words(text: str, start: float = 0.0, step: float = 0.4) -> list[Word]:
+    return [Word(f" {w}", start + i * step, start + i * step + step * 0.8, 0.9) for i, w in enumerate(text.split())]
+
+
+def texts(ws: list[Word]) -> list[str]:
+    return [w.text.strip() for w in ws]
+
+
+def test_words_are_committed_when_two_decodes_agree() -> None:
+    agreement = LocalAgreement()
+    assert agreement.update(words("the quick")) == ([], words("the quick"))
+    committed, tentative = agreement.update(words("the quick brown fox"))
+    assert texts(committed) == ["the", "quick"] and texts(tentative) == ["brown", "fox"]
+    committed, tentative = agreement.update(words("the quick brown fax jumps"))
+    assert texts(committed) == ["brown"] and texts(tentative) == ["fax", "jumps"]
+
+
+def test_a_disagreement_early_on_commits_nothing_after_it() -> None:
+    agreement = LocalAgreement()
+    agreement.update(words("a cat sat"))
+    committed, tentative = agreement.update(words("a hat sat on"))
+    assert texts(committed) == ["a"] and texts(tentative) == ["hat", "sat", "on"]
+
+
+def test_committed_words_are_never_emitted_twice_even_when_times_shift() -> None:
+    agreement = LocalAgreement()
+    agreement.update(words("hello world how"))
+    committed, _ = agreement.update(words("hello world how are"))
+    assert texts(committed) == ["hello", "world", "how"]
+    # Whisper moves its times a little: the committed words come back starting slightly later.
+    shifted = words("world how are you", start=0.45)
+    committed, tentative = agreement.update(shifted)
+    assert texts(committed) == ["are"] and texts(tentative) == ["you"]
+
+
+def test_flush_commits_the_final_decode_past_what_is_committed() -> None:
+    agreement = LocalAgreement()
+    agreement.update(words("one two"))
+    agreement.update(words("one two three"))
+    assert texts(agreement.flush(words("one two three four"))) == ["three", "four"]
+    assert agreement.pending == []
+    assert agreement.flush() == []
+
+
+def test_case_and_punctuation_do_not_make_words_differ() -> None:
+    assert normalise(" Hello,") == normalise("hello") == "hello"
+    agreement = LocalAgreement()
+    agreement.update(words("Hello, there"))
+    committed, _ = agreement.update(words("hello there friend"))
+    assert texts(committed) == ["hello", "there"]
+
+
+def test_the_window_keeps_media_time_when_trimmed() -> None:
+    window = AudioWindow(rate=100)
+    window.append(10.0, np.ones(100, np.float32))
+    window.append(11.0, np.full(50, 2, np.float32))
+    assert (window.start, window.duration, window.end) == (10.0, 1.5, 11.5)
+    window.trim_before(10.5)
+    assert window.start == 10.5 and window.audio().shape == (100,) and window.audio()[-1] == 2
+    window.keep_last(0.2)
+    assert window.start == 11.3 and window.duration == 0.2
+    window.clear()
+    window.append(20.0, np.zeros(10, np.float32))
+    assert window.start == 20.0
+
+
+def test_a_repetition_loop_is_cut_at_its_second_copy() -> None:
+    from pipelines.captions.agreement import cut_repetition
+
+    assert texts(cut_repetition(words("good morning good morning good morning"))) == ["good", "morning"]
+    loop = words("a man in a dark jacket a building a building a building")
+    assert texts(cut_repetition(loop)) == ["a", "man", "in", "a", "dark", "jacket", "a", "building"]
+    assert texts(cut_repetition(words("no no no way"))) == ["no", "no"]
+    honest = words("the north entrance camera of the city library plaza")
+    assert cut_repetition(honest) == honest
+    assert texts(cut_repetition(words("it is very very cold"))) == ["it", "is", "very", "very", "cold"]

@@ -1,0 +1,106 @@
+"""The caption stage on real speech with the real tiny.en model and Silero VAD: finals that never
+change, partials that lead them, word times inside the audio, nothing for silence or noise."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engines.asr.types import SpeechRecognizer
+from engines.asr.vad import VadModel
+from pipelines.captions.engine import CaptionEngine, CaptionSettings, SpeechBatcher
+from pipelines.captions.stage import CaptionStage
+from pipelines.events import Event, EventKind
+from pipelines.frames import AudioChunk
+from pipelines.mailbox import AudioBuffer
+from tests.support.speech import load_pcm16k, script_prefix_wer
+
+CHUNK = 320  # 20 ms, as RTP audio arrives
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def publish(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: EventKind) -> list[dict[str, object]]:
+        return [dict(e.data) for e in self.events if e.kind == kind]
+
+
+@pytest.fixture
+async def engine(caption_models: tuple[SpeechRecognizer, VadModel]) -> AsyncIterator[CaptionEngine]:
+    recognizer, vad = caption_models
+    async with SpeechBatcher(recognizer) as batcher:
+        yield CaptionEngine(batcher, vad, CaptionSettings())
+
+
+async def caption(
+    engine: CaptionEngine, samples: np.ndarray, *, start_pts: float = 100.0, speed: float = 4.0
+) -> Collect:
+    """Feed `samples` to a caption stage `speed` times faster than real time; wait for it to finish."""
+    sink = Collect()
+    buffer = AudioBuffer(max_seconds=60.0)
+    stage = CaptionStage("s1", buffer, engine, sink)
+    task = asyncio.create_task(stage.run())
+    begin = time.time()
+    for offset in range(0, samples.shape[0], CHUNK):
+        pts = start_pts + offset / 16_000
+        buffer.put(AudioChunk("s1", pts, begin + offset / 16_000, samples[offset : offset + CHUNK]))
+        if offset % (CHUNK * 10) == 0:
+            await asyncio.sleep(CHUNK * 10 / 16_000 / speed)
+    buffer.close()
+    await asyncio.wait_for(task, 60)
+    sink.stage = stage  # type: ignore[attr-defined]
+    return sink
+
+
+@pytest.fixture(scope="module")
+def narration(sample_dir: Path) -> np.ndarray:
+    return load_pcm16k(sample_dir / "narration.wav", seconds=24.0)
+
+
+async def test_finals_transcribe_the_narration_and_never_change(engine: CaptionEngine, narration: np.ndarray) -> None:
+    sink = await caption(engine, narration)
+    finals = sink.of(EventKind.CAPTIONS)
+    text = " ".join(str(f["text"]) for f in finals)
+    assert script_prefix_wer(text) <= 0.25, text
+    # Each segment is final once: no segment id twice, and segments follow each other in time.
+    ids = [f["segment_id"] for f in finals]
+    assert len(ids) == len(set(ids))
+    starts = [float(f["start"]) for f in finals]  # type: ignore[arg-type]
+    assert starts == sorted(starts)
+    for final in finals:
+        words = final["words"]
+        assert isinstance(words, list) and words
+        for word in words:
+            assert 100.0 <= word["start"] <= word["end"] <= 100.0 + narration.shape[0] / 16_000 + 0.1
+        assert final["start"] == words[0]["start"] and final["end"] == words[-1]["end"]
+        assert final["model"] and final["language"] == "en"
+    # Partials come first and lead to their final: same segment id, rising revisions.
+    partials = sink.of(EventKind.PARTIALS)
+    assert partials
+    finals_by_id = {f["segment_id"] for f in finals}
+    revisions: dict[object, list[int]] = {}
+    for p in partials:
+        revisions.setdefault(p["segment_id"], []).append(int(p["revision"]))  # type: ignore[call-overload]
+    assert all(r == sorted(r) and len(set(r)) == len(r) for r in revisions.values())
+    assert set(revisions) & finals_by_id
+    counters = sink.stage.counters()  # type: ignore[attr-defined]
+    assert counters["captions"] == len(finals) and counters["asr_decodes"] > len(finals)
+    assert counters["speech_seconds"] > 10
+
+
+async def test_silence_and_noise_make_no_captions(engine: CaptionEngine) -> None:
+    rng = np.random.default_rng(7)
+    silence = np.zeros(16_000 * 4, np.float32)
+    noise = (rng.standard_normal(16_000 * 4) * 0.05).astype(np.float32)
+    for samples in (silence, noise):
+        sink = await caption(engine, samples, speed=8.0)
+        assert sink.of(EventKind.CAPTIONS) == [] and sink.of(EventKind.PARTIALS) == []
