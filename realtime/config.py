@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from pipelines.captions.engine import CaptionSettings
 from pipelines.frames import StreamId
 from pipelines.rules.engine import unknown_classes
 from pipelines.rules.specs import RuleList
@@ -149,6 +150,7 @@ class SupervisorSettings(_Strict):
 class _StreamBase(_Strict):
     id: StreamId
     audio: bool = True
+    captions: bool = True  # live captions of the audio (when `captions.enabled` and audio is on)
     detect_fps: float | None = Field(None, gt=0)
     rules: RuleList = []
 
@@ -243,6 +245,34 @@ class SourceSettings(_Strict):
         return SourcePolicy(local_dirs=dirs, allow_private_hosts=self.allow_private_hosts)
 
 
+class CaptionsSettings(_Strict):
+    """Live captions: one faster-whisper model shared by every stream with audio."""
+
+    enabled: bool = True
+    model: Path | None = None  # a CTranslate2 Whisper model directory; None: the bundled tiny.en
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    compute_type: Literal["default", "int8", "int8_float16", "int8_float32", "float16", "float32"] = "int8"
+    language: str | None = "en"  # None: detected (multilingual models only)
+    beam_size: int = Field(1, ge=1, le=10)
+    threads: int = Field(0, ge=0, le=64)  # CTranslate2 threads; 0: the machine's cores, at most 4
+    vad_threshold: float = Field(0.5, gt=0, lt=1)  # speech probability above which audio counts as speech
+    # The latency/accuracy knob: audio is decoded again each time this much more has arrived.
+    step_s: float = Field(0.5, ge=0.1, le=10.0)
+    endpoint_s: float = Field(0.6, ge=0.1, le=10.0)  # a pause this long finalizes what was said
+    # Of the CPU time both want, the part the speech recognizer gets while the detector would use it all.
+    cpu_share: float = Field(0.5, ge=0.0, le=1.0)
+    max_lag_s: float = Field(6.0, ge=1.0, le=120.0)  # audio waiting longer is dropped, oldest first
+    max_batch: int = Field(8, ge=1, le=64)  # streams decoded in one recognizer call
+
+    def to_settings(self) -> CaptionSettings:
+        return CaptionSettings(
+            step_s=self.step_s,
+            endpoint_s=self.endpoint_s,
+            vad_threshold=self.vad_threshold,
+            max_lag_s=self.max_lag_s,
+        )
+
+
 ICE_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
 
 
@@ -291,6 +321,7 @@ class Config(_Strict):
     supervisor: SupervisorSettings = SupervisorSettings()
     sources: SourceSettings = SourceSettings()
     webrtc: WebRtcSettings = WebRtcSettings()
+    captions: CaptionsSettings = CaptionsSettings()
     streams: list[StreamSettings] = []
 
     @field_validator("streams")

@@ -42,7 +42,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nats-url", help="NATS server; default: start an embedded one on loopback")
     parser.add_argument("--duration", type=float, help="stop after this many seconds")
     parser.add_argument("--realtime", action="store_true", help="pace a file like a live camera")
-    parser.add_argument("--no-audio", action="store_true", help="do not decode audio")
+    parser.add_argument("--no-audio", action="store_true", help="do not decode audio (no captions)")
     parser.add_argument("--detect-fps", type=float, help="cap detection rate (default: every frame possible)")
     parser.add_argument("--conf", type=float, help="detection score threshold (default 0.25)")
     parser.add_argument("--vlm-url", help="OpenAI-compatible VLM endpoint for scene descriptions")

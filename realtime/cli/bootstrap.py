@@ -7,21 +7,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from engines.asr.types import AsrUnavailable
+from engines.asr.vad import VadModel
+from engines.asr.whisper import create_recognizer
 from engines.errors import EngineUnavailable
 from engines.models import ModelNotFound, default_detector_model
 from engines.registry import create_detector
+from pipelines.captions.engine import RECOGNIZER, CaptionEngine, SpeechBatcher
+from pipelines.compute import ComputeShares
+from pipelines.detect import DETECTOR
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import StreamConflictError, StreamSetupError
 from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import BusUnavailable, NatsEventPublisher
 from realtime.cli.errors import EXIT_RUNTIME, EXIT_USAGE, CommandError
-from realtime.config import DetectorSettings, NatsSettings
+from realtime.config import CaptionsSettings, DetectorSettings, NatsSettings
 
 
 async def load_configured_detector(
@@ -40,6 +47,48 @@ async def load_configured_detector(
         )
     except (ValueError, ModelNotFound, EngineUnavailable) as exc:  # ModelLoadError is a ValueError
         raise CommandError(str(exc)) from exc
+
+
+def asr_threads() -> int:
+    """CTranslate2's own default is 4 threads whatever the machine: more than a small machine's cores."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def compute_shares(settings: CaptionsSettings, detector_backend: str, *, enabled: bool = True) -> ComputeShares | None:
+    """Turns at the CPU for the detector and the recognizer when both would run on it (see
+    pipelines.compute); None when captions are off or a model has a GPU of its own."""
+    if not (enabled and settings.enabled) or not detector_backend.endswith("-cpu") or settings.device == "cuda":
+        return None
+    return ComputeShares({DETECTOR: 1.0 - settings.cpu_share, RECOGNIZER: settings.cpu_share})
+
+
+@contextlib.asynccontextmanager
+async def open_captions(
+    settings: CaptionsSettings, *, enabled: bool = True, compute: ComputeShares | None = None
+) -> AsyncIterator[CaptionEngine | None]:
+    """The shared speech recognizer and voice detector the settings describe, serving for the
+    duration (None when captions are off); a bad model or device is a CommandError."""
+    if not (enabled and settings.enabled):
+        yield None
+        return
+    try:
+        recognizer = await asyncio.to_thread(
+            create_recognizer,
+            settings.model,
+            device=settings.device,
+            compute_type=settings.compute_type,
+            language=settings.language,
+            beam_size=settings.beam_size,
+            threads=settings.threads or asr_threads(),
+        )
+        vad = await asyncio.to_thread(VadModel.load)
+    except (AsrUnavailable, ValueError, OSError) as exc:
+        raise CommandError(f"captions: {exc} (or turn them off: captions.enabled: false)") from exc
+    try:
+        async with SpeechBatcher(recognizer, max_batch=settings.max_batch, compute=compute) as batcher:
+            yield CaptionEngine(batcher, vad, settings.to_settings())
+    finally:
+        recognizer.close()
 
 
 def open_outbox(settings: NatsSettings) -> Outbox | None:

@@ -14,11 +14,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from pipelines.detect import DetectionBatcher
-from pipelines.events import DURABLE_KINDS
+from pipelines.events import DURABLE_KINDS, Event, EventKind, EventSink
 from pipelines.frames import StatusChange, StreamState
 from pipelines.graph import SharedEngines
 from realtime.cli import checks
-from realtime.cli.bootstrap import load_configured_detector, open_bus
+from realtime.cli.bootstrap import compute_shares, load_configured_detector, open_bus, open_captions
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CommandError
 from realtime.cli.progress import report_progress
 from realtime.config import (
@@ -77,6 +77,23 @@ async def load_detector(args: argparse.Namespace, settings: DetectorSettings) ->
     return await load_configured_detector(settings, model=args.model, engine=args.engine, conf=args.conf)
 
 
+class CaptionPrinter:
+    """The sink the stream publishes into: every event goes on to NATS, finals also to stdout."""
+
+    def __init__(self, sink: EventSink, *, quiet: bool) -> None:
+        self._sink = sink
+        self._quiet = quiet  # --json: stdout is for the summary
+        self.captions = 0
+
+    async def publish(self, event: Event) -> None:
+        await self._sink.publish(event)
+        if event.kind is EventKind.CAPTIONS:
+            self.captions += 1
+            if not self._quiet:
+                data = event.data
+                print(f"[{event.stream_id} {data['start']:7.1f}s] {data['text']}", flush=True)
+
+
 def print_status(change: StatusChange) -> None:
     reason = f" ({change.reason})" if change.reason and change.reason != change.state.value else ""
     retry = f", retry in {change.retry_in:.1f}s" if change.retry_in else ""
@@ -133,8 +150,14 @@ async def run_command(args: argparse.Namespace) -> int:
 
     try:
         nats_url = args.nats_url or config.nats.url
-        async with open_bus(nats_url, config.nats, config.node) as publisher, DetectionBatcher(detector) as batcher:
-            runner = StreamRunner(spec, SharedEngines(batcher), publisher, on_status=on_status)
+        compute = compute_shares(config.captions, detector.backend, enabled=not args.no_audio)
+        async with (
+            open_bus(nats_url, config.nats, config.node) as publisher,
+            DetectionBatcher(detector, compute=compute) as batcher,
+            open_captions(config.captions, enabled=not args.no_audio, compute=compute) as captions,
+        ):
+            printer = CaptionPrinter(publisher, quiet=args.json)
+            runner = StreamRunner(spec, SharedEngines(batcher, captions=captions), printer, on_status=on_status)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, runner.stop)
@@ -162,7 +185,7 @@ async def run_command(args: argparse.Namespace) -> int:
     durable = [stats.kinds[kind.value] for kind in DURABLE_KINDS if kind.value in stats.kinds]
     lost = sum(k.failed for k in durable)
     extra = {
-        "captions": 0,
+        "captions": printer.captions,
         "events_published": totals.published,
         "events_acked": totals.acked,
         "events_failed": totals.failed,

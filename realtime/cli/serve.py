@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pipelines.detect import DetectionBatcher
 from realtime.cli import checks
 from realtime.cli.args import TOKEN_ENV
-from realtime.cli.bootstrap import load_configured_detector, open_bus
+from realtime.cli.bootstrap import compute_shares, load_configured_detector, open_bus, open_captions
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
 from realtime.config import Config, ConfigError, config_class_problems, load_config
 from realtime.http import ListenError
@@ -104,11 +104,13 @@ async def serve_command(args: argparse.Namespace) -> int:
             if problems:
                 raise CommandError(f"{args.config or 'environment'}: {problems}")
             log.info("detector loaded", extra={"model": detector.info.path, "backend": detector.backend})
+            compute = compute_shares(config.captions, detector.backend)
             async with (
                 open_bus(args.nats_url or config.nats.url, config.nats, config.node) as publisher,
-                DetectionBatcher(detector) as batcher,
+                DetectionBatcher(detector, compute=compute) as batcher,
+                open_captions(config.captions, compute=compute) as captions,
             ):
-                service = Service(config, batcher, publisher, api_token=plan.token)
+                service = Service(config, batcher, publisher, api_token=plan.token, captions=captions)
                 try:
                     await service.run(
                         plan.host, plan.port, stop, on_listening=lambda url: _print_listening(url, plan.token)

@@ -15,12 +15,13 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from pipelines.captions.engine import CaptionEngine
 from pipelines.detect import DetectionBatcher
 from pipelines.graph import SharedEngines
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
-from realtime.http import HttpContext, HttpServer, create_app
+from realtime.http import HttpContext, HttpServer, create_app, transcript
 from realtime.http.api import SOURCE_POLICY
 from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
@@ -31,6 +32,7 @@ from realtime.service.registry import RegistryClosed, StreamRegistry, UnknownStr
 from realtime.streams.fanout import EventFanout
 from realtime.streams.runner import StreamRunner
 from realtime.streams.spec import stream_spec
+from realtime.streams.transcripts import TranscriptStore
 from realtime.streams.view import StreamView
 from realtime.webrtc import signalling
 from realtime.webrtc.metrics import SessionCollector
@@ -57,17 +59,20 @@ class Service:
         publisher: NatsEventPublisher,
         *,
         api_token: str | None = None,
+        captions: CaptionEngine | None = None,
     ) -> None:
         self.config = config
         self.batcher = batcher
         self.publisher = publisher
         http = config.http
+        self.transcripts = TranscriptStore()  # each stream's recent finals, for captions.vtt
         self.fanout = EventFanout(
             publisher,
             node=config.node,
             queue_limit=http.sse_queue_events,
             max_viewers_per_stream=http.sse_max_viewers_per_stream,
             max_viewers=http.sse_max_viewers,
+            taps=(self.transcripts.tap,),
         )
         self.metrics = ServiceMetrics(
             MetricSources(
@@ -86,7 +91,7 @@ class Service:
             )
         )
         # Alert snapshots share the publisher's connection (the bucket is created on first use).
-        self.engines = SharedEngines(batcher, NatsSnapshotStore(publisher))
+        self.engines = SharedEngines(batcher, NatsSnapshotStore(publisher), captions)
         self.registry = StreamRegistry(self._make_runner, on_gone=self._stream_gone, max_streams=http.max_streams)
         self.context = HttpContext(
             registry=self.registry,
@@ -109,6 +114,7 @@ class Service:
         self.app = create_app(self.context)
         self.app[SOURCE_POLICY] = config.sources.to_policy()  # what API clients may add
         signalling.add_routes(self.app, self.sessions)
+        transcript.add_routes(self.app, self.transcripts)
         self.url: str | None = None
 
     def readiness(self) -> dict[str, bool]:
@@ -192,6 +198,7 @@ class Service:
 
     def _stream_gone(self, stream_id: str) -> None:
         self.fanout.close_stream(stream_id)
+        self.transcripts.forget(stream_id)
         self.metrics.forget(stream_id)
         release_free_memory()
 

@@ -130,10 +130,12 @@ class EventFanout:
         queue_limit: int = 256,
         max_viewers_per_stream: int = 16,
         max_viewers: int = 256,
+        taps: tuple[Callable[[Event], None], ...] = (),
     ) -> None:
         if max_viewers_per_stream < 1 or max_viewers < 1:
             raise ValueError("viewer limits must be >= 1")
         self._sink = sink
+        self._taps = taps  # see every event of every stream (the caption store)
         self._node = node
         self._queue_limit = queue_limit
         self.max_viewers_per_stream = max_viewers_per_stream  # http.sse_max_viewers_per_stream
@@ -148,6 +150,8 @@ class EventFanout:
 
     async def publish(self, event: Event) -> None:
         await self._sink.publish(event)
+        for tap in self._taps:
+            tap(event)
         if event.durable:
             self._recent.setdefault(event.stream_id, deque(maxlen=RECENT_DURABLE)).append(event)
         viewers = self._viewers.get(event.stream_id)

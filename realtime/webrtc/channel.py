@@ -3,8 +3,9 @@
 Each message is `{"kind": <event kind>, "body": <the NATS body>}`; a `detections` message also
 carries `lag_ms`, the time from the frame reaching the service to the message being handed to
 the channel. The channel's own send buffer (`bufferedAmount`) is watched: above the limit,
-nothing is sent and events wait here. Waiting `detections` are replaced by newer ones (only the
-newest frame's boxes are worth drawing; each replaced one is counted as dropped); other kinds
+nothing is sent and events wait here. Waiting `detections` and `partials` are replaced by newer
+ones (only the newest frame's boxes and the newest tentative text are worth showing; each replaced
+one is counted as dropped); other kinds
 wait in order, at most `max_pending`, the oldest non-critical ones going first. Alerts and
 captions are never dropped for a page that reads: when only they are left and there is still
 no room, the page has stopped reading and the session is ended (`on_stuck`).
@@ -25,7 +26,7 @@ from realtime.streams.fanout import SseMessage
 
 log = logging.getLogger(__name__)
 
-LATEST_ONLY = frozenset({EventKind.DETECTIONS})  # a newer one makes a waiting one worthless
+LATEST_ONLY = frozenset({EventKind.DETECTIONS, EventKind.PARTIALS})  # a newer one makes a waiting one worthless
 CRITICAL = frozenset({EventKind.ALERTS, EventKind.CAPTIONS})  # never dropped while the page reads
 LAG_WINDOW = 2048
 

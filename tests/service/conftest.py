@@ -15,13 +15,18 @@ from typing import Any
 import aiohttp
 import pytest
 
+from engines.asr.types import SpeechRecognizer
+from engines.asr.vad import VadModel
 from engines.detector import Detector
 from engines.registry import create_detector
+from pipelines.captions.engine import CaptionEngine, SpeechBatcher
 from pipelines.detect import DetectionBatcher
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.config import Config
 from realtime.service.service import Service
+
+CaptionModels = tuple[SpeechRecognizer, VadModel]  # the session-wide `caption_models` fixture
 
 # Cameras in tests come and go within seconds.
 FAST_SUPERVISOR = {
@@ -120,11 +125,23 @@ def make_config(**overrides: Any) -> Config:
 
 @contextlib.asynccontextmanager
 async def live_service(
-    detector: Detector, nats_url: str, *, config: Config | None = None, token: str | None = None
+    detector: Detector,
+    nats_url: str,
+    *,
+    config: Config | None = None,
+    token: str | None = None,
+    captions: CaptionModels | None = None,
 ) -> AsyncIterator[LiveService]:
+    """The service; with `captions` (the session's recognizer and VAD) streams with audio get captions."""
     config = config or make_config()
-    async with NatsEventPublisher(nats_url, node="test") as publisher, DetectionBatcher(detector) as batcher:
-        service = Service(config, batcher, publisher, api_token=token)
+    async with contextlib.AsyncExitStack() as stack:
+        publisher = await stack.enter_async_context(NatsEventPublisher(nats_url, node="test"))
+        batcher = await stack.enter_async_context(DetectionBatcher(detector))
+        engine = None
+        if captions is not None:
+            speech = await stack.enter_async_context(SpeechBatcher(captions[0]))
+            engine = CaptionEngine(speech, captions[1], config.captions.to_settings())
+        service = Service(config, batcher, publisher, api_token=token, captions=engine)
         stop = asyncio.Event()
         listening = asyncio.Event()
         task = asyncio.create_task(service.run("127.0.0.1", 0, stop, on_listening=lambda _: listening.set()))
