@@ -62,5 +62,6 @@ def stream_spec(
         detect_fps=settings.detect_fps,
         tracker=(tracker or TrackerSettings()).to_config(),
         rules=tuple(settings.rules),
+        captions=settings.captions,
     )
     return StreamSpec(settings.id, source, processing)
