@@ -50,3 +50,17 @@ def load_pcm16k(path: Path, seconds: float | None = None) -> np.ndarray:
             parts += [out.to_ndarray().reshape(-1) for out in resampler.resample(frame)]
     samples = np.concatenate(parts).astype(np.float32)
     return samples if seconds is None else samples[: int(seconds * 16_000)]
+
+
+def looped_wer(hypothesis: str, phrase: str) -> float:
+    """WER against a phrase played in a loop, heard from anywhere in it: the best alignment of the
+    hypothesis with a stretch of the repeated phrase of about its length."""
+    said = words_of(phrase)
+    heard = words_of(hypothesis)
+    reference = said * (len(heard) // max(1, len(said)) + 3)
+    n = len(heard)
+    return min(
+        wer(" ".join(reference[start : start + k]), hypothesis)
+        for start in range(len(said))
+        for k in range(max(1, n - 3), n + 4)
+    )

@@ -1,0 +1,61 @@
+"""Live captions from a real headless Chromium: its fake microphone (espeak-ng speech, looped)
+reaches the service over WebRTC, and the page shows the partials and finals that also go to NATS."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest_asyncio
+from playwright.async_api import Browser
+
+from engines.detector import Detector
+from realtime.bus.embedded import EmbeddedNatsServer
+from tests.browser.test_page import WIDE
+from tests.service.conftest import CaptionModels, LiveService, live_service, make_config, wait_until
+from tests.support.browser import SPEECH, open_page
+from tests.support.speech import looped_wer, words_of
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def svc(
+    people_detector: Detector, shared_nats_server: EmbeddedNatsServer, caption_models: CaptionModels
+) -> AsyncIterator[LiveService]:
+    config = make_config()
+    async with live_service(people_detector, shared_nats_server.url, config=config, captions=caption_models) as live:
+        yield live
+
+
+async def test_the_page_shows_live_captions_of_the_microphone(
+    svc: LiveService, chromium: Browser, shared_nats_server: EmbeddedNatsServer, screenshots: Path
+) -> None:
+    finals: list[dict[str, Any]] = []
+    nc = await nats.connect(shared_nats_server.url)
+
+    async def on_final(msg: Any) -> None:
+        finals.append(json.loads(msg.data))
+
+    await nc.subscribe("vidsentry.*.captions", cb=on_final)
+    try:
+        async with open_page(chromium, viewport=WIDE) as watched:
+            page = watched.page
+            await page.goto(svc.url + "/")
+            await page.wait_for_selector("#app:not([hidden])")
+            await page.click("#start")
+            await page.wait_for_selector('body[data-state="connected"]', timeout=15_000)
+            await page.wait_for_selector("#captions .caption.final", timeout=30_000)
+            await wait_until(lambda: len(words_of(" ".join(f["text"] for f in finals))) >= 16, 40, "16 words on NATS")
+            stream_id = await page.evaluate("window.vidsentry.streamId")
+            assert {f["stream_id"] for f in finals} == {stream_id}
+            heard = " ".join(f["text"] for f in finals)
+            assert looped_wer(heard, SPEECH) <= 0.30, heard
+            shown = " ".join(await page.locator("#captions .caption.final").all_text_contents())
+            assert words_of(shown)[:8] == words_of(heard)[:8]  # the page shows what NATS carried
+            await page.screenshot(path=screenshots / "go-live-captions.png")
+            assert await watched.problems() == []
+            await page.click("#stop")
+    finally:
+        await nc.close()
