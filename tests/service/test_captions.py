@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -153,3 +154,23 @@ async def test_streams_without_captions_still_count_their_audio(svc: LiveService
     assert (await svc.call("DELETE", "/api/streams/quiet")).status == 204
     unknown = await svc.call("GET", "/api/streams/nobody/captions.vtt")
     assert unknown.status == 404
+
+
+async def test_a_session_that_vanishes_mid_sentence_leaves_nothing_behind(
+    svc: LiveService, vtest_avi: Path, sample_dir: Path
+) -> None:
+    frames = load_frames(vtest_avi, count=5)
+    speech = load_speech(sample_dir / "narration.wav", seconds=8.0)
+    peer = await connect(svc.session, svc.url, frames=frames, speech=speech, fps=5)
+    stream_id = peer.stream_id
+    await peer.wait_for(lambda: bool(peer.of_kind("partials")), 30, "a partial: someone is mid-sentence")
+    await peer.close()  # the tab is gone
+    await wait_until(lambda: stream_id not in svc.service.registry, 15, "the session's stream to go")
+    await wait_until(lambda: svc.service.registry.running_count == 0, 15, "its run to end")
+    await wait_until(
+        lambda: not [t for t in asyncio.all_tasks() if stream_id in t.get_name() and not t.done()], 10, "its tasks"
+    )
+    await wait_until(
+        lambda: not [t for t in threading.enumerate() if t.name.endswith("-decoder")], 10, "aiortc's decoder threads"
+    )
+    assert svc.service.engines.captions is not None and svc.service.engines.captions.batcher.alive
