@@ -99,6 +99,7 @@ class ModelBatcher(Generic[In, Out]):
             raise ValueError(f"max_pending must be at least 1, got {max_pending}")
         if max_consecutive_failures < 1:
             raise ValueError(f"max_consecutive_failures must be at least 1, got {max_consecutive_failures}")
+        self.compute = compute
         if compute is not None:  # each call waits for this model's turn at the CPU
             unguarded = call
 

@@ -27,6 +27,7 @@ from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
 from realtime.http.metrics import MetricSources, ServiceMetrics
 from realtime.http.resume import ResumeSettings
+from realtime.service.engine_metrics import ComputeCollector, RecognizerCollector
 from realtime.service.memory import release_free_memory
 from realtime.service.registry import RegistryClosed, StreamRegistry, UnknownStream
 from realtime.streams.fanout import EventFanout
@@ -111,6 +112,10 @@ class Service:
             config.webrtc, admit=self.registry.add, forget=self._forget_session, listen=self.fanout.listen
         )
         self.metrics.registry.register(SessionCollector(self.sessions))
+        if captions is not None:
+            self.metrics.registry.register(RecognizerCollector(captions))
+            if captions.batcher.compute is not None:
+                self.metrics.registry.register(ComputeCollector(captions.batcher.compute))
         self.app = create_app(self.context)
         self.app[SOURCE_POLICY] = config.sources.to_policy()  # what API clients may add
         signalling.add_routes(self.app, self.sessions)

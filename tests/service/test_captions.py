@@ -105,6 +105,9 @@ async def test_a_browser_sessions_speech_is_captioned_on_the_channel_and_nats(
         reply = await svc.call("GET", f"/api/streams/{peer.stream_id}/captions.vtt")
         assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/vtt")
         assert_valid_webvtt(reply.body, len(finals.bodies))
+        metrics = (await svc.call("GET", "/metrics")).body
+        decodes = re.search(r"^vidsentry_asr_decodes_total ([0-9.e+]+)$", metrics, re.M)
+        assert decodes and float(decodes.group(1)) > 0 and "vidsentry_asr_alive 1.0" in metrics
     finally:
         await peer.close()
         await nc.close()
