@@ -47,7 +47,8 @@ async def test_the_page_shows_live_captions_of_the_microphone(
             await page.click("#start")
             await page.wait_for_selector('body[data-state="connected"]', timeout=15_000)
             await page.wait_for_selector("#captions .caption.final", timeout=30_000)
-            await wait_until(lambda: len(words_of(" ".join(f["text"] for f in finals))) >= 16, 40, "16 words on NATS")
+            # Two loops of the phrase: the first words may be cut (playback starts before the connection).
+            await wait_until(lambda: len(words_of(" ".join(f["text"] for f in finals))) >= 28, 45, "28 words on NATS")
             stream_id = await page.evaluate("window.vidsentry.streamId")
             assert {f["stream_id"] for f in finals} == {stream_id}
             heard = " ".join(f["text"] for f in finals)

@@ -32,7 +32,8 @@ CAMERA_FPS = 10
 CAMERA_SECONDS = 10
 CAMERA_START = 100  # vtest frame where people are spread over the plaza
 MICROPHONE_RATE = 48_000
-SPEECH = "Welcome to vidsentry. This is the fake microphone of the browser tests."
+# Plain words: a product name is not in a small model's vocabulary, and captions are scored on this.
+SPEECH = "Good morning and welcome. This is the fake microphone of the browser test, speaking clearly."
 
 # Listens for CSP violations from the first script on: an init script is not subject to the CSP.
 CSP_PROBE = """
