@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,14 +99,8 @@ async def read_video(
     offset: float | None = None
     last_accepted = float("-inf")
     seq = 0
-    while True:
-        try:
-            frame = await track.recv()
-        except MediaStreamError:
-            return
-        received = time.time()
-        stats.last_media_at = time.monotonic()
-        frame, skipped, ended = _newest(track, frame)
+    async for taken, received in _received(track, stats):
+        frame, skipped, ended = _newest(track, taken)
         stats.video_frames += 1 + skipped
         stats.video_stale += skipped
         if received - last_accepted < min_interval:
@@ -138,13 +133,7 @@ async def read_audio(
     """Until the track ends; `out` None: drain and discard (the queue must never grow)."""
     resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_SAMPLE_RATE)
     offset: float | None = None
-    while True:
-        try:
-            frame = await track.recv()
-        except MediaStreamError:
-            return
-        received = time.time()
-        stats.last_media_at = time.monotonic()
+    async for frame, received in _received(track, stats):
         stats.audio_frames += 1
         if out is None or not isinstance(frame, av.AudioFrame):
             stats.audio_discarded += 1
@@ -159,13 +148,18 @@ async def read_audio(
                 return
 
 
-
 async def drain(track: MediaStreamTrack, stats: MediaStats) -> None:
     """A track nobody reads (a second camera): take its frames so aiortc's queue stays empty."""
+    async for _ in _received(track, stats):
+        stats.extra_frames += 1
+
+
+async def _received(track: MediaStreamTrack, stats: MediaStats) -> AsyncIterator[tuple[Any, float]]:
+    """Each frame aiortc decoded, with the wall-clock time it was taken, until the track ends."""
     while True:
         try:
-            await track.recv()
+            frame = await track.recv()
         except MediaStreamError:
             return
         stats.last_media_at = time.monotonic()
-        stats.extra_frames += 1
+        yield frame, time.time()
