@@ -17,7 +17,6 @@ Single runs on a shared machine: compare within one run.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import time
@@ -27,7 +26,6 @@ from typing import Any, Literal
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import av
 import numpy as np
 from _common import ROOT, ensure_sample, table, write_results
 
@@ -35,6 +33,7 @@ from engines.asr import whisper as whisper_module
 from engines.asr.types import AsrRequest
 from engines.asr.vad import StreamVad, VadModel
 from engines.asr.whisper import WhisperRecognizer, create_recognizer
+from tests.support.speech import load_pcm16k, wer, words_of
 
 NARRATION = ROOT / ".cache" / "samples" / "narration.wav"
 SCRIPT = ROOT / "samples" / "narration.txt"
@@ -43,28 +42,7 @@ WINDOWS: tuple[Literal["audio", "padded"], ...] = ("audio", "padded")
 TAILS_S = (0.01, 1.0, 2.0, 3.0, 5.0)
 
 
-def read_16k(path: Path) -> np.ndarray:
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=RATE)
-    chunks: list[np.ndarray] = []
-    with av.open(str(path)) as container:
-        for frame in container.decode(audio=0):
-            chunks.extend(f.to_ndarray().reshape(-1) for f in resampler.resample(frame))
-    chunks.extend(f.to_ndarray().reshape(-1) for f in resampler.resample(None))
-    return np.concatenate(chunks).astype(np.float32)
 
-
-def normalize(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
-
-
-def wer(reference: str, hypothesis: str) -> float:
-    ref, hyp = normalize(reference), normalize(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        prev, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
-    return row[-1] / max(1, len(ref))
 
 
 def pause_centres(audio: np.ndarray, threshold: float = 0.35, min_windows: int = 5) -> list[int]:
@@ -136,7 +114,7 @@ def batch_vs_singles(rec: WhisperRecognizer, clips: list[np.ndarray], repeat: in
         batch_ms.append((t1 - t0) * 1000)
         singles_ms.append((t2 - t1) * 1000)
     b, s = statistics.median(batch_ms), statistics.median(singles_ms)
-    same = sum(normalize(x) == normalize(y) for x, y in zip(batch_texts, single_texts, strict=True))
+    same = sum(words_of(x) == words_of(y) for x, y in zip(batch_texts, single_texts, strict=True))
     return {"batch4_ms": b, "singles4_ms": s, "speedup": s / b, "same_words": f"{same}/{len(clips)}"}
 
 
@@ -182,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not NARRATION.exists():
         ensure_sample()
-    audio = read_16k(NARRATION)
+    audio = load_pcm16k(NARRATION)
     script = SCRIPT.read_text()
     pauses = pause_centres(audio)
     print(f"narration {len(audio) / RATE:.1f} s, {len(pauses)} pauses; threads={args.threads}")

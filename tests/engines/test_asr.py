@@ -9,7 +9,6 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import av
 import numpy as np
 import pytest
 
@@ -17,34 +16,14 @@ from engines.asr.features import log_mel_batch
 from engines.asr.types import AsrRequest, AsrResult, AsrUnavailable
 from engines.asr.vad import StreamVad, VadModel
 from engines.asr.whisper import WhisperRecognizer, create_recognizer, default_asr_model
+from tests.support.speech import load_pcm16k, wer, words_of
 
 RATE = 16_000
 SCRIPT = Path(__file__).resolve().parents[2] / "samples" / "narration.txt"
 DOOR = "Please open the front door and turn on the kitchen lights."
 
 
-def read_16k(path: Path) -> np.ndarray:
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=RATE)
-    parts: list[np.ndarray] = []
-    with av.open(str(path)) as container:
-        for frame in container.decode(audio=0):
-            parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(frame)]
-    parts += [f.to_ndarray().reshape(-1) for f in resampler.resample(None)]
-    return np.concatenate(parts).astype(np.float32)
 
-
-def words_of(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9']+", text.lower())
-
-
-def wer(reference: str, hypothesis: str) -> float:
-    ref, hyp = words_of(reference), words_of(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        diagonal, row[0] = row[0], i
-        for j, h in enumerate(hyp, 1):
-            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (r != h))
-    return row[-1] / max(1, len(ref))
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +45,12 @@ def door_clip(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
         pytest.fail("espeak-ng is not installed: run deploy/setup.sh")
     wav = tmp_path_factory.mktemp("speech") / "door.wav"
     subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(wav), DOOR], check=True, capture_output=True, timeout=30)
-    return read_16k(wav)
+    return load_pcm16k(wav)
 
 
 @pytest.fixture(scope="module")
 def narration(sample_dir: Path) -> np.ndarray:
-    return read_16k(sample_dir / "narration.wav")
+    return load_pcm16k(sample_dir / "narration.wav")
 
 
 def transcribe(rec: WhisperRecognizer, audio: np.ndarray, prompt: str = "") -> AsrResult:

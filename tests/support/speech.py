@@ -48,6 +48,7 @@ def load_pcm16k(path: Path, seconds: float | None = None) -> np.ndarray:
     with av.open(str(path)) as container:
         for frame in container.decode(audio=0):
             parts += [out.to_ndarray().reshape(-1) for out in resampler.resample(frame)]
+    parts += [out.to_ndarray().reshape(-1) for out in resampler.resample(None)]
     samples = np.concatenate(parts).astype(np.float32)
     return samples if seconds is None else samples[: int(seconds * 16_000)]
 
