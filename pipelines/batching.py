@@ -99,15 +99,9 @@ class ModelBatcher(Generic[In, Out]):
             raise ValueError(f"max_pending must be at least 1, got {max_pending}")
         if max_consecutive_failures < 1:
             raise ValueError(f"max_consecutive_failures must be at least 1, got {max_consecutive_failures}")
-        self.compute = compute
-        if compute is not None:  # each call waits for this model's turn at the CPU
-            unguarded = call
-
-            def call(items: list[In]) -> list[Out]:
-                with compute.turn(name):
-                    return unguarded(items)
-
-        self._call = call
+        self.compute = compute  # each call waits for this model's turn at the CPU
+        self._model_call = call
+        self._model_s = 0.0  # the last call's own time, without waiting for a turn (worker thread)
         self.name = name  # "detector": in reasons and logs
         self.unit = unit  # "frames": what the items are, in messages
         self.max_batch = max(1, max_batch)
@@ -229,7 +223,7 @@ class ModelBatcher(Generic[In, Out]):
             started_wall = time.time()
             started = self._busy_since = time.perf_counter()
             try:
-                results = await loop.run_in_executor(self._executor, self._call, items)
+                results = await loop.run_in_executor(self._executor, self._timed_call, items)
             except Exception as exc:  # the model failed: fail these items, keep serving
                 self.stats.failures += 1
                 self._consecutive_failures += 1
@@ -252,13 +246,23 @@ class ModelBatcher(Generic[In, Out]):
                 self._die(f"{self.name} engine is broken: backend returned {got} for {len(items)} {self.unit}")
                 return
             self._consecutive_failures = 0
-            elapsed_ms = (time.perf_counter() - started) * 1000
+            # The model's own time: a wait for a CPU turn is neither inference nor busy time.
+            elapsed_ms = min(time.perf_counter() - started, self._model_s) * 1000
             self.stats.calls += 1
             self.stats.items += len(items)
             self.stats.busy_s += elapsed_ms / 1000
             for (_, fut), result in zip(live, results, strict=True):
                 if not fut.done():
                     fut.set_result(Outcome(result, elapsed_ms, len(items), started_wall))
+
+    def _timed_call(self, items: list[In]) -> list[Out]:
+        turn = self.compute.turn(self.name) if self.compute is not None else contextlib.nullcontext()
+        with turn:
+            started = time.perf_counter()
+            try:
+                return self._model_call(items)
+            finally:
+                self._model_s = time.perf_counter() - started
 
     def _runner_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():

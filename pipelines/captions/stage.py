@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 from collections import deque
 from collections.abc import Sequence
@@ -46,6 +47,8 @@ GAP_S = 0.5  # a jump in media time this large (dropped audio, a restarted clock
 MIN_SPEECH_WINDOWS = 2  # 64 ms of speech starts an utterance; one loud click does not
 MIN_DECODE_S = 0.3
 COMMITTED_KEPT = 256  # committed words remembered for the prompt
+SENTENCE_END = re.compile(r"[.?!][\"')\]]*$")
+MIN_TRIM_S = 1.5  # a sentence this long or longer is cut off the window once committed
 LOSSLESS_AUDIO_S = 300.0  # a bound still: 19 MB of float32 audio
 
 register_counters(
@@ -256,7 +259,16 @@ class CaptionStage:
         return join_words(before)[-self.settings.prompt_chars :]
 
     async def _bound_window(self) -> None:
-        """Keep continuous speech from growing a decode past max_window_s."""
+        """Keep decodes short: cut the window after a committed sentence, and never let continuous
+        speech grow it past max_window_s. Speakers pause between sentences for less than an
+        endpoint, so without the first cut every step would decode the whole monologue again."""
+        last = self._committed[-1] if self._committed else None
+        if last is not None and SENTENCE_END.search(last.text) and last.end - self.window.start >= MIN_TRIM_S:
+            pending = self.agreement.pending
+            if not pending:
+                self.window.trim_before(last.end)
+            elif pending[0].start > last.end:  # in the pause between the sentences, never into a word
+                self.window.trim_before((last.end + pending[0].start) / 2)
         if self.window.duration <= self.settings.max_window_s:
             return
         if self.agreement.committed_end > self.window.start + MIN_DECODE_S:
