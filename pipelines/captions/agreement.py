@@ -70,12 +70,16 @@ class LocalAgreement:
         """The tentative words of the last hypothesis."""
         return list(self._previous)
 
-    def update(self, hypothesis: Sequence[Word]) -> tuple[list[Word], list[Word]]:
-        """(words committed now, tentative words after them) for a new decode of the window."""
+    def update(self, hypothesis: Sequence[Word], *, horizon: float = float("inf")) -> tuple[list[Word], list[Word]]:
+        """(words committed now, tentative words after them) for a new decode of the window.
+
+        Words ending after `horizon` stay tentative whatever the decodes say: at the window's
+        growing edge a word may be cut short, and two decodes agreeing on its guess is not
+        evidence (the audio that decides it has not arrived yet)."""
         fresh = self._after_committed(hypothesis)
         agreed = 0
         for old, new in zip(self._previous, fresh, strict=False):
-            if old.key != new.key or not new.key:
+            if old.key != new.key or not new.key or new.end > horizon:
                 break
             agreed += 1
         committed, tentative = fresh[:agreed], fresh[agreed:]

@@ -31,6 +31,7 @@ class CaptionSettings:
     # Smaller: earlier partials and finals, more compute; larger: fewer, better-informed decodes.
     step_s: float = 0.5
     endpoint_s: float = 0.6  # this much silence after speech ends the utterance (finalizes it)
+    edge_s: float = 0.3  # words ending this close to the newest audio are never final yet (maybe cut short)
     vad_threshold: float = 0.5  # speech probability from which a 32 ms window counts as speech
     pre_roll_s: float = 0.3  # audio kept before the detected start of speech
     max_window_s: float = 12.0  # continuous speech longer than this is cut at its committed words

@@ -48,7 +48,8 @@ MIN_SPEECH_WINDOWS = 2  # 64 ms of speech starts an utterance; one loud click do
 MIN_DECODE_S = 0.3
 COMMITTED_KEPT = 256  # committed words remembered for the prompt
 SENTENCE_END = re.compile(r"[.?!][\"')\]]*$")
-MIN_TRIM_S = 1.5  # a sentence this long or longer is cut off the window once committed
+MIN_TRIM_S = 2.5  # a window this long is cut after its committed sentence
+SENTENCE_CONTEXT_S = 1.0  # of the committed sentence, kept as sound before the next one
 LOSSLESS_AUDIO_S = 300.0  # a bound still: 19 MB of float32 audio
 
 register_counters(
@@ -103,6 +104,7 @@ class CaptionStage:
         self._speech_run = 0
         self._last_voice = 0.0  # media time of the last window that sounded like speech
         self._decoded_to = 0.0  # window end at the last decode
+        self._sentence_cut = float("-inf")  # where the window may be cut: in the pause after the last sentence
         self._vad_time: float | None = None  # media time of the next VAD window's start
         self._wall_offset = 0.0  # captured_at - media time, from the newest chunk
         self._recognizer_gone = False
@@ -211,7 +213,8 @@ class CaptionStage:
             if final:
                 committed, tentative = self.agreement.flush(words), []
             else:
-                committed, tentative = self.agreement.update(words)
+                horizon = self.window.end - self.settings.edge_s
+                committed, tentative = self.agreement.update(words, horizon=horizon)
             if log.isEnabledFor(logging.DEBUG):  # transcripts only at debug level
                 log.debug(
                     "caption decode",
@@ -263,12 +266,20 @@ class CaptionStage:
         speech grow it past max_window_s. Speakers pause between sentences for less than an
         endpoint, so without the first cut every step would decode the whole monologue again."""
         last = self._committed[-1] if self._committed else None
-        if last is not None and SENTENCE_END.search(last.text) and last.end - self.window.start >= MIN_TRIM_S:
+        if last is not None and SENTENCE_END.search(last.text) and last.end > self._sentence_cut:
             pending = self.agreement.pending
             if not pending:
-                self.window.trim_before(last.end)
+                cut = last.end
             elif pending[0].start > last.end:  # in the pause between the sentences, never into a word
-                self.window.trim_before((last.end + pending[0].start) / 2)
+                cut = (last.end + pending[0].start) / 2
+            else:
+                cut = None
+            if cut is not None and cut - self.window.start >= MIN_TRIM_S:
+                # A second of the sentence before stays: cut right at a sentence's start, Whisper
+                # guesses its first words with no sound before them ("The weather" -> "But wherever").
+                # The words of that second are committed already and are recognised as such.
+                self.window.trim_before(cut - SENTENCE_CONTEXT_S)
+                self._sentence_cut = cut
         if self.window.duration <= self.settings.max_window_s:
             return
         if self.agreement.committed_end > self.window.start + MIN_DECODE_S:
