@@ -259,8 +259,10 @@ class CaptionsSettings(_Strict):
     # The latency/accuracy knob: audio is decoded again each time this much more has arrived.
     step_s: float = Field(0.5, ge=0.1, le=10.0)
     endpoint_s: float = Field(0.6, ge=0.1, le=10.0)  # a pause this long finalizes what was said
-    # Of the CPU time both want, the part the speech recognizer gets while the detector would use it all.
-    cpu_share: float = Field(0.5, ge=0.0, le=1.0)
+    # When set, the detector and the recognizer take turns at the CPU (both on it) and, when both want
+    # it, the recognizer gets this part. Off by default: measured on 2 cores, turns made both slower
+    # than letting them run at once (the OS shares the cores and fills each one's idle cycles).
+    cpu_share: float | None = Field(None, ge=0.0, le=1.0)
     max_lag_s: float = Field(6.0, ge=1.0, le=120.0)  # audio waiting longer is dropped, oldest first
     max_batch: int = Field(8, ge=1, le=64)  # streams decoded in one recognizer call
 

@@ -57,9 +57,12 @@ def asr_threads() -> int:
 def compute_shares(settings: CaptionsSettings, detector_backend: str, *, enabled: bool = True) -> ComputeShares | None:
     """Turns at the CPU for the detector and the recognizer when both would run on it (see
     pipelines.compute); None when captions are off or a model has a GPU of its own."""
-    if not (enabled and settings.enabled) or not detector_backend.endswith("-cpu") or settings.device == "cuda":
+    share = settings.cpu_share
+    if share is None or not (enabled and settings.enabled):
         return None
-    return ComputeShares({DETECTOR: 1.0 - settings.cpu_share, RECOGNIZER: settings.cpu_share})
+    if not detector_backend.endswith("-cpu") or settings.device == "cuda":
+        return None
+    return ComputeShares({DETECTOR: 1.0 - share, RECOGNIZER: share})
 
 
 @contextlib.asynccontextmanager
