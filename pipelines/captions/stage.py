@@ -27,6 +27,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from engines.asr.types import AsrRequest, AsrResult
 from engines.asr.vad import StreamVad
 from pipelines.audio_meter import audio_counters
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 
 STAGE_NAME = "captions"
 GAP_S = 0.5  # a jump in media time this large (dropped audio, a restarted clock) ends the utterance
+LOST_AUDIO_S = 0.02  # a smaller hole than GAP_S but at least this (lost packets) is filled with silence
 MIN_SPEECH_WINDOWS = 2  # 64 ms of speech starts an utterance; one loud click does not
 MIN_DECODE_S = 0.3
 COMMITTED_KEPT = 256  # committed words remembered for the prompt
@@ -123,19 +126,30 @@ class CaptionStage:
                     if self._speaking:
                         await self._decode(final=True)
                     return
+                if self._recognizer_gone:
+                    continue  # captions have stopped: the audio is taken and counted, nothing kept
+                if not chunks:
+                    await self._step(quiet=True)
+                # Chunk by chunk: a burst (a file read ahead of real time) is decoded as it would
+                # have been live, and the window never outgrows a decode.
                 for chunk in chunks:
                     if self._feed(chunk):
-                        await self._decode(final=True)  # a gap: the utterance before it ends here
+                        if self._speaking:
+                            await self._decode(final=True)  # a gap: the utterance before it ends here
                         self._reset(chunk)
-                if self._recognizer_gone or not self._speaking:
-                    continue
-                silent_for = self.window.end - self._last_voice
-                if silent_for >= self.settings.endpoint_s or (not chunks and self.window.duration > 0):
-                    await self._decode(final=True)
-                    self._end_utterance()
-                elif self._decode_due():
-                    await self._decode(final=False)
-                    await self._bound_window()
+                    await self._step(quiet=False)
+
+    async def _step(self, *, quiet: bool) -> None:
+        """End the utterance after a pause (or a quiet source), or decode when a step has grown."""
+        if self._recognizer_gone or not self._speaking:
+            return
+        silent_for = self.window.end - self._last_voice
+        if silent_for >= self.settings.endpoint_s or (quiet and self.window.duration > 0):
+            await self._decode(final=True)
+            self._end_utterance()
+        elif self._decode_due():
+            await self._decode(final=False)
+            await self._bound_window()
 
     def _decode_due(self) -> bool:
         grown = self.window.end - self._decoded_to
@@ -161,12 +175,19 @@ class CaptionStage:
 
     def _feed(self, chunk: AudioChunk) -> bool:
         """Voice detection and the window; True when the chunk does not follow the window's audio."""
-        if self.window.duration and abs(chunk.pts - self.window.end) > GAP_S:
-            return True
+        if self.window.duration:
+            missing = chunk.pts - self.window.end
+            if abs(missing) > GAP_S:
+                return True
+            if missing >= LOST_AUDIO_S:  # lost packets: silence keeps every later word at its time
+                self._take_samples(chunk.pts - missing, np.zeros(int(missing * chunk.sample_rate), np.float32))
         self._take(chunk)
         return False
 
     def _reset(self, chunk: AudioChunk) -> None:
+        if chunk.pts < self.window.end:  # the media clock went back: what was committed is in its future
+            self.agreement = LocalAgreement()
+            self._sentence_cut = float("-inf")
         self._end_utterance()
         self.window.clear()
         self.vad.reset()
@@ -175,12 +196,15 @@ class CaptionStage:
 
     def _take(self, chunk: AudioChunk) -> None:
         self._wall_offset = chunk.captured_at - (chunk.pts + chunk.duration)
-        self.window.append(chunk.pts, chunk.samples)
+        self._take_samples(chunk.pts, chunk.samples)
+
+    def _take_samples(self, pts: float, samples: np.ndarray) -> None:
+        self.window.append(pts, samples)
         if self._vad_time is None:
-            self._vad_time = chunk.pts
+            self._vad_time = pts
         settings = self.settings
-        step = self.vad.window / chunk.sample_rate
-        for probability in self.vad.process(chunk.samples):
+        step = self.vad.window / self.window.rate
+        for probability in self.vad.process(samples):
             self._vad_time += step
             if probability >= settings.vad_threshold:
                 self.stats.speech_seconds += step
@@ -235,6 +259,8 @@ class CaptionStage:
         except RecognizerFailed as exc:
             self.stats.errors += 1
             self._recognizer_gone = True
+            self._speaking = False
+            self.window.clear()
             log.error(
                 "captions stopped: the speech recognizer failed",
                 extra={"stream_id": self.stream_id, "reason": exc.reason},

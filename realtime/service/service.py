@@ -204,6 +204,7 @@ class Service:
     def _stream_gone(self, stream_id: str) -> None:
         self.fanout.close_stream(stream_id)
         self.transcripts.forget(stream_id)
+        self.sessions.discard(stream_id)
         self.metrics.forget(stream_id)
         release_free_memory()
 

@@ -150,11 +150,20 @@ class SessionTable:
         """End a session whose close token matches (the page's `pagehide` beacon)."""
         session = self._sessions.get(stream_id)
         expected = session.close_token if session is not None else secrets.token_urlsafe(24)
-        matches = hmac.compare_digest(token.encode("utf-8", "surrogateescape"), expected.encode())
+        # surrogatepass: a lone surrogate from the JSON body is bytes that never match, not an error.
+        matches = hmac.compare_digest(token.encode("utf-8", "surrogatepass"), expected.encode())
         if session is None or not matches:
             return False
         session.close("the page went away")
         return True
+
+    def discard(self, stream_id: str) -> None:
+        """The session's stream is gone from the registry without its run having started (deleted
+        while an earlier run of the id was stopping): end the session too, or it would hold its
+        peer connection and a slot with no timer running."""
+        session = self._sessions.get(stream_id)
+        if session is not None and not session.running:
+            session.close("the stream was deleted")
 
     def _session_ended(self, session: WebRtcSession) -> None:
         if self._sessions.get(session.stream_id) is session:

@@ -97,10 +97,9 @@ async def test_beacon_bodies(svc: LiveService) -> None:
     for data in (b"", b"nope", b'{"stream_id": 1, "close_token": "x"}', b'{"stream_id": "a"}'):
         reply = await svc.call("POST", "/api/webrtc/close", data=data, content_type="text/plain")
         assert_refused(reply, 400, "bad close request")
-    reply = await svc.call(
-        "POST", "/api/webrtc/close", data=b'{"stream_id": "nobody", "close_token": "x"}', content_type="text/plain"
-    )
-    assert_refused(reply, 403, "no session with this stream id and close token")
+    for body in (b'{"stream_id": "nobody", "close_token": "x"}', b'{"stream_id": "a", "close_token": "\\ud800"}'):
+        reply = await svc.call("POST", "/api/webrtc/close", data=body, content_type="text/plain")
+        assert_refused(reply, 403, "no session with this stream id and close token")
 
 
 @pytest.fixture

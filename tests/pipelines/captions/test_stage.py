@@ -104,3 +104,17 @@ async def test_silence_and_noise_make_no_captions(engine: CaptionEngine) -> None
     for samples in (silence, noise):
         sink = await caption(engine, samples, speed=8.0)
         assert sink.of(EventKind.CAPTIONS) == [] and sink.of(EventKind.PARTIALS) == []
+
+
+async def test_after_the_recognizer_dies_audio_is_taken_and_nothing_kept(
+    caption_models: tuple[SpeechRecognizer, VadModel], narration: np.ndarray
+) -> None:
+    recognizer, vad = caption_models
+    batcher = SpeechBatcher(recognizer)
+    batcher.start()
+    await batcher.aclose()  # every submit now fails: the recognizer is gone
+    sink = await caption(CaptionEngine(batcher, vad, CaptionSettings()), narration[: 16_000 * 8], speed=8.0)
+    stage = sink.stage  # type: ignore[attr-defined]
+    counters = stage.counters()
+    assert counters["asr_errors"] == 1 and counters["captions"] == 0 and counters["audio_seconds"] >= 7.9
+    assert stage.window.duration <= CaptionSettings().pre_roll_s + 0.1
