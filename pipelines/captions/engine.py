@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from engines.asr.types import AsrRequest, AsrResult, SpeechRecognizer
 from engines.asr.vad import VadModel
-from pipelines.batching import DEFAULT_GATHER_WINDOW_S, ModelBatcher, ModelFailed, QueueFull
+from pipelines.batching import ModelBatcher, ModelFailed, QueueFull
 from pipelines.compute import ComputeShares
 
 # Streams whose decodes may ride in one CTranslate2 call. Each stream has at most one request in
@@ -53,7 +53,6 @@ class SpeechBatcher(ModelBatcher[AsrRequest, AsrResult]):
             name=RECOGNIZER,
             unit="decodes",
             max_batch=max_batch,
-            gather_window_s=DEFAULT_GATHER_WINDOW_S,
             failed_error=RecognizerFailed,
             full_error=RecognizerBusy,
             thread_name="vidsentry-asr",

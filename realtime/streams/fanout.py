@@ -26,11 +26,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pipelines.events import Event, EventSink
 from realtime.bus import cloudevents
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RECENT_DURABLE = 64  # durable events kept per stream for resuming viewers
 
@@ -57,6 +59,15 @@ class SseMessage:
 
 # Called on the event loop with each event of one stream and its encoded message; must not block.
 Listener = Callable[[Event, SseMessage], None]
+
+
+def _unregister(table: dict[str, set[T]], stream_id: str, member: T) -> None:
+    """Take one viewer or listener off a stream; a stream with none left leaves the table."""
+    members = table.get(stream_id)
+    if members is not None:
+        members.discard(member)
+        if not members:
+            del table[stream_id]
 
 
 class ViewerClosed(Exception):
@@ -142,7 +153,7 @@ class EventFanout:
         self.max_viewers = max_viewers  # http.sse_max_viewers
         self._viewers: dict[str, set[Viewer]] = {}
         # In-process consumers (a browser session's DataChannel): bounded by their owners, not here.
-        self._listeners: dict[str, list[Listener]] = {}
+        self._listeners: dict[str, set[Listener]] = {}
         self._recent: dict[str, deque[Event]] = {}  # per stream, newest last; dropped with the stream
         self._closed = False
         self.dropped_by_gone_viewers = 0  # drops of viewers that have since left, for a monotonic total
@@ -194,25 +205,17 @@ class EventFanout:
         try:
             yield viewer
         finally:
-            viewers = self._viewers.get(stream_id)
-            if viewers is not None:
-                viewers.discard(viewer)
-                if not viewers:
-                    del self._viewers[stream_id]
+            _unregister(self._viewers, stream_id, viewer)
             self.dropped_by_gone_viewers += viewer.dropped
 
     @contextlib.contextmanager
     def listen(self, stream_id: str, listener: Listener) -> Iterator[None]:
         """Call `listener` with every event of `stream_id` for the duration of the block."""
-        self._listeners.setdefault(stream_id, []).append(listener)
+        self._listeners.setdefault(stream_id, set()).add(listener)
         try:
             yield
         finally:
-            listeners = self._listeners.get(stream_id)
-            if listeners is not None:
-                listeners.remove(listener)
-                if not listeners:
-                    del self._listeners[stream_id]
+            _unregister(self._listeners, stream_id, listener)
 
     def _check_room(self, stream_id: str) -> None:
         if len(self._viewers.get(stream_id, ())) >= self.max_viewers_per_stream:

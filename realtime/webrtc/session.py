@@ -96,10 +96,6 @@ class WebRtcSession:
     def kinds(self) -> set[str]:
         return {track.kind for track in self.tracks}
 
-    @property
-    def ended(self) -> bool:
-        return self._ended.is_set()
-
     async def run(self, outputs: SourceOutputs) -> StreamState:
         self.running = True
         state = StreamState.CONNECTING
