@@ -20,25 +20,31 @@ from .util import event
 pytestmark = pytest.mark.timeout(60)
 
 
-async def test_prints_one_json_object_per_line(shared_nats_server: EmbeddedNatsServer) -> None:
+async def test_prints_one_json_object_per_line(nats_server: EmbeddedNatsServer) -> None:
+    # A server of its own: a stream store or client left busy by earlier tests cannot delay delivery.
     out = io.StringIO()
     ready = asyncio.Event()
-    pub = NatsEventPublisher(shared_nats_server.url, node="sub-test")
+    pub = NatsEventPublisher(nats_server.url, node="sub-test")
     await pub.connect()
     try:
         task = asyncio.create_task(
-            subscribe(shared_nats_server.url, "vidsentry.subcam.>", out, limit=3, on_ready=ready.set)
+            subscribe(nats_server.url, "vidsentry.subcam.>", out, limit=3, on_ready=ready.set)
         )
         async with asyncio.timeout(20):
             await ready.wait()
-            sent = [
-                event(EventKind.DETECTIONS, stream_id="subcam", objects=[{"label": "person"}]),
-                event(EventKind.TRACKS, stream_id="subcam", track_id=7, phase="new"),
-                event(EventKind.CAPTIONS, stream_id="subcam", text="hello there"),
-            ]
-            for ev in sent:
-                await pub.publish(ev)
-            printed = await task
+        sent = [
+            event(EventKind.DETECTIONS, stream_id="subcam", objects=[{"label": "person"}]),
+            event(EventKind.TRACKS, stream_id="subcam", track_id=7, phase="new"),
+            event(EventKind.CAPTIONS, stream_id="subcam", text="hello there"),
+        ]
+        for ev in sent:
+            await pub.publish(ev)
+        done, _ = await asyncio.wait({task}, timeout=20)
+        if not done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            pytest.fail(f"3 events published, printed only: {out.getvalue()!r}; publisher: {pub.stats()}")
+        printed = task.result()
     finally:
         await pub.close()
 
