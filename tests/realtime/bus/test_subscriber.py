@@ -27,9 +27,7 @@ async def test_prints_one_json_object_per_line(nats_server: EmbeddedNatsServer) 
     pub = NatsEventPublisher(nats_server.url, node="sub-test")
     await pub.connect()
     try:
-        task = asyncio.create_task(
-            subscribe(nats_server.url, "vidsentry.subcam.>", out, limit=3, on_ready=ready.set)
-        )
+        task = asyncio.create_task(subscribe(nats_server.url, "vidsentry.subcam.>", out, limit=3, on_ready=ready.set))
         async with asyncio.timeout(20):
             await ready.wait()
         sent = [
