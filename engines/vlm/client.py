@@ -1,0 +1,284 @@
+"""The VLM client: routes each stream to its vLLM endpoint, retries within a budget, opens a
+circuit on a failing endpoint, and turns vLLM's answers and refusals into typed results."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from engines.vlm.errors import VlmBadResponse, VlmError, VlmTimeout, VlmTooManyImages, VlmUnavailable
+from engines.vlm.resilience import BreakerState, CircuitBreaker, RetryBudget, backoff_s
+from engines.vlm.routing import rendezvous_order
+from engines.vlm.schema import schema_problem
+from engines.vlm.types import VlmRequest, VlmResponse
+from engines.vlm.wire import chat_body
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from engines.vlm.transport import Completion
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class VlmSettings:
+    endpoints: tuple[str, ...]  # base URLs, e.g. "http://vllm:8000/v1"
+    model: str
+    api_key: str | None = field(default=None, repr=False)  # from the environment; never logged
+    connect_timeout_s: float = 5.0
+    max_retries: int = 2  # per request, on 5xx/timeouts/connection errors
+    retry_budget_ratio: float = 0.2  # retries at most this fraction of requests (token bucket)
+    breaker_failures: int = 5  # consecutive failures that open an endpoint's circuit
+    breaker_reset_s: float = 15.0  # open -> half-open probe after this
+    max_in_flight: int = 16  # per client, across streams
+    image_uuids: bool = True  # send each image's content-bound uuid so vLLM skips re-hashing its pixels
+
+    def __post_init__(self) -> None:
+        if not self.endpoints:
+            raise ValueError("vlm: at least one endpoint")
+        for url in self.endpoints:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"vlm: endpoint {url!r} must be an http(s):// base URL such as http://vllm:8000/v1")
+            if "@" in url.split("//", 1)[1].split("/", 1)[0]:
+                raise ValueError("vlm: put credentials in the API key, not in the endpoint URL")
+        if len(set(self.endpoints)) != len(self.endpoints):
+            raise ValueError("vlm: an endpoint is listed twice")
+        if not self.model:
+            raise ValueError("vlm: model is required")
+        if self.max_retries < 0 or self.max_in_flight < 1 or self.connect_timeout_s <= 0:
+            raise ValueError("vlm: max_retries >= 0, max_in_flight >= 1, connect_timeout_s > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointStats:
+    url: str
+    breaker: str  # closed | open | half_open
+    requests: int
+    failures: int
+    times_opened: int
+    image_limit: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class VlmStats:
+    requests: int  # complete() calls
+    succeeded: int
+    failed: int
+    retries: int
+    retries_denied: int  # a retry the budget did not allow
+    timeouts: int
+    in_flight: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    endpoints: tuple[EndpointStats, ...]
+
+
+class _Endpoint:
+    def __init__(self, url: str, settings: VlmSettings) -> None:
+        self.url = url
+        self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_reset_s)
+        self.image_limit: int | None = None  # learned from a too-many-images refusal
+        self.reports_cached = False  # vLLM omits cached_tokens when 0: once seen, absence means 0
+        self.requests = 0
+        self.failures = 0
+
+
+class VlmClient:
+    def __init__(self, settings: VlmSettings) -> None:
+        from engines.vlm import transport  # aiohttp only once a client exists
+
+        self._settings = settings
+        self._transport = transport
+        self._endpoints = {url: _Endpoint(url, settings) for url in settings.endpoints}
+        self._budget = RetryBudget(settings.retry_budget_ratio)
+        self._slots = asyncio.Semaphore(settings.max_in_flight)
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+        self._counts = dict.fromkeys(
+            ("requests", "succeeded", "failed", "retries", "retries_denied", "timeouts", "in_flight",
+             "prompt_tokens", "cached_tokens", "completion_tokens"), 0)
+
+    async def complete(self, request: VlmRequest) -> VlmResponse:
+        """One chat completion. Raises VlmUnavailable (fast while every circuit is open),
+        VlmTimeout after request.timeout_s, VlmContextTooLong, VlmTooManyImages, VlmBadResponse,
+        VlmRequestError. Cancelling it aborts the HTTP request."""
+        if self._closed:
+            raise VlmUnavailable("VLM client is closed", retry_after_s=float("inf"))
+        self._counts["requests"] += 1
+        self._budget.on_request()
+        started = time.monotonic()
+        deadline = asyncio.get_running_loop().time() + request.timeout_s
+        try:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise VlmTimeout(f"no free VLM slot within {request.timeout_s:g} s "
+                                 f"({self._settings.max_in_flight} requests in flight)") from None
+            self._counts["in_flight"] += 1
+            try:
+                response = await self._with_retries(request, started, deadline)
+            finally:
+                self._counts["in_flight"] -= 1
+                self._slots.release()
+        except VlmError as exc:
+            self._counts["failed"] += 1
+            self._counts["timeouts"] += isinstance(exc, VlmTimeout)
+            raise
+        self._counts["succeeded"] += 1
+        self._counts["prompt_tokens"] += response.prompt_tokens
+        self._counts["cached_tokens"] += response.cached_tokens or 0
+        self._counts["completion_tokens"] += response.completion_tokens
+        return response
+
+    async def _with_retries(self, request: VlmRequest, started: float, deadline: float) -> VlmResponse:
+        attempt = 0
+        while True:
+            endpoint = self._pick(request.route_key)
+            limit = endpoint.image_limit
+            if limit is not None and request.image_count() > limit:
+                raise VlmTooManyImages(
+                    f"{request.image_count()} images, but {endpoint.url} takes at most {limit} per prompt", limit=limit)
+            try:
+                completion = await self._attempt(endpoint, request, deadline)
+            except self._transport.TransientFailure as exc:
+                attempt += 1
+                log.warning("VLM %s failed (%s), attempt %d", endpoint.url, exc, attempt)
+                if attempt > self._settings.max_retries:
+                    raise VlmUnavailable(f"VLM request failed {attempt} times; last: {exc}",
+                                         retry_after_s=self._retry_after()) from None
+                if not self._budget.try_spend():
+                    self._counts["retries_denied"] += 1
+                    raise VlmUnavailable(f"VLM failing ({exc}); retry budget spent",
+                                         retry_after_s=self._retry_after()) from None
+                pause = backoff_s(attempt)
+                if asyncio.get_running_loop().time() + pause >= deadline:
+                    raise VlmTimeout(f"VLM failing ({exc}); no time left for a retry within {request.timeout_s:g} s",
+                                     retry_after_s=self._retry_after()) from None
+                self._counts["retries"] += 1
+                await asyncio.sleep(pause)
+                continue
+            except VlmTooManyImages as exc:
+                endpoint.image_limit = exc.limit  # remembered: image_limit() tells the describer
+                raise
+            return self._response(endpoint, request, completion, started)
+
+    def _pick(self, route_key: str) -> _Endpoint:
+        """The stream's home endpoint, or the next one in its rendezvous order while home's
+        circuit is open. Raises VlmUnavailable when every circuit is open."""
+        for url in rendezvous_order(route_key, self._settings.endpoints):
+            endpoint = self._endpoints[url]
+            if endpoint.breaker.acquire():
+                return endpoint
+        raise VlmUnavailable("every VLM endpoint is failing (circuits open)", retry_after_s=self._retry_after())
+
+    def _retry_after(self) -> float:
+        waits = [e.breaker.retry_after_s() for e in self._endpoints.values()]
+        return max(0.5, min(waits))
+
+    async def _attempt(self, endpoint: _Endpoint, request: VlmRequest, deadline: float) -> Completion:
+        endpoint.requests += 1
+        body = chat_body(request, self._settings.model, image_uuids=self._settings.image_uuids)
+        breaker = endpoint.breaker
+        try:
+            async with asyncio.timeout_at(deadline):
+                completion = await self._transport.stream_chat(self._get_session(), endpoint.url, body)
+        except TimeoutError:
+            endpoint.failures += 1
+            breaker.record_failure()  # a hung server is as down as a refusing one
+            raise VlmTimeout(f"no answer from {endpoint.url} within {request.timeout_s:g} s",
+                             retry_after_s=self._retry_after()) from None
+        except self._transport.TransientFailure:
+            endpoint.failures += 1
+            breaker.record_failure()
+            raise
+        except VlmError:
+            breaker.record_success()  # it answered, with a refusal: the endpoint is up
+            raise
+        except BaseException:
+            breaker.release()  # cancelled: no verdict on the endpoint
+            raise
+        breaker.record_success()
+        return completion
+
+    def _response(
+        self, endpoint: _Endpoint, request: VlmRequest, completion: Completion, started: float
+    ) -> VlmResponse:
+        usage = completion.usage
+        if usage.cached_tokens is not None:
+            endpoint.reports_cached = True
+        cached = usage.cached_tokens if usage.cached_tokens is not None else (0 if endpoint.reports_cached else None)
+        fields = None
+        if request.json_schema is not None:
+            fields = _parse_fields(completion, request)
+        return VlmResponse(
+            text=completion.text,
+            fields=fields,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=cached,
+            completion_tokens=usage.completion_tokens,
+            latency_ms=(time.monotonic() - started) * 1000.0,
+            model=completion.model or self._settings.model,
+            endpoint=endpoint.url,
+        )
+
+    def image_limit(self, route_key: str) -> int | None:
+        """The image limit learned from a too-many-images refusal by this stream's endpoint."""
+        for url in rendezvous_order(route_key, self._settings.endpoints):
+            endpoint = self._endpoints[url]
+            if endpoint.breaker.state is not BreakerState.OPEN:
+                return endpoint.image_limit
+        return self._endpoints[rendezvous_order(route_key, self._settings.endpoints)[0]].image_limit
+
+    def stats(self) -> VlmStats:
+        c = self._counts
+        return VlmStats(
+            requests=c["requests"], succeeded=c["succeeded"], failed=c["failed"], retries=c["retries"],
+            retries_denied=c["retries_denied"], timeouts=c["timeouts"], in_flight=c["in_flight"],
+            prompt_tokens=c["prompt_tokens"], cached_tokens=c["cached_tokens"],
+            completion_tokens=c["completion_tokens"],
+            endpoints=tuple(
+                EndpointStats(e.url, e.breaker.state.value, e.requests, e.failures, e.breaker.times_opened,
+                              e.image_limit)
+                for e in self._endpoints.values()
+            ),
+        )
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            s = self._settings
+            self._session = self._transport.new_session(
+                connect_timeout_s=s.connect_timeout_s, max_connections=s.max_in_flight, api_key=s.api_key)
+        return self._session
+
+
+def _parse_fields(completion: Completion, request: VlmRequest) -> dict[str, Any]:
+    assert request.json_schema is not None
+    text = completion.text
+    if completion.finish_reason == "length":
+        raise VlmBadResponse(f"the answer was cut at max_tokens={request.max_tokens} before its JSON ended", text=text)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise VlmBadResponse(f"the model's answer is not JSON: {text[:80]!r}", text=text) from None
+    if not isinstance(value, dict):
+        raise VlmBadResponse("the model's answer is not a JSON object", text=text)
+    if (problem := schema_problem(value, request.json_schema)) is not None:
+        raise VlmBadResponse(f"the model's answer does not fit the schema: {problem}", text=text)
+    return value
+
+
+def create_vlm_client(settings: VlmSettings) -> VlmClient:
+    return VlmClient(settings)
