@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 from pipelines.rules.evaluators import Evaluator, FrameView, LiveTrack, evaluator_for
-from pipelines.rules.specs import AnyRule, FallRule, check_unique_ids
+from pipelines.rules.specs import AnyRule, FallRule, VlmRule, check_unique_ids
 from pipelines.rules.types import AlertChange, AlertEventKind, Moment, TrackedObject
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,8 @@ def unknown_classes(rules: Sequence[AnyRule], names: Mapping[int, str]) -> list[
     known = set(names.values())
     problems = []
     for rule in rules:
+        if isinstance(rule, VlmRule):
+            continue  # a question in words names no class
         wanted = (rule.fall_class,) if isinstance(rule, FallRule) else (rule.classes or ())
         missing = [c for c in wanted if c not in known]
         if missing:
@@ -59,7 +61,8 @@ class RuleEngine:
             raise RuleError(f"stream {stream_id!r}: {'; '.join(problems)}")
         self.stream_id = stream_id
         self.lost_timeout_s = lost_timeout_s
-        self._evaluators: list[Evaluator] = [evaluator_for(rule) for rule in specs]
+        # `vlm` rules are questions for the describer, which runs them on its own cadence.
+        self._evaluators: list[Evaluator] = [evaluator_for(rule) for rule in specs if not isinstance(rule, VlmRule)]
         self._needs_size = any(e.normalized for e in self._evaluators)
         self._size: tuple[int, int] | None = None
         self._tracks: dict[int, LiveTrack] = {}

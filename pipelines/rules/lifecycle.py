@@ -21,7 +21,7 @@ from pipelines.rules.types import AlertChange, AlertEventKind, Moment
 
 MAX_TRACK_IDS = 100  # an alert about a crowd names at most this many tracks
 # Evidence of the start that the end event repeats, so an end can be read on its own.
-CARRIED_EVIDENCE = ("trigger", "zone", "line", "threshold", "fall_class")
+CARRIED_EVIDENCE = ("trigger", "zone", "line", "threshold", "fall_class", "question")
 
 
 @dataclass(slots=True)

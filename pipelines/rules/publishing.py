@@ -87,9 +87,15 @@ class AlertPublisher:
         return self._in_flight
 
     async def publish(
-        self, changes: Sequence[AlertChange], *, captured_at: float, frame: VideoFrame | None = None
+        self,
+        changes: Sequence[AlertChange],
+        *,
+        captured_at: float,
+        frame: VideoFrame | None = None,
+        jpeg: bytes | None = None,
     ) -> None:
-        """Publish `changes`, decided on `frame` (the one a snapshot shows; None at shutdown)."""
+        """Publish `changes`, decided on `frame` (the one a snapshot shows; None at shutdown).
+        `jpeg`: that frame encoded already (the describer's), stored as it is."""
         wanting = [c for c in changes if c.kind is AlertEventKind.START and c.snapshot]
         if wanting:
             if self.snapshots is None or frame is None or self._in_flight >= self.max_in_flight:
@@ -99,7 +105,7 @@ class AlertPublisher:
                     self._waiting[change.alert_id] = []
                 self._in_flight += 1
                 self._tasks.create_task(
-                    self._snapshot_then_publish(wanting, frame, self.snapshots),
+                    self._snapshot_then_publish(wanting, frame, self.snapshots, jpeg),
                     name=f"{self.stream_id}-alert-snapshot",
                 )
                 deferred = {id(c) for c in wanting}
@@ -111,12 +117,15 @@ class AlertPublisher:
             else:
                 await self._emit(change, captured_at)
 
-    async def _snapshot_then_publish(self, starts: list[AlertChange], frame: VideoFrame, store: SnapshotStore) -> None:
+    async def _snapshot_then_publish(
+        self, starts: list[AlertChange], frame: VideoFrame, store: SnapshotStore, jpeg: bytes | None = None
+    ) -> None:
         reference: str | None = None
         try:
             async with asyncio.timeout(self.timeout_s):
                 # Encoding a full frame takes milliseconds of CPU: keep it off the event loop.
-                jpeg = await asyncio.to_thread(encode_jpeg, frame.image, self.jpeg_quality)
+                if jpeg is None:
+                    jpeg = await asyncio.to_thread(encode_jpeg, frame.image, self.jpeg_quality)
                 reference = await store.put(snapshot_key(self.stream_id, starts[0].alert_id), jpeg)
             self.stats.snapshots_stored += 1
         except Exception as exc:  # the alert matters more than its picture

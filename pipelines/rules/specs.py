@@ -1,6 +1,6 @@
 """Rule definitions as they appear in a stream's config (`streams[].rules`).
 
-A rule is one of six types, told apart by its `type` key. Every model forbids unknown keys,
+A rule is one of seven types, told apart by its `type` key. Every model forbids unknown keys,
 so a typo is an error that names the key instead of a rule that silently never fires.
 Coordinates are source pixels, or 0-1 fractions of the frame with `normalized: true`.
 A polygon has at most 256 points and a stream at most 64 rules: a zone is drawn by hand, and
@@ -25,7 +25,7 @@ from pydantic import (
 from pipelines.rules.geometry import Point, is_simple_polygon, signed_area
 
 RULE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-RULE_TYPES = ("present", "absent", "count", "zone", "line", "fall")
+RULE_TYPES = ("present", "absent", "count", "zone", "line", "fall", "vlm")
 
 Severity = Literal["info", "warning", "critical"]
 ZoneTrigger = Literal["enter", "exit", "dwell"]
@@ -214,7 +214,31 @@ class FallRule(_Rule):
     for_s: float = Field(2.0, ge=0)
 
 
-AnyRule = PresentRule | AbsentRule | CountRule | ZoneRule | LineRule | FallRule
+MAX_QUESTION_CHARS = 300
+
+
+class VlmRule(_Rule):
+    """A yes/no question put to the vision-language model every `cadence_s` seconds about the
+    stream's recent frames ("is anyone lying on the ground?"); "yes" for `for_s` seconds is an
+    alert. Answered by the describer (only where a VLM is configured), not the frame loop."""
+
+    type: Literal["vlm"]
+    question: str = Field(min_length=3, max_length=MAX_QUESTION_CHARS)
+    cadence_s: float = Field(5.0, ge=1.0, le=3600.0)
+    for_s: float = Field(0.0, ge=0)
+    # Two answers apart is one "no" that may be a wrong answer; ride over it like detector flicker.
+    clear_s: float = Field(10.0, ge=0)
+
+    @field_validator("question")
+    @classmethod
+    def _question(cls, value: str) -> str:
+        value = " ".join(value.split())  # one line: it is written into the prompt as it is
+        if len(value) < 3:
+            raise ValueError("ask a question of at least 3 characters")
+        return value
+
+
+AnyRule = PresentRule | AbsentRule | CountRule | ZoneRule | LineRule | FallRule | VlmRule
 
 
 def _known_type(value: Any) -> Any:
