@@ -178,3 +178,45 @@ def caption_event(
         },
         id=f"caption-{stream_id}-{segment_id}",
     )
+
+
+def description_event(
+    stream_id: str,
+    *,
+    text: str,
+    fields: Mapping[str, Any] | None,
+    window_start_pts: float | None,
+    window_end_pts: float | None,
+    frames: int,
+    epoch: int,
+    prompt_tokens: int,
+    cached_tokens: int | None,
+    latency_ms: float,
+    model: str,
+    captured_at: float,
+) -> Event:
+    """A scene description of the stream's recent frames (and what was said), from the VLM.
+    `captured_at` is that of the newest frame it saw; `cached_tokens` is None when the server
+    does not report it."""
+
+    def rounded(pts: float | None) -> float | None:
+        return None if pts is None else round(pts, 3)
+
+    return Event(
+        kind=EventKind.DESCRIPTIONS,
+        stream_id=stream_id,
+        pts=rounded(window_end_pts),
+        captured_at=captured_at,
+        data={
+            "text": text,
+            "fields": dict(fields) if fields is not None else None,
+            "window_start_pts": rounded(window_start_pts),
+            "window_end_pts": rounded(window_end_pts),
+            "frames": frames,
+            "epoch": epoch,
+            "prompt_tokens": prompt_tokens,
+            "cached_tokens": cached_tokens,
+            "latency_ms": round(latency_ms, 1),
+            "model": model,
+        },
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipelines.captions.engine import CaptionEngine
+from pipelines.describe.settings import DescribeEngine
 from pipelines.detect import DetectionBatcher
 from pipelines.rules.snapshots import SnapshotStore
 
@@ -15,6 +16,7 @@ class SharedEngines:
     detector: DetectionBatcher
     snapshots: SnapshotStore | None = None  # alert pictures; None: alerts carry `snapshot: null`
     captions: CaptionEngine | None = None  # the shared speech recognizer; None: no captions anywhere
+    describe: DescribeEngine | None = None  # the shared VLM client; None: no descriptions anywhere
 
     def health(self) -> dict[str, bool]:
         """Named liveness checks of the shared engines (for readiness)."""

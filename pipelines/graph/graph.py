@@ -19,7 +19,7 @@ from pipelines.graph.counters import Counters, zero_counters
 from pipelines.graph.engines import SharedEngines
 from pipelines.graph.source import MediaSource, SourceOutputs
 from pipelines.graph.spec import ProcessingSpec
-from pipelines.graph.stage import FrameObserver, Stage, StageContext, StageFactory
+from pipelines.graph.stage import FrameObserver, ObservedSink, Stage, StageContext, StageFactory
 from pipelines.graph.status import StatusRelay
 from pipelines.graph.tee import AudioTee, FrameTee
 
@@ -73,7 +73,7 @@ class StreamGraph:
         spec = self.spec
         frames = FrameTee(lossless=self.source.lossless)
         audio = AudioTee() if spec.audio else None
-        context = StageContext(spec, self.engines, self.sink, frames, audio, self._on_frame)
+        context = StageContext(spec, self.engines, ObservedSink(self.sink), frames, audio, self._on_frame)
         status_task = asyncio.create_task(self._status.run(), name=f"{spec.stream_id}-status")
         try:
             # Built inside the try: a stage that cannot be built (rules that do not fit the model)

@@ -17,6 +17,7 @@ class ProcessingSpec:
     tracker: TrackerConfig
     rules: tuple[RuleSpec, ...]
     captions: bool = True  # live captions of its audio, when the service has a speech recognizer
+    describe: bool = True  # rolling scene descriptions, when the service has a VLM
 
     def __post_init__(self) -> None:
         validate_stream_id(self.stream_id)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from pipelines.events import EventSink
+from pipelines.events import Event, EventSink
 from pipelines.frames import FrameResult
 from pipelines.graph.counters import Counters
 from pipelines.graph.engines import SharedEngines
@@ -67,9 +67,33 @@ class StageContext:
             self._primary_taken = True
         return self.frame_tee.attach(name, primary=primary)
 
+    def observe(self, observer: EventObserver) -> None:
+        """Show `observer` every event this stream's stages publish (it must be quick and must not
+        raise). Only where the graph gave its stages an `ObservedSink`."""
+        if not isinstance(self.sink, ObservedSink):
+            raise TypeError("this stage context's sink cannot be observed")
+        self.sink.observers.append(observer)
+
     def audio(self, name: str, *, max_seconds: float) -> AudioBuffer | None:
         """A bounded buffer of this stream's audio (16 kHz mono) for one consumer; None without audio."""
         return None if self.audio_tee is None else self.audio_tee.attach(name, max_seconds=max_seconds)
 
 
 StageFactory = Callable[[StageContext], "Stage | None"]
+
+EventObserver = Callable[[Event], None]
+
+
+class ObservedSink:
+    """The stream's sink as its stages see it: every event its stages publish is also shown,
+    synchronously and before it goes out, to the observers a stage registered with
+    `StageContext.observe` (the describer reads the stream's tracks, alerts and captions so)."""
+
+    def __init__(self, sink: EventSink) -> None:
+        self.sink = sink
+        self.observers: list[EventObserver] = []
+
+    async def publish(self, event: Event) -> None:
+        for observe in self.observers:
+            observe(event)
+        await self.sink.publish(event)

@@ -1,0 +1,70 @@
+"""Which frames the describer keeps: often while something happens, seldom while nothing does.
+
+A frame is taken at most every `min_interval_s` of stream time, and at least every
+`max_interval_s`. In between, one is taken as soon as there is a reason: a track started or
+ended, an alert changed, or the picture moved (the mean grey-level difference of a small
+thumbnail against the last frame taken). A quiet corridor then costs a frame every ten seconds;
+someone walking through it, a frame a second.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+THUMB_SIZE = (32, 18)  # width, height: enough to see a person cross the frame, cheap to compare
+
+
+def thumbnail(image: np.ndarray) -> np.ndarray:
+    """A small grey picture of an RGB frame, as float32 (0-255)."""
+    small = cv2.resize(image, THUMB_SIZE, interpolation=cv2.INTER_AREA)
+    return np.asarray(small, np.float32).mean(axis=2)
+
+
+class FrameSampler:
+    """Pure: time only moves with the `t` passed in (the stream clock)."""
+
+    def __init__(self, min_interval_s: float, max_interval_s: float, motion_threshold: float) -> None:
+        self.min_interval_s = min_interval_s
+        self.max_interval_s = max_interval_s
+        self.motion_threshold = motion_threshold
+        self._last_t: float | None = None
+        self._last_thumb: np.ndarray | None = None
+        self._activity = False
+        self.reasons: dict[str, int] = {"first": 0, "max_interval": 0, "activity": 0, "motion": 0}
+
+    def note_activity(self) -> None:
+        """Something happened (a track or an alert changed): take the next frame allowed."""
+        self._activity = True
+
+    def offer(self, t: float, image: np.ndarray | None = None) -> bool:
+        """Should the frame at `t` be taken? `image` (RGB) is looked at for motion only when
+        nothing else decides; None skips that check."""
+        last = self._last_t
+        if last is None:
+            reason = "first"
+        elif t - last < self.min_interval_s:
+            return False
+        elif t - last >= self.max_interval_s:
+            reason = "max_interval"
+        elif self._activity:
+            reason = "activity"
+        elif image is not None and self._moved(image):
+            reason = "motion"
+        else:
+            return False
+        self._take(t, image, reason)
+        return True
+
+    def _moved(self, image: np.ndarray) -> bool:
+        if self._last_thumb is None:
+            return False
+        thumb = thumbnail(image)
+        return float(np.abs(thumb - self._last_thumb).mean()) >= self.motion_threshold
+
+    def _take(self, t: float, image: np.ndarray | None, reason: str) -> None:
+        self._last_t = t
+        self._activity = False
+        if image is not None:
+            self._last_thumb = thumbnail(image)
+        self.reasons[reason] += 1
