@@ -1,0 +1,212 @@
+"""The VLM client against the real simulator server: requests, usage, prefix reuse, vLLM's refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+
+import pytest
+
+from engines.vlm.errors import (
+    VlmBadResponse,
+    VlmContextTooLong,
+    VlmRequestError,
+    VlmTimeout,
+    VlmTooManyImages,
+    VlmUnavailable,
+)
+from engines.vlm.types import VlmImage
+from tests.engines.vlm.builders import SCHEMA, append_only, question, sliding
+from tests.engines.vlm.conftest import MakeClient, until
+from tests.support.vllm_sim import VllmSimulator
+
+
+async def test_a_description_with_images_and_a_schema_returns_fields_and_usage(
+    sim: VllmSimulator, make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    client = await make_client(sim.url)
+    response = await client.complete(append_only(frames, 3, priority=10, salt="tenant-a"))
+
+    assert response.fields is not None and set(response.fields) == {"description", "people"}
+    assert json.loads(response.text) == response.fields
+    assert response.prompt_tokens > 3 * 144  # three 448x252 frames at 144 tokens each, plus the text
+    assert response.completion_tokens > 0
+    assert response.endpoint == sim.url and response.model == sim.model
+    body = sim.requests[-1]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["priority"] == 10 and body["cache_salt"] == "tenant-a"
+    assert body["response_format"]["type"] == "json_schema"
+    assert body["response_format"]["json_schema"]["schema"] == SCHEMA
+    images = [p for p in body["messages"][1]["content"] if p["type"] == "image_url"]
+    assert [p["image_url"]["url"] for p in images] == [f.data_url() for f in frames[:3]]
+    assert all(p["uuid"] and p["uuid"] != f.digest for p, f in zip(images, frames, strict=False))  # salted
+
+
+async def test_cached_tokens_grow_for_an_append_only_window(
+    sim: VllmSimulator, make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    client = await make_client(sim.url)
+    first = await client.complete(append_only(frames, 2))
+    second = await client.complete(append_only(frames, 4))
+    third = await client.complete(append_only(frames, 6))
+
+    # Everything before the first request's instruction is reused: only its tail, the generation
+    # prompt and a partly filled block are computed again.
+    assert second.cached_tokens is not None and second.cached_tokens >= first.prompt_tokens - 40
+    assert third.cached_tokens is not None and third.cached_tokens >= second.prompt_tokens - 40
+    assert third.cached_tokens / third.prompt_tokens > 0.6
+    stats = client.stats()
+    assert stats.cached_tokens == (first.cached_tokens or 0) + second.cached_tokens + third.cached_tokens
+
+
+async def test_a_sliding_window_or_another_salt_reuses_next_to_nothing(
+    sim: VllmSimulator, make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    client = await make_client(sim.url)
+    window = await client.complete(sliding(frames, 0, 4))
+    slid = await client.complete(sliding(frames, 2, 4))
+    # Only the system prompt is shared; the frames after it moved.
+    assert slid.cached_tokens is not None and slid.cached_tokens <= 64 < window.prompt_tokens // 4
+
+    await client.complete(append_only(frames, 4, salt="tenant-a"))
+    same_salt = await client.complete(append_only(frames, 4, salt="tenant-a"))
+    other_salt = await client.complete(append_only(frames, 4, salt="tenant-b"))
+    assert same_salt.cached_tokens is not None and same_salt.cached_tokens > same_salt.prompt_tokens * 0.9
+    assert other_salt.cached_tokens == 0  # the salted first block differs, and every block chains to it
+
+
+async def test_the_stream_is_joined_across_multibyte_characters(make_client: MakeClient) -> None:
+    text = "Zwei Personen gehen über den Hof; één fiets; 二人が歩いている."
+    async with VllmSimulator(answer=lambda body: text, per_token_s=0.001) as sim:
+        client = await make_client(sim.url)
+        response = await client.complete(question())
+    assert response.text == text and response.fields is None
+    assert response.completion_tokens == len(text.encode()) // 4 + 1
+
+
+async def test_without_prompt_token_details_cached_tokens_is_unknown(
+    make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    async with VllmSimulator(prompt_tokens_details=False) as sim:
+        client = await make_client(sim.url)
+        await client.complete(append_only(frames, 2))
+        again = await client.complete(append_only(frames, 2))
+    assert again.cached_tokens is None and again.prompt_tokens > 0
+
+
+async def test_a_slow_server_times_out_and_the_request_is_abandoned(
+    sim: VllmSimulator, make_client: MakeClient
+) -> None:
+    client = await make_client(sim.url)
+    sim.latency_s = 5.0
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(VlmTimeout) as caught:
+        await client.complete(question(timeout_s=0.3))
+    assert asyncio.get_running_loop().time() - started < 2.0
+    assert isinstance(caught.value, VlmUnavailable)
+    assert client.stats().timeouts == 1 and client.stats().in_flight == 0
+    await until(lambda: sim.open_connections == 0)
+
+
+async def test_malformed_model_json_is_a_bad_response_and_the_endpoint_stays_healthy(
+    sim: VllmSimulator, make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    client = await make_client(sim.url, breaker_failures=1)
+    sim.malformed_next = 1
+    with pytest.raises(VlmBadResponse) as caught:
+        await client.complete(append_only(frames, 1))
+    assert "not JSON" in str(caught.value) and caught.value.text.startswith('{"description"')
+    assert len(sim.requests) == 1  # not retried: the same prompt would get the same answer
+    assert client.stats().endpoints[0].breaker == "closed"
+    assert (await client.complete(append_only(frames, 1))).fields is not None
+
+
+async def test_json_that_does_not_fit_the_schema_is_a_bad_response(
+    make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    async with VllmSimulator(answer=lambda body: '{"description": "x", "people": -2}') as sim:
+        client = await make_client(sim.url)
+        with pytest.raises(VlmBadResponse, match=r"\$\.people: -2 is below the minimum 0"):
+            await client.complete(append_only(frames, 1))
+
+
+async def test_an_answer_cut_at_max_tokens_is_a_bad_response(make_client: MakeClient, frames: list[VlmImage]) -> None:
+    long_answer = json.dumps({"description": "word " * 200, "people": 1})
+    async with VllmSimulator(answer=lambda body: long_answer) as sim:
+        client = await make_client(sim.url)
+        with pytest.raises(VlmBadResponse, match="cut at max_tokens=64"):
+            await client.complete(append_only(frames, 1))
+
+
+async def test_a_prompt_over_the_context_length_says_the_servers_limit(
+    make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    async with VllmSimulator(max_model_len=400) as sim:
+        client = await make_client(sim.url)
+        with pytest.raises(VlmContextTooLong) as too_long:
+            await client.complete(append_only(frames, 3))  # > 400 tokens of images alone
+        assert too_long.value.max_tokens == 400 and "However, your request has" in str(too_long.value)
+        with pytest.raises(VlmContextTooLong) as no_room:
+            # The prompt fits, but not with room for the answer.
+            await client.complete(dataclasses.replace(append_only(frames, 2), max_tokens=200))
+        assert no_room.value.max_tokens == 400 and "is too large: 200" in str(no_room.value)
+        assert len(sim.requests) == 2  # a refusal is not retried
+        assert client.stats().endpoints[0].breaker == "closed"
+
+
+async def test_too_many_images_is_learned_and_then_refused_without_asking(
+    make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    async with VllmSimulator(limit_images=2) as sim:
+        client = await make_client(sim.url)
+        assert client.image_limit("cam-1") is None
+        with pytest.raises(VlmTooManyImages) as caught:
+            await client.complete(append_only(frames, 3))
+        assert caught.value.limit == 2 and "--limit-mm-per-prompt" in str(caught.value)
+        assert client.image_limit("cam-1") == 2
+        with pytest.raises(VlmTooManyImages):
+            await client.complete(append_only(frames, 3))
+        assert len(sim.requests) == 1  # the second refusal came from what the client learned
+        assert (await client.complete(append_only(frames, 2))).fields is not None
+
+
+async def test_an_unknown_model_is_a_request_error_and_not_retried(sim: VllmSimulator, make_client: MakeClient) -> None:
+    client = await make_client(sim.url, model="Qwen/Qwen2.5-VL-3B-Instruct")
+    with pytest.raises(VlmRequestError) as caught:
+        await client.complete(question())
+    assert caught.value.status == 404 and "does not exist" in str(caught.value) and "model name" in str(caught.value)
+    assert len(sim.requests) == 1
+
+
+async def test_the_api_key_is_sent_and_never_shown(make_client: MakeClient, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with VllmSimulator(api_key="sk-very-secret") as sim:
+        without = await make_client(sim.url)
+        with pytest.raises(VlmRequestError) as caught:
+            await without.complete(question())
+        assert caught.value.status == 401 and "API key" in str(caught.value)
+        client = await make_client(sim.url, api_key="sk-very-secret")
+        assert (await client.complete(question())).text
+    settings_repr = repr(client._settings)
+    assert "sk-very-secret" not in settings_repr + caplog.text + str(caught.value)
+
+
+async def test_cancelling_mid_stream_closes_the_connection_and_leaves_no_task(make_client: MakeClient) -> None:
+    async with VllmSimulator(answer=lambda body: "step " * 400, per_token_s=0.01) as sim:
+        client = await make_client(sim.url)
+        before = asyncio.all_tasks()
+        call = asyncio.create_task(client.complete(question(timeout_s=20)))
+        await until(lambda: sim.in_flight == 1)
+        await asyncio.sleep(0.05)  # some of the answer has streamed
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await until(lambda: sim.in_flight == 0 and sim.open_connections == 0)
+        assert sim.disconnects == 1
+        assert client.stats().in_flight == 0
+        assert client.stats().endpoints[0].breaker == "closed"  # a cancel is no verdict on the server
+        assert asyncio.all_tasks() - before == set()
+        assert (await client.complete(question())).text  # the client carries on
+
