@@ -19,16 +19,22 @@ def test_a_frame_is_letterboxed_to_exactly_the_size_and_encoded_once() -> None:
     wide = np.full((720, 1280, 3), (0, 0, 255), np.uint8)  # BGR red
     image = encode_image(wide, (448, 448))
     assert (image.width, image.height) == (448, 448) and jpeg_size(image.jpeg) == (448, 448)
-    decoded = cv2.imdecode(np.frombuffer(image.jpeg, np.uint8), cv2.IMREAD_COLOR)
+    decoded = _decode(image)
     assert decoded[:80].max() < 20  # black bar above
     assert decoded[224, 224, 2] > 200 and decoded[224, 224, 0] < 40  # red kept red (BGR in, BGR out)
     rgb = encode_image(np.full((720, 1280, 3), (255, 0, 0), np.uint8), (448, 448), bgr=False)
-    assert cv2.imdecode(np.frombuffer(rgb.jpeg, np.uint8), cv2.IMREAD_COLOR)[224, 224, 2] > 200
+    assert _decode(rgb)[224, 224, 2] > 200
     assert image.data_url() is image.data_url()  # built once
     assert image.data_url().startswith("data:image/jpeg;base64,/9j/")
     assert image == VlmImage(image.jpeg, 448, 448)  # same bytes, same identity
     with pytest.raises(ValueError, match="H x W x 3"):
         encode_image(np.zeros((10, 10), np.uint8), (448, 448))
+
+
+def _decode(image: VlmImage) -> np.ndarray:
+    decoded = cv2.imdecode(np.frombuffer(image.jpeg, np.uint8), cv2.IMREAD_COLOR)
+    assert decoded is not None
+    return decoded
 
 
 def test_qwen_token_counts_follow_its_resize_rule() -> None:
