@@ -1,14 +1,42 @@
-"""`vidsentry doctor`: which engines can run on this machine, and why not."""
+"""`vidsentry doctor`: which engines can run on this machine, and why not; with a VLM endpoint
+configured (`--vlm-url`, or `vlm.endpoints` in `--config` / the environment), whether it answers."""
 
 from __future__ import annotations
 
-from engines.registry import doctor
+import argparse
+import os
+
+from engines.registry import EngineCheck, doctor
+from realtime.cli.errors import EXIT_USAGE, CommandError
+from realtime.config import ConfigError, VlmConfig, load_config
 
 
-def doctor_command() -> int:
+def doctor_command(args: argparse.Namespace | None = None) -> int:
     checks = doctor()
-    width = max(len(c.name) for c in checks)
-    for check in checks:
+    vlm_checks = _vlm_checks(args)
+    rows = checks + vlm_checks
+    width = max(len(c.name) for c in rows)
+    for check in rows:
         mark = "yes" if check.available else "no "
         print(f"{check.name:<{width}}  {mark}  {check.detail}")
-    return 0 if any(c.available and c.name.startswith("onnxruntime") for c in checks) else 1
+    engines_ok = any(c.available and c.name.startswith("onnxruntime") for c in checks)
+    return 0 if engines_ok and all(c.available for c in vlm_checks) else 1
+
+
+def _vlm_checks(args: argparse.Namespace | None) -> list[EngineCheck]:
+    urls: list[str] = list(getattr(args, "vlm_url", None) or [])
+    config_path = getattr(args, "config", None)
+    vlm = VlmConfig()
+    if config_path or any(name.startswith("VIDSENTRY_VLM__") for name in os.environ):
+        try:
+            vlm = load_config(config_path).vlm
+        except ConfigError as exc:
+            raise CommandError(str(exc), EXIT_USAGE) from None
+    endpoints = tuple(urls or vlm.endpoints)
+    if not endpoints:
+        return []
+    from engines.vlm.probe import probe_endpoints  # aiohttp only when there is an endpoint to ask
+
+    model = getattr(args, "vlm_model", None) or vlm.model
+    api_key = os.environ.get(vlm.api_key_env) or None
+    return probe_endpoints(endpoints, model, api_key=api_key, image_size=(vlm.frame_width, vlm.frame_height))

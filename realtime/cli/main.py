@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(subscribe_command(args))
         from realtime.cli.doctor import doctor_command
 
-        return doctor_command()
+        return doctor_command(args)
     except CommandError as exc:
         print(f"vidsentry: error: {exc}", file=sys.stderr)
         return exc.code

@@ -1,0 +1,132 @@
+"""`vidsentry doctor` for a vLLM endpoint: is it there, does it serve the model, does a one-image
+request come back, and is the server started the way the describer needs it. One line per check,
+saying what is wrong and which `vllm serve` flag or setting fixes it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from engines.registry import EngineCheck
+from engines.vlm.client import VlmSettings, create_vlm_client
+from engines.vlm.errors import VlmContextTooLong, VlmError, VlmRequestError, VlmTooManyImages
+from engines.vlm.images import encode_image
+from engines.vlm.types import VlmMessage, VlmRequest, VlmText
+from engines.vlm.wire import parse_error
+
+PROBE_TEXT = "vidsentry doctor: a probe. Answer with one word."
+
+
+async def probe_endpoint(
+    url: str, model: str, *, api_key: str | None = None, image_size: tuple[int, int] = (448, 252),
+    timeout_s: float = 20.0,
+) -> list[EngineCheck]:
+    """Checks of one endpoint, each an EngineCheck named `vlm <url> <what>`."""
+    name = f"vlm {url}"
+    served, problem = await _models(url, api_key, timeout_s)
+    if served is None:
+        return [EngineCheck(f"{name} models", False, problem)]
+    checks = [EngineCheck(f"{name} models", True, f"reachable; serves {', '.join(served) or 'nothing'}")]
+    if model not in served:
+        checks.append(EngineCheck(f"{name} model", False, f"{model!r} is not served here; set vlm.model to one of: "
+                                  f"{', '.join(served)} (or start vllm serve {model})"))
+        return checks
+    length = served[model]
+    checks.append(EngineCheck(f"{name} model", True, model + (f", max_model_len {length}" if length else "")))
+    return checks + await _requests(url, model, api_key, image_size, timeout_s)
+
+
+async def _models(url: str, api_key: str | None, timeout_s: float) -> tuple[dict[str, int | None] | None, str]:
+    """The models an endpoint serves (id -> max_model_len), or None and what is wrong."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
+            session.get(url.rstrip("/") + "/models", headers=headers) as response,
+        ):
+            status, raw = response.status, await response.content.read(1 << 20)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        reason = str(exc) or type(exc).__name__
+        return None, f"cannot reach {url}: {reason} (is vllm serve running, and is the URL right?)"
+    if status != 200:
+        hint = {401: "; the API key was refused (vlm.api_key_env names its variable)",
+                404: "; the URL should be the API base, ending in /v1"}.get(status, "")
+        return None, f"GET /models answered HTTP {status}: {parse_error(status, raw).message}{hint}"
+    try:
+        data: Any = json.loads(raw)
+    except ValueError:
+        data = None
+    cards = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(cards, list):
+        return None, "GET /models did not answer like an OpenAI-compatible server (the URL should end in /v1)"
+    served: dict[str, int | None] = {}
+    for card in cards:
+        if isinstance(card, dict) and isinstance(card.get("id"), str):
+            length = card.get("max_model_len")
+            served[card["id"]] = length if isinstance(length, int) else None
+    return served, ""
+
+
+async def _requests(
+    url: str, model: str, api_key: str | None, image_size: tuple[int, int], timeout_s: float
+) -> list[EngineCheck]:
+    name = f"vlm {url}"
+    image = encode_image(np.full((image_size[1], image_size[0], 3), 128, np.uint8), image_size)
+    user = VlmMessage("user", (VlmText(PROBE_TEXT), image))
+    request = VlmRequest((user,), route_key="doctor", max_tokens=1, priority=1, timeout_s=timeout_s)
+    client = create_vlm_client(VlmSettings(endpoints=(url,), model=model, api_key=api_key, max_retries=0))
+    checks: list[EngineCheck] = []
+    try:
+        try:
+            first = await client.complete(request)
+            checks.append(EngineCheck(f"{name} priority", True, "priority scheduling on"))
+        except VlmRequestError as exc:
+            if "priority" not in str(exc).lower():
+                raise
+            checks.append(EngineCheck(f"{name} priority", False, "priority scheduling is off: start vllm serve with "
+                                      "--scheduling-policy priority (alert checks go ahead of descriptions)"))
+            request = dataclasses.replace(request, priority=0)
+            first = await client.complete(request)
+        checks.append(EngineCheck(
+            f"{name} image", True,
+            f"one {image_size[0]}x{image_size[1]} image answered in {first.latency_ms:.0f} ms "
+            f"({first.prompt_tokens} prompt tokens)"))
+        again = await client.complete(request)
+        checks.append(_cache_check(name, again.cached_tokens))
+    except VlmTooManyImages as exc:
+        checks.append(EngineCheck(f"{name} image", False, f"the server takes {exc.limit} images per prompt: serve a "
+                                  "vision model and set --limit-mm-per-prompt to the frames an epoch may hold"))
+    except VlmContextTooLong as exc:
+        checks.append(EngineCheck(f"{name} image", False, f"one image does not fit the context: {exc}"))
+    except VlmError as exc:
+        checks.append(EngineCheck(f"{name} image", False, f"a one-image request failed: {exc}"))
+    finally:
+        await client.aclose()
+    return checks
+
+
+def _cache_check(name: str, cached_tokens: int | None) -> EngineCheck:
+    if cached_tokens is None:
+        return EngineCheck(f"{name} prefix cache", False, "a repeated prompt reported no cached tokens: start vllm "
+                           "serve with --enable-prompt-tokens-details, and keep prefix caching on")
+    if cached_tokens == 0:
+        return EngineCheck(f"{name} prefix cache", False, "a repeated prompt reused nothing: is prefix caching "
+                           "off (--no-enable-prefix-caching)?")
+    return EngineCheck(f"{name} prefix cache", True, f"a repeated prompt reused {cached_tokens} cached tokens")
+
+
+def probe_endpoints(endpoints: tuple[str, ...], model: str, *, api_key: str | None = None,
+                    image_size: tuple[int, int] = (448, 252)) -> list[EngineCheck]:
+    """Every endpoint's checks, from synchronous code (the doctor command)."""
+
+    async def run() -> list[EngineCheck]:
+        results = await asyncio.gather(*(probe_endpoint(url, model, api_key=api_key, image_size=image_size)
+                                         for url in endpoints))
+        return [check for checks in results for check in checks]
+
+    return asyncio.run(run())
