@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engines.vlm.client import VlmClient
 
@@ -62,7 +62,8 @@ class DescribeSettings:
     describe_priority: int = 10  # vLLM: lower is earlier; checks go ahead of descriptions
     check_priority: int = 0
     timeout_s: float = 30.0
-    cache_salt: str | None = None  # per tenant: streams of one tenant share the system prompt's blocks
+    # Per tenant: streams of one tenant share the system prompt's blocks. Kept out of reprs.
+    cache_salt: str | None = field(default=None, repr=False)
     system_prompt: str = SYSTEM_PROMPT
     instruction: str = DESCRIBE_INSTRUCTION
     check_instruction: str = CHECK_INSTRUCTION

@@ -253,7 +253,7 @@ class DescribeStage:
         request = self._request(
             window, max_tokens=settings.max_tokens, schema=DESCRIPTION_SCHEMA, priority=settings.describe_priority
         )
-        response = await self._complete(request, failed="description")
+        response = await self._complete(request, epoch=window.epoch, failed="description")
         if response is None:
             self.stats.description_failures += 1
             return
@@ -291,7 +291,7 @@ class DescribeStage:
         request = self._request(
             window, max_tokens=settings.check_max_tokens, schema=CHECK_SCHEMA, priority=settings.check_priority
         )
-        response = await self._complete(request, failed="alert check")
+        response = await self._complete(request, epoch=window.epoch, failed="alert check")
         if response is None:
             self.stats.check_failures += 1
             return
@@ -311,7 +311,7 @@ class DescribeStage:
         except Exception as exc:
             log.warning("vlm alert publish failed", extra={"stream_id": self.stream_id, "error": repr(exc)})
 
-    async def _complete(self, request: VlmRequest, *, failed: str) -> VlmResponse | None:
+    async def _complete(self, request: VlmRequest, *, epoch: int, failed: str) -> VlmResponse | None:
         """The response, or None after dealing with the failure (counted by the caller)."""
         try:
             response = await self.client.complete(request)
@@ -326,12 +326,15 @@ class DescribeStage:
                 )
             return None
         except (VlmContextTooLong, VlmTooManyImages) as exc:
-            # The window outgrew what the server takes: the next request starts a shorter epoch.
+            # The window outgrew what the server takes: the next request starts a shorter epoch,
+            # and later epochs keep to the server's limits (the client learns its image limit).
+            if isinstance(exc, VlmContextTooLong) and exc.max_tokens:
+                self.window.fit_context(exc.max_tokens)
             log.info(
                 "vlm window too large; new epoch",
                 extra={"stream_id": self.stream_id, "error": type(exc).__name__},
             )
-            if self.window.started:
+            if epoch == self.window.epoch:  # once, when a check and a description both hit it
                 self._roll(keep_newest=True)
             return None
         except VlmBadResponse as exc:

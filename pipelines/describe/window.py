@@ -31,6 +31,7 @@ TILE_PX = 28  # Qwen2.5-VL: one token per 28x28 pixels (after 2x2 patch merging)
 IMAGE_MARKER_TOKENS = 2  # <|vision_start|> … <|vision_end|>
 BYTES_PER_TOKEN = 4  # a deliberately rough text estimate; only budgets use it
 MESSAGE_TOKENS = 4  # role markers around each message
+CONTEXT_MARGIN = 0.8  # of the server's context length an epoch may fill (the estimate is rough)
 
 
 def image_tokens(size: tuple[int, int]) -> int:
@@ -90,6 +91,7 @@ class DescribeWindow:
         self.image_tokens = image_tokens(settings.frame_size)
         self._system = VlmMessage("system", (VlmText(settings.system_prompt),))
         self._system_tokens = text_tokens(settings.system_prompt) + MESSAGE_TOKENS
+        self.token_limit = settings.max_prompt_tokens  # lowered when the server says its context is smaller
         self.epoch = 0
         self.summary: str | None = None
         self._start(summary=None)
@@ -139,7 +141,12 @@ class DescribeWindow:
         limit = self.settings.max_frames if image_limit is None else min(self.settings.max_frames, image_limit)
         if frames > limit:
             return True
-        return self.tokens + extra_frames * self._frame_cost() + reserve > self.settings.max_prompt_tokens
+        return self.tokens + extra_frames * self._frame_cost() + reserve > self.token_limit
+
+    def fit_context(self, context_tokens: int) -> None:
+        """The server's context is `context_tokens` (prompt and answer): keep epochs well inside it,
+        as token counts here are estimates."""
+        self.token_limit = min(self.token_limit, int(context_tokens * CONTEXT_MARGIN))
 
     # -- changes ------------------------------------------------------------------------------------
 

@@ -1,0 +1,259 @@
+"""The describer stage against the vLLM simulator (a real HTTP server with vLLM's API and prefix
+cache), fed frames straight into its mailbox on an accelerated clock: requests extend each other,
+at most one description in flight, speech from captions, the server's limits respected, VLM
+outage and recovery, `vlm` alerts, and a stream that ends while a request is in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import TypeAdapter
+
+from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
+from pipelines.describe.settings import DescribeEngine, DescribeSettings
+from pipelines.describe.stage import DescribeStage
+from pipelines.event_bodies import caption_event
+from pipelines.events import Event, EventKind
+from pipelines.frames import VideoFrame
+from pipelines.graph.stage import ObservedSink
+from pipelines.mailbox import FrameMailbox
+from pipelines.rules.specs import RuleList, VlmRule
+from tests.support.vllm_sim import VllmSimulator
+
+FAST = DescribeSettings(min_interval_s=0.2, max_interval_s=0.4, describe_interval_s=0.4, max_frames=12)
+FRAME_STEP_S = 0.1  # media time between frames
+WALL_STEP_S = 0.02  # five times faster than real time
+
+
+class Events:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def publish(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of(self, kind: EventKind) -> list[Event]:
+        return [e for e in self.events if e.kind is kind]
+
+
+@dataclass
+class Harness:
+    stage: DescribeStage
+    mailbox: FrameMailbox
+    sink: ObservedSink
+    events: Events
+    client: VlmClient
+    task: asyncio.Task[None]
+    seq: int = 0
+    shade: list[int] = field(default_factory=lambda: [0])
+
+    async def feed(self, count: int, *, until: Callable[[], bool] | None = None) -> None:
+        for _ in range(count):
+            self.mailbox.put(frame(self.seq))
+            self.seq += 1
+            await asyncio.sleep(WALL_STEP_S)
+            if until is not None and until():
+                return
+
+    async def feed_until(self, condition: Callable[[], bool], within_frames: int, what: str) -> None:
+        await self.feed(within_frames, until=condition)
+        assert condition(), f"not within {within_frames} frames: {what}"
+
+
+async def wait_until(condition: Callable[[], bool], within_s: float, what: str) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def frame(seq: int) -> VideoFrame:
+    image = np.full((180, 320, 3), 60, np.uint8)
+    x = (seq * 7) % 280
+    image[40:150, x : x + 40] = (200, 180, 160)  # someone walking: every frame its own picture
+    return VideoFrame("cam", seq, pts=seq * FRAME_STEP_S, captured_at=time.time(), image=image)
+
+
+@asynccontextmanager
+async def describer(
+    sim: VllmSimulator, settings: DescribeSettings = FAST, rules: tuple[VlmRule, ...] = (), **client: Any
+) -> AsyncIterator[Harness]:
+    vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model, **client))
+    events = Events()
+    sink = ObservedSink(events)
+    mailbox = FrameMailbox(asyncio.get_running_loop())
+    stage = DescribeStage("cam", mailbox, DescribeEngine(vlm, sim.model, settings), sink, rules=rules)
+    sink.observers.append(stage.observe)
+    task = asyncio.create_task(stage.run())
+    harness = Harness(stage, mailbox, sink, events, vlm, task)
+    try:
+        yield harness
+    finally:
+        mailbox.close()
+        await asyncio.wait_for(task, 10)
+        await vlm.aclose()
+
+
+def flat(body: dict[str, Any]) -> list[str]:
+    """A request body's messages as vLLM renders them, part by part."""
+    out: list[str] = []
+    for message in body["messages"]:
+        out.append(f"<{message['role']}>")
+        content = message["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        out += [json.dumps(part, sort_keys=True) for part in parts]
+        out.append("</>")
+    return out
+
+
+def descriptions(events: Events) -> list[dict[str, Any]]:
+    return [dict(e.data) for e in events.of(EventKind.DESCRIPTIONS)]
+
+
+async def test_descriptions_come_from_requests_that_each_extend_the_last() -> None:
+    async with VllmSimulator(latency_s=0.05, limit_images=16) as sim, describer(sim) as h:
+        await h.feed_until(lambda: len(descriptions(h.events)) >= 5, 200, "five descriptions")
+    bodies = [b for b in sim.requests if b["messages"][-1]["role"] == "user"]
+    assert len(bodies) >= 5
+    for before, after in zip(bodies, bodies[1:], strict=False):
+        previous = flat(before)[:-2]  # without the instruction and the end of its turn
+        assert flat(after)[: len(previous)] == previous
+    assert sim.peak_in_flight == 1  # one description at a time
+    first, *rest = descriptions(h.events)
+    assert first["text"] == "A person walks across an empty parking lot."
+    assert set(first["fields"]) == {"description", "people", "activity", "unusual"}
+    assert first["epoch"] == 1 and first["frames"] >= 1 and first["model"] == sim.model
+    assert first["window_start_pts"] == 0.0 and first["window_end_pts"] >= first["window_start_pts"]
+    later = rest[-1]
+    assert later["frames"] > first["frames"] and later["window_start_pts"] == 0.0
+    assert later["cached_tokens"] / later["prompt_tokens"] >= 0.7  # all but the new frames and the tail
+    counters = h.stage.counters()
+    assert counters["descriptions"] == len(descriptions(h.events))
+    assert counters["vlm_cached_tokens"] > 0 and counters["describe_frames"] >= later["frames"]
+
+
+async def test_speech_from_the_streams_captions_joins_the_window() -> None:
+    async with VllmSimulator() as sim, describer(sim) as h:
+        await h.feed_until(lambda: len(descriptions(h.events)) >= 1, 100, "a description")
+        t = h.seq * FRAME_STEP_S
+        words = [(" Watch", t, t + 0.3, 0.9), (" out!", t + 0.3, t + 0.6, 0.9)]
+        await h.sink.publish(caption_event("cam", segment_id="s1", words=words, language="en", model="tiny.en",
+                                           captured_at=time.time()))
+        await h.feed_until(lambda: any("Watch out!" in json.dumps(b) for b in sim.requests), 100, "speech sent")
+    said = [p for b in sim.requests for m in b["messages"] if isinstance(m["content"], list)
+            for p in m["content"] if "speech:" in p.get("text", "")]
+    assert said and said[0]["text"].endswith('speech: "Watch out!"')
+
+
+async def test_the_servers_image_limit_and_context_length_start_shorter_epochs() -> None:
+    async with VllmSimulator(limit_images=3) as sim, describer(sim) as h:
+        await h.feed_until(lambda: len(descriptions(h.events)) >= 4, 300, "descriptions past the image limit")
+        assert h.client.image_limit("cam") == 3
+    counted = [sum(1 for m in b["messages"] if isinstance(m["content"], list)
+                   for p in m["content"] if p["type"] == "image_url") for b in sim.requests]
+    refused = next(i for i, n in enumerate(counted) if n > 3)
+    assert all(n <= 3 for n in counted[refused + 1 :])  # refused once, then kept to
+    assert h.stage.stats.epochs >= 2 and max(d["epoch"] for d in descriptions(h.events)) >= 2
+
+    async with VllmSimulator(max_model_len=900, limit_images=50) as sim, describer(sim) as h:
+        await h.feed_until(lambda: len(descriptions(h.events)) >= 4, 300, "descriptions past the context length")
+    assert h.stage.window.token_limit <= 720
+    assert h.stage.stats.epochs >= 2
+
+
+async def test_an_outage_pauses_descriptions_and_they_resume() -> None:
+    async with VllmSimulator() as sim, describer(sim, breaker_failures=2, breaker_reset_s=0.3, max_retries=0) as h:
+        await h.feed_until(lambda: len(descriptions(h.events)) >= 1, 100, "a description")
+        sim.down = True
+        await h.feed_until(lambda: h.stage.stats.unavailable >= 3, 200, "requests refused while down")
+        during = len(descriptions(h.events))
+        await h.feed(20)
+        assert len(descriptions(h.events)) == during
+        sim.down = False
+        await h.feed_until(lambda: len(descriptions(h.events)) >= during + 2, 200, "descriptions again")
+    assert h.stage.stats.description_failures >= 3
+
+
+async def test_a_sustained_yes_is_a_vlm_alert_with_the_models_reason() -> None:
+    def answer(body: dict[str, Any]) -> str:
+        last = body["messages"][-1]["content"][-1]["text"]
+        if "Question:" in last:
+            return json.dumps({"answer": "yes", "reason": "a man lies on the floor"})
+        return json.dumps({"description": "A man lies on the floor.", "people": 1, "activity": "lying",
+                           "unusual": True})
+
+    (rule,) = TypeAdapter(RuleList).validate_python(
+        [{"id": "down", "type": "vlm", "question": "Is anyone lying on the floor?", "cadence_s": 1.0,
+          "for_s": 2.0, "severity": "critical"}]
+    )
+    assert isinstance(rule, VlmRule)
+    async with VllmSimulator(answer=answer) as sim, describer(sim, rules=(rule,)) as h:
+        await h.feed_until(lambda: bool(h.events.of(EventKind.ALERTS)), 200, "a vlm alert")
+        await h.feed(10)
+    checks = [b for b in sim.requests if "Question:" in b["messages"][-1]["content"][-1]["text"]]
+    assert checks and all(b["max_tokens"] <= 40 and b.get("priority", 0) == 0 for b in checks)
+    described = [b for b in sim.requests if b not in checks]
+    assert described and all(b["priority"] == 10 for b in described)  # checks go first
+    start, *others = [dict(e.data) for e in h.events.of(EventKind.ALERTS)]
+    assert start["event"] == "start" and start["rule_type"] == "vlm" and start["severity"] == "critical"
+    assert start["evidence"]["reason"] == "a man lies on the floor"
+    assert start["evidence"]["question"] == "Is anyone lying on the floor?" and start["evidence"]["held_s"] >= 2.0
+    assert [o["event"] for o in others] == ["end"]  # one alert while it lasted; ended with the stream
+    assert others[0]["evidence"]["reason"] == "stream_stopped"
+
+
+async def test_a_stream_that_ends_mid_request_cancels_it_and_leaves_nothing() -> None:
+    async with VllmSimulator(latency_s=30.0) as sim:
+        vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model))
+        events = Events()
+        mailbox = FrameMailbox(asyncio.get_running_loop())
+        stage = DescribeStage("cam", mailbox, DescribeEngine(vlm, sim.model, FAST), ObservedSink(events))
+        task = asyncio.create_task(stage.run())
+        for seq in range(100):
+            mailbox.put(frame(seq))
+            await asyncio.sleep(WALL_STEP_S)
+            if sim.in_flight:
+                break
+        assert sim.in_flight == 1
+        mailbox.close()
+        started = time.monotonic()
+        await asyncio.wait_for(task, 5)
+        assert time.monotonic() - started < 2.0
+        await wait_until(lambda: sim.in_flight == 0, 5, "the simulator to see the request go")
+        assert sim.in_flight == 0 and sim.disconnects >= 1  # the HTTP request was aborted
+        assert vlm.stats().in_flight == 0
+        assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("cam-")]
+        assert not events.of(EventKind.DESCRIPTIONS)
+        await vlm.aclose()
+
+
+@pytest.mark.parametrize("describe", [False])
+async def test_a_stream_with_descriptions_off_only_asks_its_questions(describe: bool) -> None:
+    (rule,) = TypeAdapter(RuleList).validate_python(
+        [{"id": "q", "type": "vlm", "question": "Is the door open?", "cadence_s": 1.0}]
+    )
+    assert isinstance(rule, VlmRule)
+    async with VllmSimulator() as sim:
+        vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model))
+        events = Events()
+        mailbox = FrameMailbox(asyncio.get_running_loop())
+        stage = DescribeStage("cam", mailbox, DescribeEngine(vlm, sim.model, FAST), ObservedSink(events),
+                              rules=(rule,), describe=describe)
+        task = asyncio.create_task(stage.run())
+        for seq in range(60):
+            mailbox.put(frame(seq))
+            await asyncio.sleep(WALL_STEP_S)
+        mailbox.close()
+        await asyncio.wait_for(task, 5)
+        await vlm.aclose()
+    assert stage.stats.checks >= 3 and stage.stats.descriptions == 0
+    assert all("Question:" in b["messages"][-1]["content"][-1]["text"] for b in sim.requests)
