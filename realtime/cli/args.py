@@ -45,7 +45,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-audio", action="store_true", help="do not decode audio (no captions)")
     parser.add_argument("--detect-fps", type=float, help="cap detection rate (default: every frame possible)")
     parser.add_argument("--conf", type=float, help="detection score threshold (default 0.25)")
-    parser.add_argument("--vlm-url", help="OpenAI-compatible VLM endpoint for scene descriptions")
+    parser.add_argument("--vlm-url", help="vLLM (OpenAI-compatible) base URL for scene descriptions, "
+                        "e.g. http://127.0.0.1:8000/v1 (overrides vlm.endpoints)")
     parser.add_argument("--connect-attempts", type=int, default=3,
                         help="give up when a network source cannot be reached this many times in a row "
                         "before it was ever live (0: retry forever)")
@@ -63,5 +64,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"serve a non-loopback address without an API token ({TOKEN_ENV} / http.api_token)",
     )
+    parser.add_argument("--vlm-url", help="vLLM (OpenAI-compatible) base URL for scene descriptions, "
+                        "e.g. http://vllm:8000/v1 (overrides vlm.endpoints)")
 
 

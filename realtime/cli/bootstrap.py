@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import sys
 import tempfile
@@ -14,21 +15,27 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from engines.asr.types import AsrUnavailable
 from engines.asr.vad import VadModel
 from engines.asr.whisper import create_recognizer
 from engines.errors import EngineUnavailable
 from engines.models import ModelNotFound, default_detector_model
 from engines.registry import create_detector
+from engines.vlm.client import create_vlm_client
 from pipelines.captions.engine import RECOGNIZER, CaptionEngine, SpeechBatcher
 from pipelines.compute import ComputeShares
+from pipelines.describe.settings import DescribeEngine
 from pipelines.detect import DETECTOR
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import StreamConflictError, StreamSetupError
 from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import BusUnavailable, NatsEventPublisher
 from realtime.cli.errors import EXIT_RUNTIME, EXIT_USAGE, CommandError
-from realtime.config import CaptionsSettings, DetectorSettings, NatsSettings
+from realtime.config import CaptionsSettings, DetectorSettings, NatsSettings, VlmConfig, validation_problems
+
+log = logging.getLogger(__name__)
 
 
 async def load_configured_detector(
@@ -92,6 +99,36 @@ async def open_captions(
             yield CaptionEngine(batcher, vad, settings.to_settings())
     finally:
         recognizer.close()
+
+
+def with_vlm_url(settings: VlmConfig, url: str | None) -> VlmConfig:
+    """`--vlm-url` wins over the config's endpoints (checked like them)."""
+    if not url:
+        return settings
+    try:
+        return VlmConfig.model_validate({**settings.model_dump(), "endpoints": [url]})
+    except ValidationError as exc:
+        messages = "; ".join(p["message"] for p in validation_problems(exc))
+        raise CommandError(f"--vlm-url: {messages}", EXIT_USAGE) from None
+
+
+@contextlib.asynccontextmanager
+async def open_describer(settings: VlmConfig) -> AsyncIterator[DescribeEngine | None]:
+    """The VLM client every stream's describer shares, for the duration; None (said once, here)
+    when no endpoint is configured."""
+    if not settings.enabled:
+        log.info("no VLM configured (vlm.endpoints, --vlm-url): running without scene descriptions")
+        yield None
+        return
+    try:
+        client = create_vlm_client(settings.client_settings())
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
+    log.info("scene descriptions on", extra={"endpoints": settings.endpoints, "model": settings.model})
+    try:
+        yield DescribeEngine(client, settings.model, settings.describe_settings())
+    finally:
+        await client.aclose()
 
 
 def open_outbox(settings: NatsSettings) -> Outbox | None:

@@ -18,7 +18,14 @@ from pipelines.events import DURABLE_KINDS, Event, EventKind, EventSink
 from pipelines.frames import StatusChange, StreamState
 from pipelines.graph import SharedEngines
 from realtime.cli import checks
-from realtime.cli.bootstrap import compute_shares, load_configured_detector, open_bus, open_captions
+from realtime.cli.bootstrap import (
+    compute_shares,
+    load_configured_detector,
+    open_bus,
+    open_captions,
+    open_describer,
+    with_vlm_url,
+)
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CommandError
 from realtime.cli.progress import report_progress
 from realtime.config import (
@@ -78,20 +85,26 @@ async def load_detector(args: argparse.Namespace, settings: DetectorSettings) ->
 
 
 class CaptionPrinter:
-    """The sink the stream publishes into: every event goes on to NATS, finals also to stdout."""
+    """The sink the stream publishes into: every event goes on to NATS, caption finals and scene
+    descriptions also to stdout."""
 
     def __init__(self, sink: EventSink, *, quiet: bool) -> None:
         self._sink = sink
         self._quiet = quiet  # --json: stdout is for the summary
         self.captions = 0
+        self.descriptions = 0
 
     async def publish(self, event: Event) -> None:
         await self._sink.publish(event)
+        data = event.data
         if event.kind is EventKind.CAPTIONS:
             self.captions += 1
             if not self._quiet:
-                data = event.data
                 print(f"[{event.stream_id} {data['start']:7.1f}s] {data['text']}", flush=True)
+        elif event.kind is EventKind.DESCRIPTIONS:
+            self.descriptions += 1
+            if not self._quiet:
+                print(f"[{event.stream_id} {event.pts or 0.0:7.1f}s] (scene) {data['text']}", flush=True)
 
 
 def print_status(change: StatusChange) -> None:
@@ -115,6 +128,9 @@ def summary_text(s: StreamSummary, extra: dict[str, Any]) -> str:
         f"{c('tracks_evicted'):.0f} evicted)",
         f"  audio       {c('audio_seconds'):.1f} s decoded ({c('audio_dropped_seconds'):.1f} s dropped), "
         f"captions {extra['captions']}",
+        f"  vlm         descriptions {extra['descriptions']} ({c('description_failures'):.0f} failed), "
+        f"checks {c('vlm_checks'):.0f}, prompt tokens {c('vlm_prompt_tokens'):.0f} "
+        f"({c('vlm_cached_tokens'):.0f} cached)",
         f"  alerts      {c('alerts'):.0f} ({c('alerts_suppressed'):.0f} held back by cooldowns, "
         f"{c('snapshot_failures'):.0f} snapshots failed)",
         f"  source      reconnects {c('reconnects'):.0f}, stalls {c('stalls'):.0f}, "
@@ -137,9 +153,7 @@ async def run_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise CommandError(str(exc)) from exc
     spec = build_spec(args, config)
-    if args.vlm_url:
-        print("vidsentry: --vlm-url noted, but scene descriptions are not part of this build yet",
-              file=sys.stderr)
+    vlm = with_vlm_url(config.vlm, args.vlm_url)
     detector = await load_detector(args, config.detector)
     was_live = False
 
@@ -155,9 +169,11 @@ async def run_command(args: argparse.Namespace) -> int:
             open_bus(nats_url, config.nats, config.node) as publisher,
             DetectionBatcher(detector, compute=compute) as batcher,
             open_captions(config.captions, enabled=not args.no_audio, compute=compute) as captions,
+            open_describer(vlm) as describe,
         ):
             printer = CaptionPrinter(publisher, quiet=args.json)
-            runner = StreamRunner(spec, SharedEngines(batcher, captions=captions), printer, on_status=on_status)
+            engines = SharedEngines(batcher, captions=captions, describe=describe)
+            runner = StreamRunner(spec, engines, printer, on_status=on_status)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, runner.stop)
@@ -186,6 +202,7 @@ async def run_command(args: argparse.Namespace) -> int:
     lost = sum(k.failed for k in durable)
     extra = {
         "captions": printer.captions,
+        "descriptions": printer.descriptions,
         "events_published": totals.published,
         "events_acked": totals.acked,
         "events_failed": totals.failed,

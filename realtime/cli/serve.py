@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 from pipelines.detect import DetectionBatcher
 from realtime.cli import checks
 from realtime.cli.args import TOKEN_ENV
-from realtime.cli.bootstrap import compute_shares, load_configured_detector, open_bus, open_captions
+from realtime.cli.bootstrap import (
+    compute_shares,
+    load_configured_detector,
+    open_bus,
+    open_captions,
+    open_describer,
+    with_vlm_url,
+)
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
 from realtime.config import Config, ConfigError, config_class_problems, load_config
 from realtime.http import ListenError
@@ -81,6 +88,7 @@ async def serve_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise CommandError(str(exc)) from exc
     plan = plan_listen(args, config, os.environ)
+    vlm = with_vlm_url(config.vlm, args.vlm_url)
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -109,8 +117,11 @@ async def serve_command(args: argparse.Namespace) -> int:
                 open_bus(args.nats_url or config.nats.url, config.nats, config.node) as publisher,
                 DetectionBatcher(detector, compute=compute) as batcher,
                 open_captions(config.captions, compute=compute) as captions,
+                open_describer(vlm) as describe,
             ):
-                service = Service(config, batcher, publisher, api_token=plan.token, captions=captions)
+                service = Service(
+                    config, batcher, publisher, api_token=plan.token, captions=captions, describe=describe
+                )
                 try:
                     await service.run(
                         plan.host, plan.port, stop, on_listening=lambda url: _print_listening(url, plan.token)

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 
 from pipelines.captions.engine import CaptionEngine
+from pipelines.describe.settings import DescribeEngine
 from pipelines.detect import DetectionBatcher
 from pipelines.graph import SharedEngines
 from realtime.bus.publisher import NatsEventPublisher
@@ -61,6 +62,7 @@ class Service:
         *,
         api_token: str | None = None,
         captions: CaptionEngine | None = None,
+        describe: DescribeEngine | None = None,
     ) -> None:
         self.config = config
         self.batcher = batcher
@@ -92,7 +94,7 @@ class Service:
             )
         )
         # Alert snapshots share the publisher's connection (the bucket is created on first use).
-        self.engines = SharedEngines(batcher, NatsSnapshotStore(publisher), captions)
+        self.engines = SharedEngines(batcher, NatsSnapshotStore(publisher), captions, describe)
         self.registry = StreamRegistry(self._make_runner, on_gone=self._stream_gone, max_streams=http.max_streams)
         self.context = HttpContext(
             registry=self.registry,

@@ -63,5 +63,6 @@ def stream_spec(
         tracker=(tracker or TrackerSettings()).to_config(),
         rules=tuple(settings.rules),
         captions=settings.captions,
+        describe=settings.describe,
     )
     return StreamSpec(settings.id, source, processing)

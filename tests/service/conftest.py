@@ -20,6 +20,7 @@ from engines.asr.vad import VadModel
 from engines.detector import Detector
 from engines.registry import create_detector
 from pipelines.captions.engine import CaptionEngine, SpeechBatcher
+from pipelines.describe.settings import DescribeEngine
 from pipelines.detect import DetectionBatcher
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
@@ -131,8 +132,10 @@ async def live_service(
     config: Config | None = None,
     token: str | None = None,
     captions: CaptionModels | None = None,
+    describe: DescribeEngine | None = None,
 ) -> AsyncIterator[LiveService]:
-    """The service; with `captions` (the session's recognizer and VAD) streams with audio get captions."""
+    """The service; with `captions` (the session's recognizer and VAD) streams with audio get captions,
+    with `describe` (a VLM client) every stream gets scene descriptions."""
     config = config or make_config()
     async with contextlib.AsyncExitStack() as stack:
         publisher = await stack.enter_async_context(NatsEventPublisher(nats_url, node="test"))
@@ -141,7 +144,7 @@ async def live_service(
         if captions is not None:
             speech = await stack.enter_async_context(SpeechBatcher(captions[0]))
             engine = CaptionEngine(speech, captions[1], config.captions.to_settings())
-        service = Service(config, batcher, publisher, api_token=token, captions=engine)
+        service = Service(config, batcher, publisher, api_token=token, captions=engine, describe=describe)
         stop = asyncio.Event()
         listening = asyncio.Event()
         task = asyncio.create_task(service.run("127.0.0.1", 0, stop, on_listening=lambda _: listening.set()))
