@@ -3,6 +3,7 @@ key fields only). The configs they carry must load with the real config model.""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,14 @@ def documents(path: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
 
 
-def k8s_objects() -> dict[str, dict[str, Any]]:
+def k8s_objects(app: str = "vidsentry") -> dict[str, dict[str, Any]]:
+    """One app's objects by kind (the Kustomization included), e.g. app="vllm"."""
     objects = {}
     for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
         for doc in documents(path):
-            objects[doc["kind"]] = doc
+            labels = doc.get("metadata", {}).get("labels", {})
+            if doc["kind"] == "Kustomization" or labels.get("app.kubernetes.io/name") == app:
+                objects[doc["kind"]] = doc
     return objects
 
 
@@ -94,3 +98,47 @@ def test_kubernetes_manifests() -> None:
     service = objects["Service"]["spec"]
     assert service["selector"] == objects["Deployment"]["spec"]["selector"]["matchLabels"]
     assert service["ports"][0]["port"] == 8080 and service["ports"][0]["targetPort"] == "http"
+
+
+def _vllm_flags(args: list[str]) -> dict[str, Any]:
+    flags = {}
+    for arg in args:
+        name, _, value = arg.partition("=")
+        flags[name] = json.loads(value) if value.startswith("{") else value
+    return flags
+
+
+def test_vllm_is_started_the_way_the_describer_needs_it(tmp_path: Path) -> None:
+    (compose,) = documents(DEPLOY / "compose.yaml")
+    vllm = k8s_objects("vllm")
+    (container,) = vllm["StatefulSet"]["spec"]["template"]["spec"]["containers"]
+    assert compose["services"]["vllm"]["command"] == container["args"]  # one server, two ways to run it
+    flags = _vllm_flags(container["args"])
+    assert flags["--model"].startswith("Qwen/Qwen2.5-VL-") and flags["--model"].endswith("-Instruct")
+    assert {"--enable-prefix-caching", "--enable-prompt-tokens-details"} <= set(flags)
+    assert flags["--scheduling-policy"] == "priority"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+
+    (tmp_path / "k8s.yaml").write_text(k8s_objects()["ConfigMap"]["data"]["vidsentry.yaml"])
+    vlm = load_config(tmp_path / "k8s.yaml", environ={}).vlm
+    pixels = vlm.frame_width * vlm.frame_height
+    assert flags["--mm-processor-kwargs"] == {"min_pixels": pixels, "max_pixels": pixels}
+    assert vlm.frame_width % 28 == 0 and vlm.frame_height % 28 == 0  # Qwen2.5-VL never resizes them
+    images = flags["--limit-mm-per-prompt"]["image"]
+    assert images["count"] >= vlm.max_frames
+    assert (images["width"], images["height"]) == (vlm.frame_width, vlm.frame_height)
+    assert vlm.max_prompt_tokens + vlm.max_tokens <= int(flags["--max-model-len"])
+    assert vlm.model == flags["--model"]
+    # Each replica by its stable StatefulSet name: a stream stays on one for its prefix cache.
+    service = vllm["Service"]
+    assert service["spec"]["clusterIP"] == "None" and vllm["StatefulSet"]["spec"]["serviceName"] == "vllm"
+    assert vlm.endpoints == ["http://vllm-0.vllm:8000/v1"]
+    (app,) = k8s_objects()["Deployment"]["spec"]["template"]["spec"]["containers"]
+    app_env = {item["name"]: item for item in app["env"]}
+    assert app_env[vlm.api_key_env]["valueFrom"]["secretKeyRef"]["name"] == "vllm-api-key"
+
+    environment = compose["services"]["vidsentry"]["environment"]
+    assert environment["VIDSENTRY_VLM__ENDPOINTS"] == "${VLM_ENDPOINTS:-[]}"  # off unless asked for
+    assert environment["VIDSENTRY_VLM__MODEL"] == flags["--model"]
+    assert compose["services"]["vllm"]["profiles"] == ["vlm"]
