@@ -28,7 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--connect-timeout", type=float, default=5.0,
                      help="give up (exit 1) when NATS cannot be reached in this many seconds (default 5)")
 
-    commands.add_parser("doctor", help="which engines can run on this machine, and why not")
+    doctor = commands.add_parser("doctor", help="which engines can run on this machine, and why not")
+    doctor.add_argument("--config", help="YAML config whose vlm.endpoints to check (also VIDSENTRY_VLM__* variables)")
+    doctor.add_argument("--vlm-url", action="append", help="check this vLLM base URL, e.g. http://vllm:8000/v1 "
+                        "(repeatable; overrides vlm.endpoints)")
+    doctor.add_argument("--vlm-model", help="the model it should serve (default: vlm.model)")
     return parser
 
 

@@ -65,3 +65,13 @@ async def test_the_doctor_command_checks_the_configured_endpoint() -> None:
     assert process.returncode == 1, err.decode()
     assert [line.split()[2] for line in lines] == ["models", "model", "priority", "image", "prefix"]
     assert "no   priority scheduling is off" in next(line for line in lines if " priority " in line)
+
+
+async def test_doctor_takes_the_endpoint_and_model_as_flags() -> None:
+    async with VllmSimulator() as sim:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "realtime.cli", "doctor", "--vlm-url", sim.url, "--vlm-model", "other/model",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1, err.decode()
+    assert f"vlm {sim.url} model" in out.decode() and "'other/model' is not served here" in out.decode()
