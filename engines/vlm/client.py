@@ -143,6 +143,7 @@ class VlmClient:
             endpoint = self._pick(request.route_key)
             limit = endpoint.image_limit
             if limit is not None and request.image_count() > limit:
+                endpoint.breaker.release()  # no request went out: a half-open probe slot stays free
                 raise VlmTooManyImages(
                     f"{request.image_count()} images, but {endpoint.url} takes at most {limit} per prompt", limit=limit)
             try:
