@@ -22,7 +22,7 @@ from pipelines.graph import SharedEngines
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
-from realtime.http import HttpContext, HttpServer, create_app, transcript
+from realtime.http import HttpContext, HttpServer, create_app, description, transcript
 from realtime.http.api import SOURCE_POLICY
 from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
@@ -31,6 +31,7 @@ from realtime.http.resume import ResumeSettings
 from realtime.service.engine_metrics import ComputeCollector, RecognizerCollector
 from realtime.service.memory import release_free_memory
 from realtime.service.registry import RegistryClosed, StreamRegistry, UnknownStream
+from realtime.streams.descriptions import LatestDescriptions
 from realtime.streams.fanout import EventFanout
 from realtime.streams.runner import StreamRunner
 from realtime.streams.spec import stream_spec
@@ -69,13 +70,14 @@ class Service:
         self.publisher = publisher
         http = config.http
         self.transcripts = TranscriptStore()  # each stream's recent finals, for captions.vtt
+        self.descriptions = LatestDescriptions()  # each stream's newest scene description
         self.fanout = EventFanout(
             publisher,
             node=config.node,
             queue_limit=http.sse_queue_events,
             max_viewers_per_stream=http.sse_max_viewers_per_stream,
             max_viewers=http.sse_max_viewers,
-            taps=(self.transcripts.tap,),
+            taps=(self.transcripts.tap, self.descriptions.tap),
         )
         self.metrics = ServiceMetrics(
             MetricSources(
@@ -122,6 +124,7 @@ class Service:
         self.app[SOURCE_POLICY] = config.sources.to_policy()  # what API clients may add
         signalling.add_routes(self.app, self.sessions)
         transcript.add_routes(self.app, self.transcripts)
+        description.add_routes(self.app, self.descriptions)
         self.url: str | None = None
 
     def readiness(self) -> dict[str, bool]:
@@ -206,6 +209,7 @@ class Service:
     def _stream_gone(self, stream_id: str) -> None:
         self.fanout.close_stream(stream_id)
         self.transcripts.forget(stream_id)
+        self.descriptions.forget(stream_id)
         self.sessions.discard(stream_id)
         self.metrics.forget(stream_id)
         release_free_memory()

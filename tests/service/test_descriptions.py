@@ -116,6 +116,9 @@ async def test_descriptions_reach_nats_and_sse_with_the_prefix_cached(
     assert counters["frames_processed"] > 0  # detection runs beside it
     metrics = (await svc.call("GET", "/metrics")).body
     assert "vidsentry_stream_descriptions_total" in metrics
+    latest = (await svc.call("GET", "/api/streams/scene/description")).body["description"]
+    assert latest["text"] and latest["epoch"] >= 1 and latest["captured_at"] > 0
+    assert (await svc.call("GET", "/api/streams/nowhere/description")).status == 404
 
 
 async def test_a_vlm_rule_raises_an_alert_with_the_models_reason(

@@ -233,6 +233,42 @@ class AlertList {
   }
 }
 
+// -- Scene descriptions --------------------------------------------------------------------------
+
+// The newest description only: each one replaces the last (the server keeps the history on NATS).
+class ScenePanel {
+  constructor(text, meta, empty) {
+    this.text = text;
+    this.meta = meta;
+    this.empty = empty;
+  }
+
+  // The description fetched on selection: only while the events have brought none (it is older).
+  offer(body) {
+    if (!this.text.dataset.described) this.show(body);
+  }
+
+  show(body) {
+    if (!body || typeof body.text !== "string") return;
+    this.text.textContent = body.text;
+    const parts = [];
+    if (typeof body.window_end_pts === "number") parts.push(`at ${body.window_end_pts.toFixed(1)} s`);
+    if (body.frames) parts.push(`${body.frames} frame${body.frames === 1 ? "" : "s"}`);
+    if (body.epoch) parts.push(`window ${body.epoch}`);
+    if (body.prompt_tokens) parts.push(`${Math.round((100 * (body.cached_tokens || 0)) / body.prompt_tokens)}% cached`);
+    if (typeof body.latency_ms === "number") parts.push(`${Math.round(body.latency_ms)} ms`);
+    if (body.model) parts.push(body.model);
+    this.meta.textContent = parts.join(" · ");
+    this.text.dataset.described = "1";
+  }
+
+  clear() {
+    this.text.textContent = "";
+    delete this.text.dataset.described;
+    this.meta.textContent = this.empty;
+  }
+}
+
 // -- Go live ---------------------------------------------------------------------------------
 
 const CAPTION_EMPTY = "captions-empty";
@@ -334,6 +370,7 @@ const live = {
   last: null, // {body, at}
   alerts: null,
   captions: null,
+  scene: null,
 };
 
 const STATE_TEXT = {
@@ -542,6 +579,7 @@ function resetLiveView() {
   $("live-session").textContent = "–";
   live.alerts.clear();
   live.captions.clear();
+  live.scene.clear();
   renderLiveStats();
 }
 
@@ -577,6 +615,9 @@ function onLiveMessage(event) {
       break;
     case "captions":
       live.captions.final(body);
+      break;
+    case "descriptions":
+      live.scene.show(body);
       break;
     case "status":
       if (body.reason && (body.state === "failed" || body.state === "stopped")) liveNotice(body.reason, "info");
@@ -648,6 +689,7 @@ const watch = {
   detections: [], // the last KEEP_DETECTIONS detections bodies of the selected stream
   frames: 0,
   alerts: null,
+  scene: null,
   bitmap: null,
   seq: null,
   meta: {}, // the selected stream as last listed
@@ -753,6 +795,7 @@ function select(id) {
     watch.detections = [];
     watch.frames = 0;
     watch.alerts.clear();
+    watch.scene.clear();
     watch.seq = null;
     watch.meta = {};
     $("watch-meta").textContent = "";
@@ -771,6 +814,19 @@ function select(id) {
   watchNote(watch.bitmap ? "" : "Loading the latest frame…");
   readEvents(id, abort.signal);
   pollFrames(id, abort.signal);
+  showLatestDescription(id, abort.signal);
+}
+
+// The scene as it was last described, without waiting for the next description.
+async function showLatestDescription(id, signal) {
+  try {
+    const response = await api(`/api/streams/${encodeURIComponent(id)}/description`, { signal });
+    if (!response.ok) return;
+    const { description } = await response.json();
+    if (description && !signal.aborted && watch.selected === id) watch.scene.offer(description);
+  } catch {
+    // the events bring the next one
+  }
 }
 
 function sleep(ms, signal) {
@@ -862,6 +918,9 @@ function onWatchEvent(name, data) {
       watch.alerts.update(body);
       drawWatch();
       break;
+    case "descriptions":
+      watch.scene.show(body);
+      break;
     case "status":
       showStreamMeta({ ...watch.meta, state: body.state, reason: body.reason });
       break;
@@ -948,6 +1007,8 @@ async function boot() {
   live.alerts = new AlertList($("live-alerts"));
   live.captions = new CaptionPanel($("captions"));
   watch.alerts = new AlertList($("watch-alerts"));
+  live.scene = new ScenePanel($("live-scene"), $("live-scene-meta"), $("live-scene-meta").textContent);
+  watch.scene = new ScenePanel($("watch-scene"), $("watch-scene-meta"), $("watch-scene-meta").textContent);
   $("token-form").addEventListener("submit", submitToken);
   $("start").addEventListener("click", startLive);
   $("stop").addEventListener("click", () => stopLive());
