@@ -150,7 +150,7 @@ class VlmClient:
                 completion = await self._attempt(endpoint, request, deadline)
             except self._transport.TransientFailure as exc:
                 attempt += 1
-                log.warning("VLM %s failed (%s), attempt %d", endpoint.url, exc, attempt)
+                log.debug("VLM %s failed (%s), attempt %d", endpoint.url, exc, attempt)
                 if attempt > self._settings.max_retries:
                     raise VlmUnavailable(f"VLM request failed {attempt} times; last: {exc}",
                                          retry_after_s=self._retry_after()) from None
@@ -191,22 +191,33 @@ class VlmClient:
             async with asyncio.timeout_at(deadline):
                 completion = await self._transport.stream_chat(self._get_session(), endpoint.url, body)
         except TimeoutError:
-            endpoint.failures += 1
-            breaker.record_failure()  # a hung server is as down as a refusing one
+            self._failed(endpoint, "no answer in time")  # a hung server is as down as a refusing one
             raise VlmTimeout(f"no answer from {endpoint.url} within {request.timeout_s:g} s",
                              retry_after_s=self._retry_after()) from None
-        except self._transport.TransientFailure:
-            endpoint.failures += 1
-            breaker.record_failure()
+        except self._transport.TransientFailure as exc:
+            self._failed(endpoint, str(exc))
             raise
         except VlmError:
-            breaker.record_success()  # it answered, with a refusal: the endpoint is up
+            self._answered(endpoint)  # with a refusal, but it answered: the endpoint is up
             raise
         except BaseException:
             breaker.release()  # cancelled: no verdict on the endpoint
             raise
-        breaker.record_success()
+        self._answered(endpoint)
         return completion
+
+    def _failed(self, endpoint: _Endpoint, reason: str) -> None:
+        endpoint.failures += 1
+        opened = endpoint.breaker.times_opened
+        endpoint.breaker.record_failure()
+        if endpoint.breaker.times_opened != opened:  # one line per outage, not one per request
+            log.warning("VLM endpoint %s is failing (%s): its streams go elsewhere or wait %.0f s",
+                        endpoint.url, reason, endpoint.breaker.retry_after_s())
+
+    def _answered(self, endpoint: _Endpoint) -> None:
+        if endpoint.breaker.times_opened and endpoint.breaker.state is not BreakerState.CLOSED:
+            log.warning("VLM endpoint %s answers again", endpoint.url)
+        endpoint.breaker.record_success()
 
     def _response(
         self, endpoint: _Endpoint, request: VlmRequest, completion: Completion, started: float

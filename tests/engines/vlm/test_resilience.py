@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 
 import pytest
@@ -15,7 +16,10 @@ from tests.engines.vlm.conftest import MakeClient
 from tests.support.vllm_sim import VllmSimulator
 
 
-async def test_an_outage_opens_the_circuit_fails_fast_and_recovers(sim: VllmSimulator, make_client: MakeClient) -> None:
+async def test_an_outage_opens_the_circuit_fails_fast_and_recovers(
+    sim: VllmSimulator, make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="engines.vlm")
     client = await make_client(sim.url, max_retries=2, breaker_failures=3, breaker_reset_s=0.4)
     assert (await client.complete(question())).text
 
@@ -37,6 +41,8 @@ async def test_an_outage_opens_the_circuit_fails_fast_and_recovers(sim: VllmSimu
     await asyncio.sleep(0.45)  # the circuit half-opens: the next request is the probe
     assert (await client.complete(question())).text
     assert client.stats().endpoints[0].breaker == "closed"
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 2 and "is failing (HTTP 503" in said[0] and said[1].endswith("answers again")
 
 
 async def test_a_server_error_is_retried_and_the_caller_never_sees_it(
