@@ -58,6 +58,8 @@ async def stream_chat(session: aiohttp.ClientSession, endpoint: str, body: dict[
                     if is_transient(error.status):
                         raise TransientFailure(f"HTTP {error.status}: {error.message}", status=error.status)
                     raise client_error(error)
+                if response.content_type == "application/json":
+                    return await _read_whole(response)  # a proxy or server that would not stream
                 return await _read_stream(response)
             except BaseException:
                 response.close()  # cancelled or failed mid-stream: drop the connection, never reuse it
@@ -112,6 +114,29 @@ async def _read_stream(response: aiohttp.ClientResponse) -> Completion:
     if not done:
         raise TransientFailure("stream ended before [DONE]")
     return Completion("".join(pieces), finish_reason, usage, model)
+
+
+async def _read_whole(response: aiohttp.ClientResponse) -> Completion:
+    raw = await response.content.read(MAX_ANSWER_CHARS * 4 + 1)
+    if len(raw) > MAX_ANSWER_CHARS * 4:
+        raise VlmBadResponse(f"answer larger than {MAX_ANSWER_CHARS * 4} bytes")
+    try:
+        body = _json(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise VlmBadResponse("answer is not UTF-8") from exc
+    if "error" in body:
+        error = parse_error(200, body)
+        if is_transient(error.status):
+            raise TransientFailure(f"error in answer: {error.message}", status=error.status)
+        raise client_error(error)
+    choices = body.get("choices")
+    choice: Any = choices[0] if isinstance(choices, list) and choices else None
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise VlmBadResponse("answer has no choices[0].message")
+    content = message.get("content")
+    return Completion(content if isinstance(content, str) else "", choice.get("finish_reason"),
+                      parse_usage(body.get("usage")), str(body.get("model") or ""))
 
 
 def _json(data: str) -> dict[str, Any]:

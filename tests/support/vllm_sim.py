@@ -87,6 +87,7 @@ class VllmSimulator:
         self.down = False  # answer every request with 503
         self.fail_next = 0  # answer the next N chat requests with 500
         self.malformed_next = 0  # the next N answers are broken JSON
+        self.ignore_stream = False  # answer in one JSON body even when asked to stream (a buffering proxy)
         self.requests: list[dict[str, Any]] = []  # bodies received, newest last (bounded)
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -230,7 +231,7 @@ class VllmSimulator:
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
-            if body.get("stream"):
+            if body.get("stream") and not self.ignore_stream:
                 return await self._stream(request, body, text, finish, usage=usage, n_tokens=len(answer_tokens))
             await asyncio.sleep(self.latency_s + self.per_token_s * len(answer_tokens))
             return web.json_response({

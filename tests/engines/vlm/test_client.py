@@ -86,6 +86,16 @@ async def test_the_stream_is_joined_across_multibyte_characters(make_client: Mak
     assert response.completion_tokens == len(text.encode()) // 4 + 1
 
 
+async def test_an_answer_that_was_not_streamed_is_read_whole(
+    sim: VllmSimulator, make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    client = await make_client(sim.url)
+    sim.ignore_stream = True
+    await client.complete(append_only(frames, 2))
+    response = await client.complete(append_only(frames, 2))
+    assert response.fields is not None and response.cached_tokens and response.completion_tokens > 0
+
+
 async def test_without_prompt_token_details_cached_tokens_is_unknown(
     make_client: MakeClient, frames: list[VlmImage]
 ) -> None:

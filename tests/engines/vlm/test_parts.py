@@ -96,3 +96,15 @@ def test_the_schema_check_names_what_is_wrong() -> None:
     assert schema_problem({"answer": "no", "people": True}, schema) == "$.people: expected integer, got bool"
     assert schema_problem({"answer": "no", "tags": [1]}, schema) == "$.tags[0]: expected string, got int"
     assert schema_problem({"answer": "no", "extra": 1}, schema) == "$: unexpected extra"
+
+
+def test_settings_refuse_what_cannot_work_and_never_show_the_key() -> None:
+    from engines.vlm.client import VlmSettings
+
+    with pytest.raises(ValueError, match="credentials"):
+        VlmSettings(endpoints=("http://user:pw@vllm:8000/v1",), model="m")
+    with pytest.raises(ValueError, match="twice"):
+        VlmSettings(endpoints=("http://a/v1", "http://a/v1"), model="m")
+    with pytest.raises(ValueError, match="http"):
+        VlmSettings(endpoints=("vllm:8000",), model="m")
+    assert "sk-123" not in repr(VlmSettings(endpoints=("http://a/v1",), model="m", api_key="sk-123"))
