@@ -98,6 +98,8 @@ async def _requests(
             f"({first.prompt_tokens} prompt tokens)"))
         again = await client.complete(request)
         checks.append(_cache_check(name, again.cached_tokens))
+        text_only = await client.complete(dataclasses.replace(request, messages=(VlmMessage("user", user.parts[:1]),)))
+        checks.append(_frame_cost(name, model, image_size, first.prompt_tokens - text_only.prompt_tokens))
     except VlmTooManyImages as exc:
         checks.append(EngineCheck(f"{name} image", False, f"the server takes {exc.limit} images per prompt: serve a "
                                   "vision model and set --limit-mm-per-prompt to the frames an epoch may hold"))
@@ -108,6 +110,20 @@ async def _requests(
     finally:
         await client.aclose()
     return checks
+
+
+def _frame_cost(name: str, model: str, size: tuple[int, int], tokens: int) -> EngineCheck:
+    """What one frame costs. Qwen2-VL-family models spend one token per 28x28 px (plus 2 markers);
+    more means the server resizes frames, which costs tokens and changes their cache identity."""
+    detail = f"a {size[0]}x{size[1]} frame costs {tokens} prompt tokens"
+    qwen = "qwen2" in model.lower() and "vl" in model.lower()
+    expected = (size[0] // 28) * (size[1] // 28) + 2
+    if qwen and size[0] % 28 == 0 and size[1] % 28 == 0 and tokens != expected:
+        pixels = size[0] * size[1]
+        return EngineCheck(f"{name} frame size", False, f"{detail}, not {expected}: the server resizes frames; start "
+                           f"vllm serve with --mm-processor-kwargs '{{\"min_pixels\": {pixels}, \"max_pixels\": "
+                           f"{pixels}}}' to match vlm.frame_width x vlm.frame_height")
+    return EngineCheck(f"{name} frame size", True, detail)
 
 
 def _cache_check(name: str, cached_tokens: int | None) -> EngineCheck:

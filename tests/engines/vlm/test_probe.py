@@ -14,17 +14,18 @@ from tests.support.vllm_sim import DEFAULT_MODEL, VllmSimulator
 def failures(checks: list[EngineCheck]) -> dict[str, str]:
     """What failed, by check (models, model, priority, image, prefix cache)."""
     return {c.name.rsplit(" ", 1)[-1] if "prefix" not in c.name else "prefix cache": c.detail
-            for c in checks if not c.available}
+            for c in checks if not c.available}  # "frame size" as "size"
 
 
 async def test_a_healthy_endpoint_passes_every_check() -> None:
     async with VllmSimulator(max_model_len=16384) as sim:
         checks = await probe_endpoint(sim.url, DEFAULT_MODEL)
     assert [c.name.removeprefix(f"vlm {sim.url} ") for c in checks] == [
-        "models", "model", "priority", "image", "prefix cache"]
+        "models", "model", "priority", "image", "prefix cache", "frame size"]
     assert all(c.available for c in checks)
     assert "max_model_len 16384" in checks[1].detail
     assert "one 448x252 image answered" in checks[3].detail
+    assert checks[5].detail == "a 448x252 frame costs 146 prompt tokens"  # 16 x 9 tiles + 2 markers
     body = sim.requests[0]
     assert body["max_tokens"] == 1 and body["priority"] == 1
     assert sum(p["type"] == "image_url" for p in body["messages"][0]["content"]) == 1
@@ -36,6 +37,10 @@ async def test_each_misconfiguration_is_named_with_its_fix() -> None:
     assert set(wrong) == {"priority", "prefix cache"}
     assert "--scheduling-policy priority" in wrong["priority"]
     assert "--enable-prompt-tokens-details" in wrong["prefix cache"]
+
+    async with VllmSimulator(min_pixels=200704, max_pixels=200704) as sim:  # frames scaled up to 12 x 22 tiles
+        resized = failures(await probe_endpoint(sim.url, DEFAULT_MODEL))["size"]
+        assert "costs 266 prompt tokens, not 146" in resized and '"max_pixels": 112896' in resized
 
     async with VllmSimulator(limit_images=0) as sim:
         assert "--limit-mm-per-prompt" in failures(await probe_endpoint(sim.url, DEFAULT_MODEL))["image"]
@@ -63,7 +68,7 @@ async def test_the_doctor_command_checks_the_configured_endpoint() -> None:
         out, err = await asyncio.wait_for(process.communicate(), 60)
     lines = [line for line in out.decode().splitlines() if line.startswith("vlm ")]
     assert process.returncode == 1, err.decode()
-    assert [line.split()[2] for line in lines] == ["models", "model", "priority", "image", "prefix"]
+    assert [line.split()[2] for line in lines] == ["models", "model", "priority", "image", "prefix", "frame"]
     assert "no   priority scheduling is off" in next(line for line in lines if " priority " in line)
 
 
