@@ -177,6 +177,7 @@ class DescribeStage:
         if track_came_or_went or other_alert:
             self.sampler.note_activity()
         elif event.kind is EventKind.CAPTIONS and event.pts is not None:
+            self.sampler.note_activity()  # someone spoke: a frame to go with it
             now = self._now
             offset = now.t - now.pts if now is not None else 0.0  # media time → stream time
             self.window.add_speech(event.pts + offset, str(event.data.get("text", "")))
@@ -213,7 +214,9 @@ class DescribeStage:
                 self._checking = asyncio.create_task(self._check(rule, now), name=f"{self.stream_id}-vlm-check")
                 self._checking.add_done_callback(self._check_done)
         due = now.t - self._last_described_t >= self.settings.describe_interval_s
-        if self.describe and self._describing is None and due and self.window.has_new:
+        # A description waits for a new frame: it always shows the scene as it is now (speech
+        # alone asks the sampler for the next frame allowed).
+        if self.describe and self._describing is None and due and self.window.has_new_frame:
             self._last_described_t = now.t
             self._describing = asyncio.create_task(self._describe(), name=f"{self.stream_id}-describe")
             self._describing.add_done_callback(self._describe_done)
@@ -249,7 +252,7 @@ class DescribeStage:
 
     async def _describe(self) -> None:
         settings = self.settings
-        window = self.window.request(settings.instruction)
+        window = self.window.request(settings.instruction, keep=True)
         request = self._request(
             window, max_tokens=settings.max_tokens, schema=DESCRIPTION_SCHEMA, priority=settings.describe_priority
         )

@@ -2,20 +2,20 @@
 
 vLLM caches a request's KV blocks by a hash chain over its tokens (and images, by content, at
 their position): a request reuses everything up to the first token that differs from one seen
-before. So the window only ever grows at its end:
+before, and the blocks of the answer it generated too. So the window only ever grows at its end:
 
-    system   the settings' system prompt, byte-identical for every stream and request
-    user     epoch header (the previous epoch's last description as its summary)
-             [t=…] frame, [t=…] speech: "…", [t=…] frame, …        (sent: fixed from then on)
-    assistant  a description, appended when it arrives
-    user     [t=…] frame, …  + the instruction                     (volatile tail, never kept)
+    system     the settings' system prompt, byte-identical for every stream and request
+    user       epoch header (the previous epoch's last description as its summary)
+               [t=…] frame, [t=…] speech: "…", [t=…] frame, …  + the description instruction
+    assistant  the description, as generated
+    user       [t=…] frame, …  + the instruction (a description's stays; a check's question does not)
 
 Every request is the window so far, the items not yet sent (in time order), and a short
-instruction last; the items become part of the window as they are sent, the instruction does
-not. Each request's prompt is therefore the previous one's minus its instruction, plus new items:
-everything but the tail is cached. A sliding window would change the tokens right after the
-system prompt and miss everything; instead, at a frame or token budget the window starts a new
-epoch whose header carries the last description forward.
+instruction last; items become part of the window as they are sent. A description request keeps
+its instruction and then its answer, so the next request begins with exactly the tokens the
+server saw and generated: all of it is cached but the new items and the new tail. A sliding
+window would change the tokens right after the system prompt and miss everything; instead, at a
+frame or token budget the window starts a new epoch whose header carries the last description.
 """
 
 from __future__ import annotations
@@ -125,6 +125,11 @@ class DescribeWindow:
         return bool(self._pending)
 
     @property
+    def has_new_frame(self) -> bool:
+        """A frame waits that no request has carried yet."""
+        return any(isinstance(i, WindowFrame) for i in self._pending)
+
+    @property
     def started(self) -> bool:
         """A request of this epoch went out: its header and first items are fixed."""
         return bool(self._segments)
@@ -180,19 +185,26 @@ class DescribeWindow:
         self._start(summary)
         self._pending = sorted(carried, key=lambda i: i.t)
 
-    def request(self, instruction: str) -> WindowRequest:
+    def request(self, instruction: str, *, keep: bool = False) -> WindowRequest:
         """The next request: the window, the waiting items (now sent, fixed in the window), and
-        `instruction` last (never kept)."""
-        if self._pending:
+        `instruction` last. A description's instruction is `keep`: it stays in the window with the
+        answer after it, so the next request repeats this one's prompt and answer exactly as vLLM
+        saw and generated them, and all of it is cached. An alert check's is not kept: its
+        question and answer would only be noise in the descriptions' history."""
+        if self._pending or keep:
             self._send(sorted(self._pending, key=lambda i: i.t))  # stable: equal times keep arrival order
             self._pending = []
+        if keep:
+            self._segments[-1].parts.append(VlmText(instruction))
+            self._tokens += text_tokens(instruction)
         messages = [self._system] + [VlmMessage(s.role, tuple(s.parts)) for s in self._segments]
-        tail = VlmText(instruction)
-        last = messages[-1]
-        if last.role == "user":
-            messages[-1] = VlmMessage("user", (*last.parts, tail))
-        else:
-            messages.append(VlmMessage("user", (tail,)))
+        if not keep:
+            tail = VlmText(instruction)
+            last = messages[-1]
+            if last.role == "user":
+                messages[-1] = VlmMessage("user", (*last.parts, tail))
+            else:
+                messages.append(VlmMessage("user", (tail,)))
         newest = self._newest
         return WindowRequest(
             epoch=self.epoch,
@@ -201,7 +213,7 @@ class DescribeWindow:
             window_start_pts=self._first_pts,
             window_end_pts=newest.pts if newest else None,
             newest_captured_at=newest.captured_at if newest else None,
-            tokens=self._tokens + text_tokens(instruction),
+            tokens=self._tokens + (0 if keep else text_tokens(instruction)),
         )
 
     def _send(self, items: Sequence[Item]) -> None:

@@ -125,7 +125,7 @@ async def test_descriptions_come_from_requests_that_each_extend_the_last() -> No
     bodies = [b for b in sim.requests if b["messages"][-1]["role"] == "user"]
     assert len(bodies) >= 5
     for before, after in zip(bodies, bodies[1:], strict=False):
-        previous = flat(before)[:-2]  # without the instruction and the end of its turn
+        previous = flat(before)[:-1]  # all but the end of its last turn: its instruction stays
         assert flat(after)[: len(previous)] == previous
     assert sim.peak_in_flight == 1  # one description at a time
     first, *rest = descriptions(h.events)

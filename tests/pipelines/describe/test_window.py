@@ -31,12 +31,6 @@ def flat(messages: tuple[VlmMessage, ...]) -> list[tuple[str, str]]:
     return out
 
 
-def without_instruction(messages: tuple[VlmMessage, ...]) -> list[tuple[str, str]]:
-    tokens = flat(messages)
-    assert tokens[-2] in {("text", INSTRUCTION), ("text", "check?")}
-    return tokens[:-2]  # the instruction and the end of its turn
-
-
 def test_every_request_extends_the_previous_one_byte_for_byte() -> None:
     window = DescribeWindow(DescribeSettings(max_frames=100))
     previous: list[tuple[str, str]] | None = None
@@ -44,18 +38,49 @@ def test_every_request_extends_the_previous_one_byte_for_byte() -> None:
         window.add_frame(frame(step * 1.0))
         if step % 3 == 1:
             window.add_speech(step - 0.5, "  hello   there ")
-        instruction = "check?" if step % 4 == 3 else INSTRUCTION
-        request = window.request(instruction)
+        check = step % 4 == 3
+        instruction = "check?" if check else INSTRUCTION
+        request = window.request(instruction, keep=not check)
         tokens = flat(request.messages)
         assert tokens[0] == ("start", "system")
         assert tokens[-2] == ("text", instruction)  # the volatile part is last
         if previous is not None:
             assert tokens[: len(previous)] == previous
-        previous = without_instruction(request.messages)
-        if step % 2 == 0:
+        # What the next request repeats: a description's instruction stays (its answer follows it),
+        # a check's question does not; the end of the last turn may not come where it was.
+        previous = tokens[:-2] if check else tokens[:-1]
+        if step % 2 == 0 and not check:
             window.answer(request.epoch, f"answer {step}")
+            previous += [("end", "user"), ("start", "assistant"), ("text", f"answer {step}"), ("end", "assistant")]
     assert window.epoch == 1
     assert request.frames == 12
+
+
+def test_a_description_keeps_its_instruction_before_its_answer_a_check_does_not() -> None:
+    window = DescribeWindow(DescribeSettings())
+    window.add_frame(frame(1.0))
+    described = window.request(INSTRUCTION, keep=True)
+    window.add_frame(frame(2.0))
+    window.request("check?")
+    window.answer(described.epoch, "Empty hallway.")
+    window.add_frame(frame(3.0))
+    texts = [
+        (m.role, p.text if isinstance(p, VlmText) else "<image>")
+        for m in window.request(INSTRUCTION, keep=True).messages[1:]
+        for p in m.parts
+    ]
+    assert texts == [
+        ("user", "Epoch 1. The stream has just started."),
+        ("user", "[t=1.0s]"),
+        ("user", "<image>"),
+        ("user", INSTRUCTION),
+        ("user", "[t=2.0s]"),
+        ("user", "<image>"),
+        ("assistant", "Empty hallway."),
+        ("user", "[t=3.0s]"),
+        ("user", "<image>"),
+        ("user", INSTRUCTION),
+    ]
 
 
 def test_the_system_prompt_is_the_same_for_every_stream_and_epoch() -> None:
