@@ -31,6 +31,7 @@ TILE_PX = 28  # Qwen2.5-VL: one token per 28x28 pixels (after 2x2 patch merging)
 IMAGE_MARKER_TOKENS = 2  # <|vision_start|> … <|vision_end|>
 BYTES_PER_TOKEN = 4  # a deliberately rough text estimate; only budgets use it
 MESSAGE_TOKENS = 4  # role markers around each message
+MAX_PENDING_SPEECH = 32  # caption segments waiting for a request; older ones are dropped
 CONTEXT_MARGIN = 0.8  # of the server's context length an epoch may fill (the estimate is rough)
 
 
@@ -160,8 +161,14 @@ class DescribeWindow:
 
     def add_speech(self, t: float, text: str) -> None:
         text = " ".join(text.split())[: self.settings.max_transcript_chars]
-        if text:
-            self._pending.append(WindowSpeech(t, text))
+        if not text:
+            return
+        self._pending.append(WindowSpeech(t, text))
+        # Speech waits for the next request, which waits for a frame: a picture that froze while
+        # the sound goes on must not let it pile up.
+        speech = [i for i in self._pending if isinstance(i, WindowSpeech)]
+        if len(speech) > MAX_PENDING_SPEECH:
+            self._pending.remove(speech[0])
 
     def answer(self, epoch: int, text: str) -> None:
         """A description came back. It joins the window (so the next one knows what was said

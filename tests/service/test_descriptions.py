@@ -21,6 +21,7 @@ from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.config import Config, ConfigError, load_config
 from tests.service.conftest import LiveService, live_service, make_config, wait_until
+from tests.support.cli import one_error_line, vidsentry
 from tests.support.vllm_sim import VllmSimulator
 
 pytestmark = pytest.mark.slow
@@ -220,3 +221,20 @@ def test_the_vlm_config_section(tmp_path: Path) -> None:
     stream = make_config(streams=[{"id": "c", "url": "rtsp://cam.example/live", "describe": False,
                                    "rules": [{"id": "q", "type": "vlm", "question": "Any smoke?"}]}])
     assert stream.streams[0].describe is False
+
+
+async def test_run_with_vlm_url_prints_and_counts_descriptions(vtest_avi: Path) -> None:
+    async with VllmSimulator() as server:
+        proc = await asyncio.to_thread(
+            vidsentry, "run", str(vtest_avi), "--vlm-url", server.url, "--realtime", "--no-audio",
+            "--duration", "12", "--detect-fps", "2", "--json", timeout=120,
+        )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["descriptions"] >= 2 and summary["vlm_prompt_tokens"] > 0
+    assert len(server.requests) >= summary["descriptions"]
+
+
+def test_a_bad_vlm_url_is_one_line_and_exit_2(vtest_avi: Path) -> None:
+    line = one_error_line(vidsentry("run", str(vtest_avi), "--vlm-url", "vllm:8000"), 2)
+    assert "--vlm-url" in line and "http" in line

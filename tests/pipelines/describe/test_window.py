@@ -202,3 +202,13 @@ def test_empty_speech_is_left_out(text: str) -> None:
     window = DescribeWindow(DescribeSettings())
     window.add_speech(1.0, text)
     assert not window.has_new
+
+
+def test_speech_waiting_for_a_frame_is_bounded() -> None:
+    window = DescribeWindow(DescribeSettings())
+    for t in range(100):
+        window.add_speech(float(t), f"word {t}")
+    window.add_frame(frame(100.0))
+    texts = [p.text for p in window.request(INSTRUCTION).messages[1].parts if isinstance(p, VlmText)]
+    said = [t for t in texts if "speech:" in t]
+    assert len(said) == 32 and said[0] == '[t=68.0s] speech: "word 68"'
