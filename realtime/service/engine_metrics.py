@@ -1,4 +1,4 @@
-"""Service-wide metrics of the shared speech recognizer and of the CPU turns between models."""
+"""Service-wide metrics of the shared speech recognizer, the CPU turns between models and the VLM client."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from prometheus_client.registry import Collector
 
 from pipelines.captions.engine import CaptionEngine
 from pipelines.compute import ComputeShares
+from pipelines.describe.settings import DescribeEngine
 
 
 class RecognizerCollector(Collector):
@@ -46,3 +47,30 @@ class ComputeCollector(Collector):
             wait_s.add_metric([name], stats.wait_s)
         yield waited
         yield wait_s
+
+
+class VlmCollector(Collector):
+    """The shared VLM client: requests, outcomes, tokens, and each endpoint's circuit."""
+
+    def __init__(self, engine: DescribeEngine) -> None:
+        self.client = engine.client
+
+    def collect(self) -> Iterable[Metric]:
+        stats = self.client.stats()
+        yield CounterMetricFamily("vidsentry_vlm_requests", "VLM requests (descriptions and alert checks)",
+                                  value=stats.requests)
+        yield CounterMetricFamily("vidsentry_vlm_failures", "VLM requests that failed", value=stats.failed)
+        yield CounterMetricFamily("vidsentry_vlm_retries", "VLM request retries", value=stats.retries)
+        yield CounterMetricFamily("vidsentry_vlm_timeouts", "VLM requests that timed out", value=stats.timeouts)
+        yield GaugeMetricFamily("vidsentry_vlm_in_flight", "VLM requests in flight", value=stats.in_flight)
+        tokens = CounterMetricFamily("vidsentry_vlm_tokens", "VLM tokens by kind", labels=["kind"])
+        tokens.add_metric(["prompt"], stats.prompt_tokens)
+        tokens.add_metric(["cached"], stats.cached_tokens)
+        tokens.add_metric(["completion"], stats.completion_tokens)
+        yield tokens
+        open_ = GaugeMetricFamily(
+            "vidsentry_vlm_endpoint_open", "1 while an endpoint's circuit is open (not asked)", labels=["endpoint"]
+        )
+        for endpoint in stats.endpoints:
+            open_.add_metric([endpoint.url], int(endpoint.breaker == "open"))
+        yield open_

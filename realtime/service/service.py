@@ -28,7 +28,7 @@ from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
 from realtime.http.metrics import MetricSources, ServiceMetrics
 from realtime.http.resume import ResumeSettings
-from realtime.service.engine_metrics import ComputeCollector, RecognizerCollector
+from realtime.service.engine_metrics import ComputeCollector, RecognizerCollector, VlmCollector
 from realtime.service.memory import release_free_memory
 from realtime.service.registry import RegistryClosed, StreamRegistry, UnknownStream
 from realtime.streams.descriptions import LatestDescriptions
@@ -120,6 +120,8 @@ class Service:
             self.metrics.registry.register(RecognizerCollector(captions))
             if captions.batcher.compute is not None:
                 self.metrics.registry.register(ComputeCollector(captions.batcher.compute))
+        if describe is not None:
+            self.metrics.registry.register(VlmCollector(describe))
         self.app = create_app(self.context)
         self.app[SOURCE_POLICY] = config.sources.to_policy()  # what API clients may add
         signalling.add_routes(self.app, self.sessions)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,8 @@ async def test_descriptions_reach_nats_and_sse_with_the_prefix_cached(
     assert counters["frames_processed"] > 0  # detection runs beside it
     metrics = (await svc.call("GET", "/metrics")).body
     assert "vidsentry_stream_descriptions_total" in metrics
+    cached = re.search(r'^vidsentry_vlm_tokens_total\{kind="cached"\} ([0-9.e+]+)$', metrics, re.M)
+    assert cached and float(cached.group(1)) > 0 and "vidsentry_vlm_requests_total" in metrics
     latest = (await svc.call("GET", "/api/streams/scene/description")).body["description"]
     assert latest["text"] and latest["epoch"] >= 1 and latest["captured_at"] > 0
     assert (await svc.call("GET", "/api/streams/nowhere/description")).status == 404
@@ -175,6 +178,8 @@ async def test_an_outage_pauses_descriptions_and_the_stream_goes_on(
     assert during["descriptions"] <= down["descriptions"] + 1  # at most one was already on its way
     assert during["frames_processed"] > processed  # detection never waited for the VLM
     assert (await svc.stream("outage"))["state"] == "live"
+    metrics = (await svc.call("GET", "/metrics")).body
+    assert f'vidsentry_vlm_endpoint_open{{endpoint="{sim.url}"}} 1.0' in metrics  # the circuit is open
     sim.down = False
     await reaches("descriptions", during["descriptions"] + 2, 20)
 
