@@ -118,8 +118,8 @@ async def test_descriptions_reach_nats_and_sse_with_the_prefix_cached(
     assert counters["frames_processed"] > 0  # detection runs beside it
     metrics = (await svc.call("GET", "/metrics")).body
     assert "vidsentry_stream_descriptions_total" in metrics
-    cached = re.search(r'^vidsentry_vlm_tokens_total\{kind="cached"\} ([0-9.e+]+)$', metrics, re.M)
-    assert cached and float(cached.group(1)) > 0 and "vidsentry_vlm_requests_total" in metrics
+    tokens = re.search(r'^vidsentry_vlm_tokens_total\{kind="cached"\} ([0-9.e+]+)$', metrics, re.M)
+    assert tokens and float(tokens.group(1)) > 0 and "vidsentry_vlm_requests_total" in metrics
     latest = (await svc.call("GET", "/api/streams/scene/description")).body["description"]
     assert latest["text"] and latest["epoch"] >= 1 and latest["captured_at"] > 0
     assert (await svc.call("GET", "/api/streams/nowhere/description")).status == 404
