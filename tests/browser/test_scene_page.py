@@ -77,3 +77,23 @@ async def test_watch_mode_shows_the_newest_description(svc: LiveService, chromiu
         # Chromium logs every 4xx fetch: frames asked for before a stream had one are expected.
         problems = [p for p in await watched.problems() if not ("404" in p and p.endswith("/frame.jpg]"))]
         assert problems == []
+
+
+async def test_go_live_shows_the_description_of_the_browsers_own_camera(
+    svc: LiveService, chromium: Browser, screenshots: Path
+) -> None:
+    async with open_page(chromium, viewport=WIDE) as watched:
+        page = watched.page
+        await page.goto(svc.url + "/")
+        await page.wait_for_selector("#app:not([hidden])")
+        await page.click("#start")
+        await page.wait_for_selector('body[data-state="connected"]', timeout=15_000)
+        stream_id = await page.evaluate("window.vidsentry.streamId")
+        await page.wait_for_selector("#live-scene[data-described]", timeout=20_000)
+        assert (await page.text_content("#live-scene") or "").startswith("Description ")
+        latest = (await svc.call("GET", f"/api/streams/{stream_id}/description")).body["description"]
+        assert latest and latest["text"].startswith("Description ")
+        await page.screenshot(path=screenshots / "go-live-scene.png")
+        await page.click("#stop")
+        assert await page.evaluate("document.body.dataset.state") == "closed"
+        assert await watched.problems() == []
