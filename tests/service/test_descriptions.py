@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,7 +21,8 @@ from engines.detector import Detector
 from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
 from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
-from realtime.config import Config, ConfigError, load_config
+from realtime.cli.bootstrap import open_describer, with_vlm_url
+from realtime.config import Config, ConfigError, VlmConfig, load_config
 from tests.service.conftest import LiveService, live_service, make_config, wait_until
 from tests.support.cli import one_error_line, vidsentry
 from tests.support.vllm_sim import VllmSimulator
@@ -243,3 +245,17 @@ async def test_run_with_vlm_url_prints_and_counts_descriptions(vtest_avi: Path) 
 def test_a_bad_vlm_url_is_one_line_and_exit_2(vtest_avi: Path) -> None:
     line = one_error_line(vidsentry("run", str(vtest_avi), "--vlm-url", "vllm:8000"), 2)
     assert "--vlm-url" in line and "http" in line
+
+
+async def test_without_a_vlm_there_are_no_descriptions_and_the_log_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="realtime.cli.bootstrap")
+    async with open_describer(VlmConfig()) as engine:
+        assert engine is None
+    said = [r.getMessage() for r in caplog.records if "no VLM configured" in r.getMessage()]
+    assert len(said) == 1
+    url = with_vlm_url(VlmConfig(), "http://127.0.0.1:8000/v1")
+    assert url.endpoints == ["http://127.0.0.1:8000/v1"] and url.enabled
+    async with open_describer(url) as engine:
+        assert engine is not None and engine.model == url.model
