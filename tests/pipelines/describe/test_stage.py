@@ -257,3 +257,18 @@ async def test_a_stream_with_descriptions_off_only_asks_its_questions(describe: 
         await vlm.aclose()
     assert stage.stats.checks >= 3 and stage.stats.descriptions == 0
     assert all("Question:" in b["messages"][-1]["content"][-1]["text"] for b in sim.requests)
+
+
+async def test_slow_answers_time_out_and_malformed_ones_are_skipped_then_descriptions_go_on() -> None:
+    settings = DescribeSettings(min_interval_s=0.2, max_interval_s=0.4, describe_interval_s=0.4, timeout_s=0.3)
+    async with VllmSimulator(latency_s=1.0) as sim, describer(sim, settings, max_retries=0) as h:
+        await h.feed_until(lambda: h.stage.stats.unavailable >= 1, 100, "a timed-out request")
+        assert not descriptions(h.events)
+        sim.latency_s = 0.0
+        await h.feed_until(lambda: len(descriptions(h.events)) >= 1, 200, "a description once answers are quick")
+        sim.malformed_next = 2
+        failures = h.stage.stats.description_failures
+        await h.feed_until(lambda: h.stage.stats.description_failures >= failures + 2, 200, "malformed answers")
+        count = len(descriptions(h.events))
+        await h.feed_until(lambda: len(descriptions(h.events)) >= count + 2, 200, "descriptions after them")
+    assert all(d["text"] for d in descriptions(h.events))
