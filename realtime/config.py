@@ -616,3 +616,28 @@ def config_class_problems(config: Config, names: Mapping[int, str]) -> str | Non
         for problem in rule_class_problems(stream, names)
     ]
     return describe_problems(problems) if problems else None
+
+
+VLM_RULE_NEEDS_VLM = "a vlm rule needs a VLM: set vlm.endpoints (or --vlm-url)"
+
+
+def vlm_rule_problems(stream: AnyStreamSettings, vlm_enabled: bool) -> list[dict[str, str]]:
+    """One `{"field", "message"}` per `vlm` rule of the stream when there is no VLM to ask: such a
+    rule could never fire."""
+    if vlm_enabled:
+        return []
+    return [
+        {"field": f"rules.{index}.type", "message": f"rule {rule.id!r}: {VLM_RULE_NEEDS_VLM}"}
+        for index, rule in enumerate(stream.rules)
+        if rule.type == "vlm"
+    ]
+
+
+def config_vlm_problems(config: Config, vlm_enabled: bool) -> str | None:
+    """The config's `vlm` rules checked against whether a VLM is configured: None, or one line."""
+    problems = [
+        {**problem, "field": f"streams.{index}.{problem['field']}"}
+        for index, stream in enumerate(config.streams)
+        for problem in vlm_rule_problems(stream, vlm_enabled)
+    ]
+    return describe_problems(problems) if problems else None

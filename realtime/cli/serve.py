@@ -31,7 +31,7 @@ from realtime.cli.bootstrap import (
     with_vlm_url,
 )
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
-from realtime.config import Config, ConfigError, config_class_problems, load_config
+from realtime.config import Config, ConfigError, config_class_problems, config_vlm_problems, load_config
 from realtime.http import ListenError
 from realtime.service.memory import cap_malloc_arenas
 from realtime.service.service import Service
@@ -89,6 +89,9 @@ async def serve_command(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from exc
     plan = plan_listen(args, config, os.environ)
     vlm = with_vlm_url(config.vlm, args.vlm_url)
+    problems = config_vlm_problems(config, vlm.enabled)  # a question nobody can answer never fires
+    if problems:
+        raise CommandError(f"{args.config or 'environment'}: {problems}")
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -27,6 +27,7 @@ from realtime.config import (
     describe_problems,
     rule_class_problems,
     validation_problems,
+    vlm_rule_problems,
 )
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
@@ -107,7 +108,8 @@ async def create_stream(request: web.Request) -> web.Response:
         raise ApiError(400, f"invalid stream: kind: {WEBRTC_NOT_CONFIGURABLE}", [
             {"field": "kind", "message": WEBRTC_NOT_CONFIGURABLE}
         ])
-    problems = rule_class_problems(settings, context_of(request).class_names)
+    context = context_of(request)
+    problems = rule_class_problems(settings, context.class_names) + vlm_rule_problems(settings, context.vlm)
     if problems:
         raise ApiError(400, f"invalid stream: {describe_problems(problems)}", problems)
     try:

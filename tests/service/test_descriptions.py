@@ -22,7 +22,7 @@ from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
 from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.cli.bootstrap import open_describer, with_vlm_url
-from realtime.config import Config, ConfigError, VlmConfig, load_config
+from realtime.config import Config, ConfigError, VlmConfig, config_vlm_problems, load_config
 from tests.service.conftest import LiveService, live_service, make_config, wait_until
 from tests.support.cli import one_error_line, vidsentry
 from tests.support.vllm_sim import VllmSimulator
@@ -108,8 +108,18 @@ async def test_descriptions_reach_nats_and_sse_with_the_prefix_cached(
     finally:
         await nc.close()
     data = described.bodies[-1]
-    assert set(data) >= {"text", "fields", "window_start_pts", "window_end_pts", "frames", "epoch",
-                         "prompt_tokens", "cached_tokens", "latency_ms", "model"}
+    assert set(data) >= {
+        "text",
+        "fields",
+        "window_start_pts",
+        "window_end_pts",
+        "frames",
+        "epoch",
+        "prompt_tokens",
+        "cached_tokens",
+        "latency_ms",
+        "model",
+    }
     assert data["model"] == sim.model and data["text"] and data["frames"] >= 1
     assert data["window_start_pts"] <= data["window_end_pts"]
     sse = [e["data"] for e in seen if e["event"] == "descriptions"]
@@ -138,8 +148,14 @@ async def test_a_vlm_rule_raises_an_alert_with_the_models_reason(
     sim.answer = answer
     alerts = Described()
     nc = await alerts.start(shared_nats_server.url, "vidsentry.asked.alerts")
-    rule = {"id": "walkers", "type": "vlm", "question": "Is anyone walking?", "cadence_s": 1, "for_s": 1,
-            "snapshot": True}
+    rule = {
+        "id": "walkers",
+        "type": "vlm",
+        "question": "Is anyone walking?",
+        "cadence_s": 1,
+        "for_s": 1,
+        "snapshot": True,
+    }
     try:
         reply = await svc.call("POST", "/api/streams", json_body=clip(vtest_avi, "asked", rules=[rule]))
         assert reply.status == 201, reply
@@ -201,9 +217,18 @@ async def test_a_stream_deleted_while_its_request_is_in_flight_leaves_nothing(
 
 
 def test_the_vlm_config_section(tmp_path: Path) -> None:
-    config = Config.model_validate({"vlm": {"endpoints": ["http://vllm:8000/v1", "http://vllm-2:8000/v1"],
-                                            "cache_salt": "tenant-salt", "frame_width": 504, "frame_height": 280,
-                                            "max_frames": 16, "api_key_env": "MY_VLLM_KEY"}})
+    config = Config.model_validate(
+        {
+            "vlm": {
+                "endpoints": ["http://vllm:8000/v1", "http://vllm-2:8000/v1"],
+                "cache_salt": "tenant-salt",
+                "frame_width": 504,
+                "frame_height": 280,
+                "max_frames": 16,
+                "api_key_env": "MY_VLLM_KEY",
+            }
+        }
+    )
     vlm = config.vlm
     assert vlm.enabled and not Config().vlm.enabled
     client = vlm.client_settings({"MY_VLLM_KEY": "secret"})
@@ -225,16 +250,35 @@ def test_the_vlm_config_section(tmp_path: Path) -> None:
             load_config(path, environ={})
     env = load_config(None, environ={"VIDSENTRY_VLM__ENDPOINTS": "[http://vllm:8000/v1]"})
     assert env.vlm.endpoints == ["http://vllm:8000/v1"]
-    stream = make_config(streams=[{"id": "c", "url": "rtsp://cam.example/live", "describe": False,
-                                   "rules": [{"id": "q", "type": "vlm", "question": "Any smoke?"}]}])
+    stream = make_config(
+        streams=[
+            {
+                "id": "c",
+                "url": "rtsp://cam.example/live",
+                "describe": False,
+                "rules": [{"id": "q", "type": "vlm", "question": "Any smoke?"}],
+            }
+        ]
+    )
     assert stream.streams[0].describe is False
 
 
 async def test_run_with_vlm_url_prints_and_counts_descriptions(vtest_avi: Path) -> None:
     async with VllmSimulator() as server:
         proc = await asyncio.to_thread(
-            vidsentry, "run", str(vtest_avi), "--vlm-url", server.url, "--realtime", "--no-audio",
-            "--duration", "12", "--detect-fps", "2", "--json", timeout=120,
+            vidsentry,
+            "run",
+            str(vtest_avi),
+            "--vlm-url",
+            server.url,
+            "--realtime",
+            "--no-audio",
+            "--duration",
+            "12",
+            "--detect-fps",
+            "2",
+            "--json",
+            timeout=120,
         )
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -259,3 +303,29 @@ async def test_without_a_vlm_there_are_no_descriptions_and_the_log_says_so_once(
     assert url.endpoints == ["http://127.0.0.1:8000/v1"] and url.enabled
     async with open_describer(url) as engine:
         assert engine is not None and engine.model == url.model
+
+
+async def test_without_a_vlm_a_vlm_rule_is_refused_with_a_reason(
+    detector: Detector, shared_nats_server: EmbeddedNatsServer, vtest_avi: Path
+) -> None:
+    rules = [{"id": "door", "type": "present"}, {"id": "smoke", "type": "vlm", "question": "Any smoke?"}]
+    async with live_service(detector, shared_nats_server.url) as plain:
+        reply = await plain.call("POST", "/api/streams", json_body=clip(vtest_avi, "asks", rules=rules))
+        assert reply.status == 400, reply
+        (problem,) = reply.body["detail"]
+        assert problem["field"] == "rules.1.type" and "'smoke'" in problem["message"]
+        assert "vlm.endpoints" in problem["message"]
+        assert (await plain.call("GET", "/api/streams")).body["streams"] == []
+    config = make_config(streams=[clip(vtest_avi, "cam", rules=rules)])
+    assert config_vlm_problems(config, vlm_enabled=True) is None
+    problem = config_vlm_problems(config, vlm_enabled=False)
+    assert problem and problem.startswith("streams.0.rules.1.type: rule 'smoke'")
+
+
+def test_serve_refuses_a_vlm_rule_without_a_vlm(tmp_path: Path, vtest_avi: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        f"streams:\n  - id: cam\n    url: {vtest_avi}\n    rules: [{{id: smoke, type: vlm, question: 'Any smoke?'}}]\n"
+    )
+    line = one_error_line(vidsentry("serve", "--config", str(path), "--port", "0"), 2)
+    assert "streams.0.rules.0.type" in line and "--vlm-url" in line
