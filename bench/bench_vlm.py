@@ -164,8 +164,15 @@ class Collected:
 
 
 async def feed(
-    stage: DescribeStage, mailbox: FrameMailbox, sink: ObservedSink, frames: list[np.ndarray], *, stream: int,
-    clock: SimClock, seconds: float, stream_id: str,
+    stage: DescribeStage,
+    mailbox: FrameMailbox,
+    sink: ObservedSink,
+    frames: list[np.ndarray],
+    *,
+    stream: int,
+    clock: SimClock,
+    seconds: float,
+    stream_id: str,
 ) -> None:
     start = clock()
     offset = (stream * len(frames)) // 4
@@ -178,22 +185,35 @@ async def feed(
             await asyncio.sleep((due - now) / clock.speed)
         mailbox.put(VideoFrame(stream_id, seq, pts, clock(), frames[(offset + seq) % len(frames)]))
         if pts >= next_speech:
-            words = [(" Someone", pts, pts + 0.4, 0.9), (" crosses", pts + 0.4, pts + 0.8, 0.9),
-                     (" the square.", pts + 0.8, pts + 1.4, 0.9)]
-            await sink.publish(caption_event(stream_id, segment_id=f"s{seq}", words=words, language="en",
-                                             model="tiny.en", captured_at=clock()))
+            words = [
+                (" Someone", pts, pts + 0.4, 0.9),
+                (" crosses", pts + 0.4, pts + 0.8, 0.9),
+                (" the square.", pts + 0.8, pts + 1.4, 0.9),
+            ]
+            await sink.publish(
+                caption_event(
+                    stream_id, segment_id=f"s{seq}", words=words, language="en", model="tiny.en", captured_at=clock()
+                )
+            )
             next_speech += SPEECH_EVERY_S
         seq += 1
     mailbox.close()
 
 
 async def run_layout(
-    name: str, frames: list[np.ndarray], args: argparse.Namespace, make_window: Callable[[DescribeSettings], Any],
+    name: str,
+    frames: list[np.ndarray],
+    args: argparse.Namespace,
+    make_window: Callable[[DescribeSettings], Any],
 ) -> dict[str, Any]:
     clock = SimClock(args.speed)
     settings = DescribeSettings(cache_salt="bench-tenant", timeout_s=60.0 / args.speed * 4)
-    async with VllmSimulator(latency_s=args.latency_s / args.speed, per_token_s=args.per_token_s / args.speed,
-                             limit_images=settings.max_frames, cache_blocks=1 << 20) as sim:
+    async with VllmSimulator(
+        latency_s=args.latency_s / args.speed,
+        per_token_s=args.per_token_s / args.speed,
+        limit_images=settings.max_frames,
+        cache_blocks=1 << 20,
+    ) as sim:
         client = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model, max_in_flight=64))
         metered = MeteredClient(client, sim.model)
         engine = DescribeEngine(metered, sim.model, settings)  # type: ignore[arg-type]
@@ -210,8 +230,20 @@ async def run_layout(
             sinks.append(collected)
             stages.append(stage)
             tasks.append(asyncio.create_task(stage.run()))
-            tasks.append(asyncio.create_task(feed(stage, mailbox, sink, frames, stream=index, clock=clock,
-                                                  seconds=args.minutes * 60, stream_id=stream_id)))
+            tasks.append(
+                asyncio.create_task(
+                    feed(
+                        stage,
+                        mailbox,
+                        sink,
+                        frames,
+                        stream=index,
+                        clock=clock,
+                        seconds=args.minutes * 60,
+                        stream_id=stream_id,
+                    )
+                )
+            )
         started = time.monotonic()
         await asyncio.gather(*tasks)
         wall_s = time.monotonic() - started
@@ -245,8 +277,12 @@ async def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--minutes", type=float, default=10.0, help="simulated minutes per stream")
     parser.add_argument("--speed", type=float, default=4.0, help="simulated seconds per wall second")
-    parser.add_argument("--latency-s", type=float, default=0.35,
-                        help="simulated time to first token (queue + prefill of the uncached part)")
+    parser.add_argument(
+        "--latency-s",
+        type=float,
+        default=0.35,
+        help="simulated time to first token (queue + prefill of the uncached part)",
+    )
     parser.add_argument("--per-token-s", type=float, default=0.015, help="simulated decode time per output token")
     parser.add_argument("--frames", type=int, default=400, help="frames of vtest.avi decoded and looped")
     args = parser.parse_args(argv)
@@ -256,19 +292,34 @@ async def main(argv: list[str] | None = None) -> None:
         await run_layout("append-only", frames, args, DescribeWindow),
         await run_layout("naive", frames, args, NaiveWindow),
     ]
-    columns = ["layout", "reuse", "prefill_tokens_per_stream_min", "lag_p50_s", "lag_p99_s",
-               "descriptions_per_stream_min", "requests_per_stream_min", "kib_per_stream_min", "failures", "wall_s"]
+    columns = [
+        "layout",
+        "reuse",
+        "prefill_tokens_per_stream_min",
+        "lag_p50_s",
+        "lag_p99_s",
+        "descriptions_per_stream_min",
+        "requests_per_stream_min",
+        "kib_per_stream_min",
+        "failures",
+        "wall_s",
+    ]
     print(table(rows, columns))
     ok = rows[0]["reuse"] is not None and rows[0]["reuse"] >= TARGET_REUSE
-    print(f"append-only reuse {rows[0]['reuse']} (target >= {TARGET_REUSE}: {'met' if ok else 'MISSED'}); "
-          f"naive {rows[1]['reuse']}")
+    print(
+        f"append-only reuse {rows[0]['reuse']} (target >= {TARGET_REUSE}: {'met' if ok else 'MISSED'}); "
+        f"naive {rows[1]['reuse']}"
+    )
     prompts = ("system_prompt", "instruction", "check_instruction", "cache_salt")
     describe = {k: v for k, v in asdict(DescribeSettings()).items() if k not in prompts}
-    path = write_results("vlm", {
-        "settings": {**vars(args), "describe": describe, "naive_frames": NAIVE_FRAMES},
-        "target_reuse": TARGET_REUSE,
-        "rows": rows,
-    })
+    path = write_results(
+        "vlm",
+        {
+            "settings": {**vars(args), "describe": describe, "naive_frames": NAIVE_FRAMES},
+            "target_reuse": TARGET_REUSE,
+            "rows": rows,
+        },
+    )
     print(f"wrote {path.relative_to(ROOT)}")
 
 

@@ -11,7 +11,7 @@ from engines.vlm.client import VlmClient
 SYSTEM_PROMPT = (
     "You watch a live camera for a video analytics service. You are shown frames in time order, each "
     "after a line [t=SECONDS] giving its time on the stream, with what was said near it as "
-    "[t=SECONDS] speech: \"...\" and your earlier descriptions as your own turns. Describe only what "
+    '[t=SECONDS] speech: "..." and your earlier descriptions as your own turns. Describe only what '
     "the frames and speech show; say so when something is unclear rather than guessing. Answer with "
     "the JSON object you are asked for and nothing else."
 )

@@ -146,11 +146,18 @@ async def test_speech_from_the_streams_captions_joins_the_window() -> None:
         await h.feed_until(lambda: len(descriptions(h.events)) >= 1, 100, "a description")
         t = h.seq * FRAME_STEP_S
         words = [(" Watch", t, t + 0.3, 0.9), (" out!", t + 0.3, t + 0.6, 0.9)]
-        await h.sink.publish(caption_event("cam", segment_id="s1", words=words, language="en", model="tiny.en",
-                                           captured_at=time.time()))
+        await h.sink.publish(
+            caption_event("cam", segment_id="s1", words=words, language="en", model="tiny.en", captured_at=time.time())
+        )
         await h.feed_until(lambda: any("Watch out!" in json.dumps(b) for b in sim.requests), 100, "speech sent")
-    said = [p for b in sim.requests for m in b["messages"] if isinstance(m["content"], list)
-            for p in m["content"] if "speech:" in p.get("text", "")]
+    said = [
+        p
+        for b in sim.requests
+        for m in b["messages"]
+        if isinstance(m["content"], list)
+        for p in m["content"]
+        if "speech:" in p.get("text", "")
+    ]
     assert said and said[0]["text"].endswith('speech: "Watch out!"')
 
 
@@ -158,8 +165,12 @@ async def test_the_servers_image_limit_and_context_length_start_shorter_epochs()
     async with VllmSimulator(limit_images=3) as sim, describer(sim) as h:
         await h.feed_until(lambda: len(descriptions(h.events)) >= 4, 300, "descriptions past the image limit")
         assert h.client.image_limit("cam") == 3
-    counted = [sum(1 for m in b["messages"] if isinstance(m["content"], list)
-                   for p in m["content"] if p["type"] == "image_url") for b in sim.requests]
+    counted = [
+        sum(
+            1 for m in b["messages"] if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image_url"
+        )
+        for b in sim.requests
+    ]
     refused = next(i for i, n in enumerate(counted) if n > 3)
     assert all(n <= 3 for n in counted[refused + 1 :])  # refused once, then kept to
     assert h.stage.stats.epochs >= 2 and max(d["epoch"] for d in descriptions(h.events)) >= 2
@@ -188,12 +199,21 @@ async def test_a_sustained_yes_is_a_vlm_alert_with_the_models_reason() -> None:
         last = body["messages"][-1]["content"][-1]["text"]
         if "Question:" in last:
             return json.dumps({"answer": "yes", "reason": "a man lies on the floor"})
-        return json.dumps({"description": "A man lies on the floor.", "people": 1, "activity": "lying",
-                           "unusual": True})
+        return json.dumps(
+            {"description": "A man lies on the floor.", "people": 1, "activity": "lying", "unusual": True}
+        )
 
     (rule,) = TypeAdapter(RuleList).validate_python(
-        [{"id": "down", "type": "vlm", "question": "Is anyone lying on the floor?", "cadence_s": 1.0,
-          "for_s": 2.0, "severity": "critical"}]
+        [
+            {
+                "id": "down",
+                "type": "vlm",
+                "question": "Is anyone lying on the floor?",
+                "cadence_s": 1.0,
+                "for_s": 2.0,
+                "severity": "critical",
+            }
+        ]
     )
     assert isinstance(rule, VlmRule)
     async with VllmSimulator(answer=answer) as sim, describer(sim, rules=(rule,)) as h:
@@ -246,8 +266,9 @@ async def test_a_stream_with_descriptions_off_only_asks_its_questions(describe: 
         vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model))
         events = Events()
         mailbox = FrameMailbox(asyncio.get_running_loop())
-        stage = DescribeStage("cam", mailbox, DescribeEngine(vlm, sim.model, FAST), ObservedSink(events),
-                              rules=(rule,), describe=describe)
+        stage = DescribeStage(
+            "cam", mailbox, DescribeEngine(vlm, sim.model, FAST), ObservedSink(events), rules=(rule,), describe=describe
+        )
         task = asyncio.create_task(stage.run())
         for seq in range(60):
             mailbox.put(frame(seq))
