@@ -7,6 +7,11 @@ to submit their next item, so while fewer items are queued than streams are regi
 batcher waits for them, but never longer than `gather_window_s`: a paused stream costs the
 others at most that. Without the window, four streams settle into alternating batches of two.
 
+With `workers` above 1 that many calls run at once, each on its own thread, and a batch is
+gathered whenever a worker is free. A runtime that runs concurrent calls in parallel
+(CTranslate2 with `inter_threads`) then uses a small CPU better than one wide call: a greedy
+decoder step is too small to keep two threads busy, two decodes side by side are not.
+
 The batcher is supervised: if its runner task ends for any reason other than `aclose()`, if
 the model breaks its contract (not one result per item), or if `max_consecutive_failures`
 model calls in a row raise, the batcher is dead. It logs why once, `alive` turns False,
@@ -22,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +41,7 @@ In = TypeVar("In")
 Out = TypeVar("Out")
 
 DEFAULT_GATHER_WINDOW_S = 0.005
+LOAD_WINDOW_S = 3.0  # load() looks this far back: a few decode rounds, short enough to follow streams coming and going
 # Each stream has at most one item waiting, so 256 is far above the streams one node runs.
 # Reaching it means a caller broke that contract (submitting without awaiting); refusing then
 # keeps memory (256 1080p RGB frames are ~1.6 GB) and latency bounded.
@@ -52,6 +59,10 @@ class ModelFailed(RuntimeError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class _Dead(Exception):
+    """Raised by a model call that found the model broken (after `_die`): ends the runner."""
 
 
 class QueueFull(RuntimeError):
@@ -94,14 +105,18 @@ class ModelBatcher(Generic[In, Out]):
         full_error: type[QueueFull] = QueueFull,
         thread_name: str | None = None,
         compute: ComputeShares | None = None,
+        workers: int = 1,
     ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be at least 1, got {max_pending}")
         if max_consecutive_failures < 1:
             raise ValueError(f"max_consecutive_failures must be at least 1, got {max_consecutive_failures}")
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
         self.compute = compute  # each call waits for this model's turn at the CPU
+        # Turns are per model: with them a model's calls run one at a time anyway.
+        self.workers = 1 if compute is not None else workers
         self._model_call = call
-        self._model_s = 0.0  # the last call's own time, without waiting for a turn (worker thread)
         self.name = name  # "detector": in reasons and logs
         self.unit = unit  # "frames": what the items are, in messages
         self.max_batch = max(1, max_batch)
@@ -117,12 +132,14 @@ class ModelBatcher(Generic[In, Out]):
         # a batch, in the model call), so dying or closing can resolve them all.
         self._waiting: set[asyncio.Future[Outcome[Out]]] = set()
         thread_name = thread_name or f"vidsentry-{name.replace(' ', '-')}"
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+        self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=thread_name)
         self._runner: asyncio.Task[None] | None = None
         self._closed = False
         self._failure: str | None = None
         self._consecutive_failures = 0
-        self._busy_since: float | None = None
+        self._in_flight = 0  # model calls running now
+        self._recent: deque[tuple[float, float]] = deque(maxlen=1024)  # (ended, model seconds) of calls
+        self._load = (float("-inf"), 0.0)  # (worked out at, value)
         self.stats = BatcherStats()
 
     async def __aenter__(self) -> Self:
@@ -147,10 +164,22 @@ class ModelBatcher(Generic[In, Out]):
         """Items queued and not yet gathered into a batch."""
         return self._pending.qsize()
 
+    def load(self) -> float:
+        """The share of the workers' time spent in model calls over the last LOAD_WINDOW_S
+        (0: idle, 1: every worker busy all the time); worked out at most every 0.1 s."""
+        now = time.perf_counter()
+        if now - self._load[0] >= 0.1:
+            since = now - LOAD_WINDOW_S
+            while self._recent and self._recent[0][0] <= since:
+                self._recent.popleft()
+            spent = sum(min(model_s, ended - since) for ended, model_s in self._recent)
+            self._load = (now, spent / (LOAD_WINDOW_S * self.workers))
+        return self._load[1]
+
     @property
     def busy(self) -> bool:
         """A model call is running now."""
-        return self._busy_since is not None
+        return self._in_flight > 0
 
     def start(self) -> None:
         if self._closed:
@@ -185,9 +214,7 @@ class ModelBatcher(Generic[In, Out]):
             self._pending.put_nowait((item, future))
         except asyncio.QueueFull:
             self.stats.rejected += 1
-            raise self._full_error(
-                f"{self.max_pending} {self.unit} are already waiting for the {self.name}"
-            ) from None
+            raise self._full_error(f"{self.max_pending} {self.unit} are already waiting for the {self.name}") from None
         self._waiting.add(future)
         future.add_done_callback(self._waiting.discard)
         self._arrived.set()
@@ -213,56 +240,78 @@ class ModelBatcher(Generic[In, Out]):
         """Serve batches until cancelled by aclose() or the model is found broken (then return dead).
 
         Futures still unresolved when it ends are resolved by aclose() or _die(), not here."""
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._gather()
-            live = [(item, fut) for item, fut in batch if not fut.done()]
-            if not live:
-                continue
-            items = [item for item, _ in live]
-            started_wall = time.time()
-            started = self._busy_since = time.perf_counter()
-            try:
-                results = await loop.run_in_executor(self._executor, self._timed_call, items)
-            except Exception as exc:  # the model failed: fail these items, keep serving
-                self.stats.failures += 1
-                self._consecutive_failures += 1
-                log.warning(f"{self.name} call failed", extra={"error": repr(exc), "batch": len(items)})
-                for _, fut in live:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                if self._consecutive_failures >= self.max_consecutive_failures:
-                    self._die(
-                        f"{self.name} failed {self._consecutive_failures} model calls in a row; "
-                        f"last error: {describe(exc)}",
-                        exc,
-                    )
-                    return
-                continue
-            finally:
-                self._busy_since = None
-            if not isinstance(results, list) or len(results) != len(items):
-                got = f"{len(results)} results" if isinstance(results, list) else f"a {type(results).__name__}"
-                self._die(f"{self.name} engine is broken: backend returned {got} for {len(items)} {self.unit}")
-                return
-            self._consecutive_failures = 0
-            # The model's own time: a wait for a CPU turn is neither inference nor busy time.
-            elapsed_ms = min(time.perf_counter() - started, self._model_s) * 1000
-            self.stats.calls += 1
-            self.stats.items += len(items)
-            self.stats.busy_s += elapsed_ms / 1000
-            for (_, fut), result in zip(live, results, strict=True):
-                if not fut.done():
-                    fut.set_result(Outcome(result, elapsed_ms, len(items), started_wall))
+        free = asyncio.Semaphore(self.workers)
+        try:
+            async with asyncio.TaskGroup() as calls:
+                while True:
+                    # Gather only once a worker is free: items arriving meanwhile join the batch.
+                    await free.acquire()
+                    try:
+                        batch = await self._gather()
+                    except BaseException:
+                        free.release()
+                        raise
+                    live = [(item, fut) for item, fut in batch if not fut.done()]
+                    if not live:
+                        free.release()
+                        continue
+                    calls.create_task(self._serve(live, free))
+        except BaseExceptionGroup as group:
+            rest = group.subgroup(lambda e: not isinstance(e, _Dead | BaseExceptionGroup))
+            if rest is None:
+                return  # _die() has said why and failed every waiting item
+            leaf: BaseException = rest
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            raise leaf from None  # a bug in the batcher itself: the runner dies with its own error
 
-    def _timed_call(self, items: list[In]) -> list[Out]:
+    async def _serve(self, live: list[tuple[In, asyncio.Future[Outcome[Out]]]], free: asyncio.Semaphore) -> None:
+        """One model call on a worker thread; raises _Dead once the model is found broken."""
+        items = [item for item, _ in live]
+        started_wall = time.time()
+        started = time.perf_counter()
+        self._in_flight += 1
+        try:
+            results, model_s = await asyncio.get_running_loop().run_in_executor(self._executor, self._timed_call, items)
+        except Exception as exc:  # the model failed: fail these items, keep serving
+            self.stats.failures += 1
+            self._consecutive_failures += 1
+            log.warning(f"{self.name} call failed", extra={"error": repr(exc), "batch": len(items)})
+            for _, fut in live:
+                if not fut.done():
+                    fut.set_exception(exc)
+            if self._consecutive_failures >= self.max_consecutive_failures:
+                self._die(
+                    f"{self.name} failed {self._consecutive_failures} model calls in a row; "
+                    f"last error: {describe(exc)}",
+                    exc,
+                )
+                raise _Dead from None
+            return
+        finally:
+            self._in_flight -= 1
+            free.release()
+        if not isinstance(results, list) or len(results) != len(items):
+            got = f"{len(results)} results" if isinstance(results, list) else f"a {type(results).__name__}"
+            self._die(f"{self.name} engine is broken: backend returned {got} for {len(items)} {self.unit}")
+            raise _Dead
+        self._consecutive_failures = 0
+        # The model's own time: a wait for a CPU turn is neither inference nor busy time.
+        elapsed_ms = min(time.perf_counter() - started, model_s) * 1000
+        self.stats.calls += 1
+        self.stats.items += len(items)
+        self.stats.busy_s += elapsed_ms / 1000
+        self._recent.append((time.perf_counter(), elapsed_ms / 1000))
+        for (_, fut), result in zip(live, results, strict=True):
+            if not fut.done():
+                fut.set_result(Outcome(result, elapsed_ms, len(items), started_wall))
+
+    def _timed_call(self, items: list[In]) -> tuple[list[Out], float]:
         turn = self.compute.turn(self.name) if self.compute is not None else contextlib.nullcontext()
         with turn:
             started = time.perf_counter()
-            try:
-                return self._model_call(items)
-            finally:
-                self._model_s = time.perf_counter() - started
+            results = self._model_call(items)
+            return results, time.perf_counter() - started
 
     def _runner_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():
