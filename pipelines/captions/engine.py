@@ -57,6 +57,7 @@ class SpeechBatcher(ModelBatcher[AsrRequest, AsrResult]):
             full_error=RecognizerBusy,
             thread_name="vidsentry-asr",
             compute=compute,
+            workers=recognizer.workers,
         )
 
 

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +22,6 @@ from tests.support.speech import load_pcm16k, wer, words_of
 RATE = 16_000
 SCRIPT = Path(__file__).resolve().parents[2] / "samples" / "narration.txt"
 DOOR = "Please open the front door and turn on the kitchen lights."
-
-
-
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +117,39 @@ def test_prompted_and_unprompted_requests_share_a_batch(
     assert {"people", "walking", "square"} <= set(words_of(results[0].text))
     assert {"front", "door"} <= set(words_of(results[1].text))
     assert {"library", "plaza"} <= set(words_of(results[2].text))
+
+
+def test_a_prefix_is_what_the_decode_starts_with(recognizer: WhisperRecognizer, door_clip: np.ndarray) -> None:
+    # Forced even where the audio says otherwise: the words after it are decoded from the sound.
+    result = recognizer.transcribe_batch([AsrRequest(door_clip, prefix="Please shut the")])[0]
+    said = words_of(result.text)
+    assert said[:3] == ["please", "shut", "the"]
+    assert {"door", "kitchen", "lights"} <= set(said[3:])
+    assert len(result.words) >= 8 and result.words[0].start < result.words[-1].end  # the prefix is timed too
+
+
+def test_prefixes_of_different_lengths_share_a_batch(
+    recognizer: WhisperRecognizer, door_clip: np.ndarray, narration: np.ndarray
+) -> None:
+    clip = narration[: int(4.6 * RATE)]
+    requests = [AsrRequest(door_clip, prefix="Please open the front"), AsrRequest(clip, prefix="Good")]
+    door, story = recognizer.transcribe_batch(requests)
+    assert words_of(door.text)[:4] == ["please", "open", "the", "front"]
+    assert words_of(story.text)[0] == "good" and "morning" in words_of(story.text)
+
+
+def test_two_workers_decode_side_by_side_as_one_would(door_clip: np.ndarray, narration: np.ndarray) -> None:
+    rec = create_recognizer(device="cpu", threads=2)
+    assert rec.workers == 2  # the CPU default: two one-thread calls at once
+    clips = [door_clip, narration[: int(4.6 * RATE)]]
+    try:
+        alone = [rec.transcribe_batch([AsrRequest(c)])[0].text for c in clips]
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(lambda c: rec.transcribe_batch([AsrRequest(c)])[0].text, clips))
+    finally:
+        rec.close()
+    assert together == alone
+    assert create_recognizer(device="cpu", threads=1).workers == 1
 
 
 def test_the_narration_reads_within_twenty_percent_wer(recognizer: WhisperRecognizer, narration: np.ndarray) -> None:
