@@ -53,6 +53,18 @@ COMMITTED_KEPT = 256  # committed words remembered for the prompt
 SENTENCE_END = re.compile(r"[.?!][\"')\]]*$")
 MIN_TRIM_S = 2.5  # a window this long is cut after its committed sentence
 SENTENCE_CONTEXT_S = 1.0  # of the committed sentence, kept as sound before the next one
+# While the shared recognizer is loaded, committed words are also cut away mid-sentence once they
+# fill more than COMMITTED_KEPT_S of the window (a second of them stays as sound, the rest is
+# prompt and prefix): every decode re-reads the whole window, so committed audio left in it is
+# paid for again at every step. It halves a decode's cost, which doubled the streams kept in real
+# time, but costs accuracy (bench_captions.py, wer part), so a recognizer with room keeps it.
+COMMITTED_KEPT_S = 2.0
+TRIM_LOAD = 0.5  # recognizer load (share of its workers' time busy) from which windows are cut mid-sentence
+# Past this load every stream waits for a longer step before its next decode: fewer, slightly later
+# partials for all, instead of audio piling up until it is dropped.
+STRETCH_LOAD = 0.7
+STRETCH = 1.5
+MIN_CUT_S = 0.5  # smaller cuts are not worth a re-join of the window
 LOSSLESS_AUDIO_S = 300.0  # a bound still: 19 MB of float32 audio
 
 register_counters(
@@ -153,7 +165,9 @@ class CaptionStage:
 
     def _decode_due(self) -> bool:
         grown = self.window.end - self._decoded_to
-        return grown >= self.settings.step_s and self.window.duration >= MIN_DECODE_S
+        if grown < self.settings.step_s or self.window.duration < MIN_DECODE_S:
+            return False
+        return not self.live or grown >= STRETCH * self.settings.step_s or self.engine.batcher.load() < STRETCH_LOAD
 
     def stop(self) -> None:
         """Nothing to do: the stage ends when its audio buffer closes."""
@@ -229,7 +243,8 @@ class CaptionStage:
             return
         start = self.window.start
         self._decoded_to = self.window.end
-        result = await self._recognize(AsrRequest(self.window.audio(), prompt=self._prompt(start)))
+        request = AsrRequest(self.window.audio(), prompt=self._prompt(start), prefix=self._prefix(start))
+        result = await self._recognize(request)
         if result is None:
             committed, tentative = (self.agreement.flush(), []) if final else ([], self.agreement.pending)
         else:
@@ -287,6 +302,12 @@ class CaptionStage:
         before = [w for w in self._committed if w.end <= window_start]
         return join_words(before)[-self.settings.prompt_chars :]
 
+    def _prefix(self, window_start: float) -> str:
+        """The committed words still in the window: the decode must begin with them. Without it,
+        a window that starts inside a sentence (or a word) is often heard as something else,
+        and the decodes after it disagree until the utterance ends."""
+        return join_words([w for w in self._committed if w.end > window_start])
+
     async def _bound_window(self) -> None:
         """Keep decodes short: cut the window after a committed sentence, and never let continuous
         speech grow it past max_window_s. Speakers pause between sentences for less than an
@@ -306,6 +327,8 @@ class CaptionStage:
                 # The words of that second are committed already and are recognised as such.
                 self.window.trim_before(cut - SENTENCE_CONTEXT_S)
                 self._sentence_cut = cut
+        if self.live and self.engine.batcher.load() >= TRIM_LOAD:  # a file read ahead has no deadline
+            self._trim_committed()
         if self.window.duration <= self.settings.max_window_s:
             return
         if self.agreement.committed_end > self.window.start + MIN_DECODE_S:
@@ -313,6 +336,21 @@ class CaptionStage:
         if self.window.duration > self.settings.max_window_s:  # nothing agreed for that long
             await self._publish(self.agreement.flush(), [])
             self.window.keep_last(self.settings.pre_roll_s)
+
+    def _trim_committed(self) -> None:
+        """Cut the window before a committed word so that about SENTENCE_CONTEXT_S of committed
+        speech stays ahead of what is still pending; the cut lies in the gap before that word."""
+        end = self.agreement.committed_end
+        if end - self.window.start <= COMMITTED_KEPT_S:
+            return
+        words = [w for w in self._committed if w.start >= self.window.start]
+        cut = None
+        for before, word in zip(words, words[1:], strict=False):
+            if word.start > end - SENTENCE_CONTEXT_S:
+                break
+            cut = (before.end + word.start) / 2
+        if cut is not None and cut - self.window.start >= MIN_CUT_S:
+            self.window.trim_before(cut)
 
     def _end_utterance(self) -> None:
         self._speaking = False

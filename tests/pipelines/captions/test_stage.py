@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from engines.asr.types import SpeechRecognizer
+from engines.asr.types import AsrRequest, AsrResult, SpeechRecognizer
 from engines.asr.vad import VadModel
 from pipelines.captions.engine import CaptionEngine, CaptionSettings, SpeechBatcher
 from pipelines.captions.stage import CaptionStage
@@ -118,3 +118,46 @@ async def test_after_the_recognizer_dies_audio_is_taken_and_nothing_kept(
     counters = stage.counters()
     assert counters["asr_errors"] == 1 and counters["captions"] == 0 and counters["audio_seconds"] >= 7.9
     assert stage.window.duration <= CaptionSettings().pre_roll_s + 0.1
+
+
+class Recording:
+    """The shared recognizer, noting how much audio each request carried."""
+
+    def __init__(self, inner: SpeechRecognizer) -> None:
+        self.inner, self.info, self.workers = inner, inner.info, inner.workers
+        self.seconds: list[float] = []
+
+    def transcribe_batch(self, requests: Sequence[AsrRequest]) -> list[AsrResult]:
+        self.seconds += [r.audio.shape[0] / 16_000 for r in requests]
+        return self.inner.transcribe_batch(requests)
+
+    def close(self) -> None:
+        return None
+
+
+class Loaded(SpeechBatcher):
+    """A recognizer that reports itself this busy, whatever it really is."""
+
+    def __init__(self, recognizer: SpeechRecognizer, load: float) -> None:
+        super().__init__(recognizer)
+        self.fixed_load = load
+
+    def load(self) -> float:
+        return self.fixed_load
+
+
+async def test_a_loaded_recognizer_gets_shorter_windows_and_fewer_decodes(
+    caption_models: tuple[SpeechRecognizer, VadModel], narration: np.ndarray
+) -> None:
+    recognizer, vad = caption_models
+    runs = {}
+    for load in (0.0, 0.9):
+        recording = Recording(recognizer)
+        async with Loaded(recording, load) as batcher:
+            sink = await caption(CaptionEngine(batcher, vad, CaptionSettings()), narration)
+        text = " ".join(str(f["text"]) for f in sink.of(EventKind.CAPTIONS))
+        runs[load] = (float(np.mean(recording.seconds)), len(recording.seconds), script_prefix_wer(text))
+    (idle_s, idle_decodes, idle_wer), (busy_s, busy_decodes, busy_wer) = runs[0.0], runs[0.9]
+    assert busy_s < 0.8 * idle_s, runs  # committed speech is cut out of the window mid-sentence
+    assert busy_decodes < 0.85 * idle_decodes, runs  # each stream waits for a longer step
+    assert idle_wer <= 0.25 and busy_wer <= 0.3, runs
