@@ -28,6 +28,10 @@ Parts (--parts, default all):
             streaming WER (the finals) - offline WER, both against the script. Targets: finals p50
             <= 1.0 s, first partials p50 <= 0.5 s, WER difference <= +2 points. Run --repeat times
             (default 2): which words get committed depends on when the decodes land, so it varies.
+  wer       streaming WER - offline WER on the speech set (bench/_speech_set.py: the narration and
+            three espeak-ng clips in other voices and speeds, ~500 words), the stage fed in file mode
+            (its decodes land where a live stream's do while the recognizer keeps up). Target: <= +2
+            points over the whole set.
   streams   N streams at once (--streams), each a different --stream-seconds slice of the narration
             cut at pauses, one SpeechBatcher with max_batch 8 (cross-stream batching) and 1 (none).
             Real-time: no audio dropped, finals p90 <= 3 s, and a backlog (audio waiting in the
@@ -41,7 +45,7 @@ Parts (--parts, default all):
             alone.
 Single runs on a shared 2-core machine: compare rows within one run.
 
-Usage: .venv/bin/python bench/bench_captions.py [--parts latency,streams,detector] [--seconds 50]
+Usage: .venv/bin/python bench/bench_captions.py [--parts latency,wer,streams,detector] [--seconds 50]
        [--repeat 2] [--stream-seconds 20] [--streams 1,2,4,6,8] [--batches 8,1] [--step-s S] [--quick]
 """
 
@@ -63,8 +67,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 from _common import ROOT, decode_frames, ensure_sample, pct, peak_rss_mb, table, write_results
+from _speech_set import SpeechClip, speech_set, stream_file
 
-from engines.asr.types import AsrRequest, SpeechRecognizer
+from engines.asr.types import AsrRequest, AsrResult, SpeechRecognizer
 from engines.asr.vad import StreamVad, VadModel
 from engines.asr.whisper import create_recognizer
 from engines.models import default_detector_model
@@ -263,6 +268,7 @@ class Run:
     detector_fps: float | None = None
     detector_dropped: int | None = None
     turns: dict[str, dict[str, float]] | None = None  # ComputeShares over the feeding time, per model
+    stages_ms: dict[str, float] | None = None  # the recognizer's time per call, by stage (features, encode, ...)
     unfinished: int = 0  # stages still running after the drain timeout
 
 
@@ -302,7 +308,8 @@ async def run_streams(
     load: CameraLoad | None = None,
 ) -> Run:
     settings = SETTINGS
-    async with SpeechBatcher(recognizer, max_batch=max_batch, compute=compute) as batcher:
+    profiled = ProfiledRecognizer(recognizer)
+    async with SpeechBatcher(profiled, max_batch=max_batch, compute=compute) as batcher:
         engine = CaptionEngine(batcher, vad, settings)
         streams = []
         for i, clip in enumerate(clips):
@@ -360,7 +367,33 @@ async def run_streams(
             detector_dropped=load.dropped if load else None,
             turns=turns,
             unfinished=len(pending),
+            stages_ms=profiled.per_call(),
         )
+
+
+class ProfiledRecognizer:
+    """The recognizer, adding up its `last_timings` (stage times of each call) when it has them."""
+
+    def __init__(self, inner: SpeechRecognizer) -> None:
+        self.inner = inner
+        self.info = inner.info
+        self.workers = inner.workers
+        self.calls = 0
+        self.totals: dict[str, float] = {}
+
+    def transcribe_batch(self, requests: Sequence[AsrRequest]) -> list[AsrResult]:
+        results = self.inner.transcribe_batch(requests)
+        self.calls += 1
+        for key, value in getattr(self.inner, "last_timings", {}).items():
+            if key.endswith("_ms") or key == "frames":
+                self.totals[key] = self.totals.get(key, 0.0) + value
+        return results
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def per_call(self) -> dict[str, float]:
+        return {k: round(v / max(1, self.calls), 1) for k, v in self.totals.items()}
 
 
 def _turn_stats(compute: ComputeShares | None) -> dict[str, tuple[float, float, int]]:
@@ -502,6 +535,7 @@ def summarise(run: Run) -> tuple[Score, dict[str, Any]]:
         "asr_busy_pct": round(100 * run.asr_busy_s / run.seconds, 1),
         "feed_late_p99_ms": pct(np.array(run.lateness) * 1000, 99),
         "unfinished": run.unfinished,
+        "stages_ms": run.stages_ms,
     }
     return total, row
 
@@ -545,6 +579,7 @@ LATENCY_COLUMNS = [
     "edit_pct", "erased_per_word", "decodes", "window_mean_s", "call_ms", "detector_fps",
 ]  # fmt: skip
 WER_COLUMNS = ["run", "offline_wer_pct", "streaming_wer_pct", "difference_points", "streaming_vs_offline_pct"]
+WER_SET_COLUMNS = ["clip", "words", "offline_wer_pct", "streaming_wer_pct", "difference_points", "decodes"]
 CPU_COLUMNS = [
     "case", "asr_busy_pct", "asr_cpu_pct", "asr_wait_ms", "det_cpu_pct", "det_wait_ms", "detector_fps",
     "detector_dropped",
@@ -554,6 +589,37 @@ STREAM_COLUMNS = [
     "backlog_growth_s", "speech_per_decode_s", "window_mean_s", "items_per_call", "call_ms", "asr_busy_pct",
     "asr_errors", "feed_late_p99_ms", "realtime",
 ]  # fmt: skip
+
+
+async def part_wer(
+    recognizer: SpeechRecognizer, vad: VadModel, clips: Sequence[SpeechClip], offline: dict[str, str]
+) -> list[dict[str, Any]]:
+    rows, totals = [], {"words": 0, "offline": 0.0, "streaming": 0.0, "decodes": 0}
+    async with SpeechBatcher(recognizer, max_batch=8) as batcher:
+        for clip in clips:
+            streamed, decodes = await stream_file(batcher, vad, SETTINGS, clip.audio, lead_s=LEAD_S, trail_s=TRAIL_S)
+            words = len(words_of(clip.text))
+            off, on = wer(clip.text, offline[clip.name]), wer(clip.text, streamed)
+            rows.append(_wer_row(clip.name, words, off * words, on * words, decodes) | {"text": streamed})
+            totals["words"] += words
+            totals["offline"] += off * words
+            totals["streaming"] += on * words
+            totals["decodes"] += decodes
+            print(table([rows[-1]], WER_SET_COLUMNS), flush=True)
+    rows.append(_wer_row("all", int(totals["words"]), totals["offline"], totals["streaming"], int(totals["decodes"])))
+    return rows
+
+
+def _wer_row(name: str, words: int, offline_errors: float, streaming_errors: float, decodes: int) -> dict[str, Any]:
+    off, on = 100 * offline_errors / words, 100 * streaming_errors / words
+    return {
+        "clip": name,
+        "words": words,
+        "offline_wer_pct": round(off, 1),
+        "streaming_wer_pct": round(on, 1),
+        "difference_points": round(on - off, 1),
+        "decodes": decodes,
+    }
 
 
 async def part_latency(
@@ -645,8 +711,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     vad = VadModel.load()
     started = time.monotonic()
     offline = create_recognizer(device="cpu", window="padded")
+    offline_texts: dict[str, str] = {}
+    clips_for_wer: list[SpeechClip] = []
     try:
         ref = offline_reference(offline, audio, vad)
+        if "wer" in args.parts:
+            clips_for_wer = speech_set(NARRATION, script())
+            offline_texts = {c.name: offline_reference(offline, c.audio, vad).text for c in clips_for_wer[1:]}
+            offline_texts["narration"] = ref.text
     finally:
         offline.close()
     errors = np.abs(ref.alignment_error)
@@ -685,6 +757,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 latency_rows.append(row)
                 result["wer"].append({"run": attempt, **wer_row})
                 print(table([row], LATENCY_COLUMNS), flush=True)
+        if "wer" in args.parts:
+            result["wer_set"] = await part_wer(recognizer, vad, clips_for_wer, offline_texts)
         if "streams" in args.parts:
             result["streams"] = await part_streams(recognizer, vad, audio, ref, args)
         if "detector" in args.parts:
@@ -704,6 +778,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if result.get("wer"):
         print("\nWER % against the script (one stream; streaming: its finals)")
         print(table(result["wer"], WER_COLUMNS))
+    if result.get("wer_set"):
+        print("\nWER % on the speech set (streaming: the stage's finals in file mode; offline: padded 30 s pieces)")
+        print(table(result["wer_set"], WER_SET_COLUMNS))
     if "streams" in result:
         print(f"\nconcurrent streams, real time, {args.stream_seconds:g} s slices, one shared recognizer")
         print(table(result["streams"], STREAM_COLUMNS))
@@ -721,6 +798,9 @@ def verdicts(result: dict[str, Any]) -> list[str]:
     if result.get("wer"):
         diffs = [w["difference_points"] for w in result["wer"]]
         lines.append(f"streaming - offline WER {diffs} points (target <= +2): {_met_runs(diffs, 2.0)}")
+    if result.get("wer_set"):
+        diff = result["wer_set"][-1]["difference_points"]
+        lines.append(f"streaming - offline WER on the speech set {diff:+.1f} points (target <= +2): {_met(diff, 2.0)}")
     for batch in sorted({r["max_batch"] for r in result.get("streams", [])}, reverse=True):
         kept = [r["streams"] for r in result["streams"] if r["max_batch"] == batch and r["realtime"]]
         best = max(kept, default=0)
@@ -739,7 +819,7 @@ def _met(value: float | None, limit: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default="latency,streams,detector")
+    parser.add_argument("--parts", default="latency,wer,streams,detector")
     parser.add_argument("--seconds", type=float, default=60.0, help="narration for latency/detector (cut at a pause)")
     parser.add_argument("--stream-seconds", type=float, default=20.0, help="narration per stream in the streams part")
     parser.add_argument("--streams", default="1,2,4,6,8")

@@ -1,0 +1,98 @@
+"""Speech for WER: the narration plus espeak-ng clips of samples/speech/*.txt in other voices and
+speeds, so a streaming-vs-offline difference rests on ~500 words rather than one 153-word clip
+(where one word is 0.65 points and a policy change moves WER by several points either way).
+
+`stream_file` runs the production caption stage on a clip fed as fast as its decodes allow (file
+mode). Its decodes happen at the same audio positions as a live stream's while the recognizer
+keeps up with that stream (each decode is due after the same `step_s` of audio), so its finals are
+the live finals; on the narration both gave the same text (bench_captions.py --parts latency).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engines.asr.vad import VadModel
+from pipelines.captions.engine import CaptionEngine, CaptionSettings, SpeechBatcher
+from pipelines.captions.stage import CaptionStage
+from pipelines.events import Event, EventKind
+from pipelines.frames import AudioChunk
+from pipelines.mailbox import AudioBuffer
+from tests.support.speech import load_pcm16k
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = ROOT / "samples" / "speech"
+CACHE = ROOT / ".cache" / "samples" / "speech"
+RATE = 16_000
+CHUNK = 320  # 20 ms
+# (text, espeak-ng voice, words per minute): other voices and speeds than the narration's en-us 160.
+VOICES = {"meeting": ("en-gb", 170), "weather": ("en-us", 150), "instructions": ("en-gb-x-rp", 165)}
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechClip:
+    name: str
+    text: str  # what is said (the WER reference)
+    audio: np.ndarray  # 16 kHz mono float32
+
+
+def speech_set(narration: Path, narration_text: str) -> list[SpeechClip]:
+    clips = [SpeechClip("narration", narration_text, load_pcm16k(narration))]
+    for name, (voice, wpm) in VOICES.items():
+        text = (TEXTS / f"{name}.txt").read_text(encoding="utf-8")
+        clips.append(SpeechClip(name, text, load_pcm16k(_synthesize(name, text, voice, wpm))))
+    return clips
+
+
+def _synthesize(name: str, text: str, voice: str, wpm: int) -> Path:
+    target = CACHE / f"{name}-{voice}-{wpm}.wav"
+    if target.exists():
+        return target
+    if shutil.which("espeak-ng") is None:
+        raise SystemExit("espeak-ng is not installed: run deploy/setup.sh")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        wav = Path(tmp) / "speech.wav"
+        subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(wav), text], check=True, timeout=60)
+        wav.replace(target)
+    return target
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def publish(self, event: Event) -> None:
+        self.events.append(event)
+
+
+async def stream_file(
+    batcher: SpeechBatcher,
+    vad: VadModel,
+    settings: CaptionSettings,
+    audio: np.ndarray,
+    *,
+    lead_s: float,
+    trail_s: float,
+) -> tuple[str, int]:
+    """(the finals' text, decodes) of one clip through the caption stage in file mode."""
+    samples = np.concatenate(
+        (np.zeros(int(lead_s * RATE), np.float32), audio, np.zeros(int(trail_s * RATE), np.float32))
+    )
+    buffer = AudioBuffer(max_seconds=len(samples) / RATE + 1)
+    sink = _Sink()
+    stage = CaptionStage("wer", buffer, CaptionEngine(batcher, vad, settings), sink, live=False)
+    wall = time.time()
+    for k in range(len(samples) // CHUNK):
+        buffer.put(AudioChunk("wer", k * CHUNK / RATE, wall, samples[k * CHUNK : (k + 1) * CHUNK]))
+    buffer.close()
+    await stage.run()
+    finals = [str(e.data["text"]) for e in sink.events if e.kind == EventKind.CAPTIONS]
+    return " ".join(finals), stage.stats.decodes
