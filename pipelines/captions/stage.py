@@ -51,6 +51,7 @@ MIN_SPEECH_WINDOWS = 2  # 64 ms of speech starts an utterance; one loud click do
 MIN_DECODE_S = 0.3
 COMMITTED_KEPT = 256  # committed words remembered for the prompt
 SENTENCE_END = re.compile(r"[.?!][\"')\]]*$")
+TRAILING_PUNCTUATION = re.compile(r"[^\w\s']+$")
 MIN_TRIM_S = 2.5  # a window this long is cut after its committed sentence
 SENTENCE_CONTEXT_S = 1.0  # of the committed sentence, kept as sound before the next one
 # While the shared recognizer is loaded, committed words are also cut away mid-sentence once they
@@ -306,7 +307,9 @@ class CaptionStage:
         """The committed words still in the window: the decode must begin with them. Without it,
         a window that starts inside a sentence (or a word) is often heard as something else,
         and the decodes after it disagree until the utterance ends."""
-        return join_words([w for w in self._committed if w.end > window_start])
+        # The last word's punctuation is the decoder's to choose again: it was committed before the
+        # pause after it was heard, and a forced comma makes the next sentence's start a guess.
+        return TRAILING_PUNCTUATION.sub("", join_words([w for w in self._committed if w.end > window_start]))
 
     async def _bound_window(self) -> None:
         """Keep decodes short: cut the window after a committed sentence, and never let continuous
