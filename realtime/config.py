@@ -257,7 +257,8 @@ class CaptionsSettings(_Strict):
     compute_type: Literal["default", "int8", "int8_float16", "int8_float32", "float16", "float32"] = "int8"
     language: str | None = "en"  # None: detected (multilingual models only)
     beam_size: int = Field(1, ge=1, le=10)
-    threads: int = Field(0, ge=0, le=64)  # CTranslate2 threads; 0: the machine's cores, at most 4
+    # CTranslate2 threads in all (on a CPU two calls run at once, half each); 0: the cores, at most 4
+    threads: int = Field(0, ge=0, le=64)
     vad_threshold: float = Field(0.5, gt=0, lt=1)  # speech probability above which audio counts as speech
     # The latency/accuracy knob: audio is decoded again each time this much more has arrived.
     step_s: float = Field(0.5, ge=0.1, le=10.0)
