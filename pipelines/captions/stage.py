@@ -60,6 +60,7 @@ SENTENCE_CONTEXT_S = 1.0  # of the committed sentence, kept as sound before the 
 # paid for again at every step. It halves a decode's cost, which doubled the streams kept in real
 # time, but costs accuracy (bench_captions.py, wer part), so a recognizer with room keeps it.
 COMMITTED_KEPT_S = 2.0
+TRIM_CONTEXT_S = 1.0  # committed speech kept as sound by such a cut
 TRIM_LOAD = 0.5  # recognizer load (share of its workers' time busy) from which windows are cut mid-sentence
 # Past this load every stream waits for a longer step before its next decode: fewer, slightly later
 # partials for all, instead of audio piling up until it is dropped.
@@ -341,7 +342,7 @@ class CaptionStage:
             self.window.keep_last(self.settings.pre_roll_s)
 
     def _trim_committed(self) -> None:
-        """Cut the window before a committed word so that about SENTENCE_CONTEXT_S of committed
+        """Cut the window before a committed word so that about TRIM_CONTEXT_S of committed
         speech stays ahead of what is still pending; the cut lies in the gap before that word."""
         end = self.agreement.committed_end
         if end - self.window.start <= COMMITTED_KEPT_S:
@@ -349,7 +350,7 @@ class CaptionStage:
         words = [w for w in self._committed if w.start >= self.window.start]
         cut = None
         for before, word in zip(words, words[1:], strict=False):
-            if word.start > end - SENTENCE_CONTEXT_S:
+            if word.start > end - TRIM_CONTEXT_S:
                 break
             cut = (before.end + word.start) / 2
         if cut is not None and cut - self.window.start >= MIN_CUT_S:
