@@ -137,7 +137,8 @@ class ModelBatcher(Generic[In, Out]):
         self._closed = False
         self._failure: str | None = None
         self._consecutive_failures = 0
-        self._in_flight = 0  # model calls running now
+        self._in_flight = 0  # model calls running now (or handed to a worker)
+        self._items_in_flight = 0  # items in those calls
         self._recent: deque[tuple[float, float]] = deque(maxlen=1024)  # (ended, model seconds) of calls
         self._load = (float("-inf"), 0.0)  # (worked out at, value)
         self.stats = BatcherStats()
@@ -224,7 +225,11 @@ class ModelBatcher(Generic[In, Out]):
         batch = [await self._pending.get()]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.gather_window_s
-        while len(batch) < self.max_batch:
+        # The streams not in a running call, shared among the free workers (this one included): two
+        # calls of three finish sooner than one of six beside an idle worker.
+        free = max(1, self.workers - self._in_flight)
+        share = max(1, -(-(self._clients - self._items_in_flight) // free))
+        while len(batch) < min(self.max_batch, share) or (self._clients == 0 and len(batch) < self.max_batch):
             if not self._pending.empty():
                 batch.append(self._pending.get_nowait())
                 continue
@@ -255,6 +260,8 @@ class ModelBatcher(Generic[In, Out]):
                     if not live:
                         free.release()
                         continue
+                    self._in_flight += 1
+                    self._items_in_flight += len(live)
                     calls.create_task(self._serve(live, free))
         except BaseExceptionGroup as group:
             rest = group.subgroup(lambda e: not isinstance(e, _Dead | BaseExceptionGroup))
@@ -270,7 +277,6 @@ class ModelBatcher(Generic[In, Out]):
         items = [item for item, _ in live]
         started_wall = time.time()
         started = time.perf_counter()
-        self._in_flight += 1
         try:
             results, model_s = await asyncio.get_running_loop().run_in_executor(self._executor, self._timed_call, items)
         except Exception as exc:  # the model failed: fail these items, keep serving
@@ -290,6 +296,7 @@ class ModelBatcher(Generic[In, Out]):
             return
         finally:
             self._in_flight -= 1
+            self._items_in_flight -= len(items)
             free.release()
         if not isinstance(results, list) or len(results) != len(items):
             got = f"{len(results)} results" if isinstance(results, list) else f"a {type(results).__name__}"

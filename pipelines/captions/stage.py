@@ -61,6 +61,7 @@ SENTENCE_CONTEXT_S = 1.0  # of the committed sentence, kept as sound before the 
 # time, but costs accuracy (bench_captions.py, wer part), so a recognizer with room keeps it.
 COMMITTED_KEPT_S = 2.0
 TRIM_CONTEXT_S = 1.0  # committed speech kept as sound by such a cut
+LOADED_MAX_WINDOW_S = 6.0  # max_window_s while the recognizer is that loaded
 TRIM_LOAD = 0.5  # recognizer load (share of its workers' time busy) from which windows are cut mid-sentence
 # Past this load every stream waits for a longer step before its next decode: fewer, slightly later
 # partials for all, instead of audio piling up until it is dropped.
@@ -331,13 +332,17 @@ class CaptionStage:
                 # The words of that second are committed already and are recognised as such.
                 self.window.trim_before(cut - SENTENCE_CONTEXT_S)
                 self._sentence_cut = cut
+        limit = self.settings.max_window_s
         if self.live and self.engine.batcher.load() >= TRIM_LOAD:  # a file read ahead has no deadline
             self._trim_committed()
-        if self.window.duration <= self.settings.max_window_s:
+            # Decodes that keep disagreeing grow the window, which makes every decode dearer and
+            # slower: on a saturated recognizer that spirals. Give up on them sooner.
+            limit = min(limit, LOADED_MAX_WINDOW_S)
+        if self.window.duration <= limit:
             return
         if self.agreement.committed_end > self.window.start + MIN_DECODE_S:
             self.window.trim_before(self.agreement.committed_end)
-        if self.window.duration > self.settings.max_window_s:  # nothing agreed for that long
+        if self.window.duration > limit:  # nothing agreed for that long
             await self._publish(self.agreement.flush(), [])
             self.window.keep_last(self.settings.pre_roll_s)
 

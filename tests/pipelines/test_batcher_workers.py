@@ -4,6 +4,7 @@ same supervision as with one. The model is a plain function; every wait is bound
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -128,3 +129,21 @@ async def test_load_is_the_share_of_worker_time_in_calls() -> None:
             await asyncio.gather(*(one.submit(i) for i in range(20)))  # 1 s of back-to-back calls
         await asyncio.sleep(0.11)
         assert 0.25 <= one.load() <= 0.45  # ~1 s busy out of the 3 s window
+
+
+async def test_free_workers_share_the_streams_waiting() -> None:
+    sizes: list[int] = []
+    both_inside = threading.Barrier(2, timeout=PROMPT_S)  # the two calls run side by side
+
+    def call(items: list[int]) -> list[int]:
+        sizes.append(len(items))
+        both_inside.wait()
+        return list(items)
+
+    async with batcher(call, max_batch=8) as b:
+        with contextlib.ExitStack() as streams:
+            for _ in range(6):
+                streams.enter_context(b.client())
+            async with asyncio.timeout(PROMPT_S):
+                await asyncio.gather(*(b.submit(i) for i in range(6)))
+    assert sizes == [3, 3], sizes  # not six beside an idle worker
