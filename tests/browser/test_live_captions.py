@@ -16,7 +16,7 @@ from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.browser.test_page import WIDE
 from tests.service.conftest import CaptionModels, LiveService, live_service, make_config, wait_until
-from tests.support.browser import SPEECH, open_page
+from tests.support.browser import SPEECH, open_page, start_session
 from tests.support.speech import looped_wer, words_of
 
 
@@ -42,14 +42,10 @@ async def test_the_page_shows_live_captions_of_the_microphone(
     try:
         async with open_page(chromium, viewport=WIDE) as watched:
             page = watched.page
-            await page.goto(svc.url + "/")
-            await page.wait_for_selector("#app:not([hidden])")
-            await page.click("#start")
-            await page.wait_for_selector('body[data-state="connected"]', timeout=15_000)
+            stream_id = await start_session(page, svc.url)
             await page.wait_for_selector("#captions .caption.final", timeout=30_000)
             # Two loops of the phrase: the first words may be cut (playback starts before the connection).
             await wait_until(lambda: len(words_of(" ".join(f["text"] for f in finals))) >= 28, 45, "28 words on NATS")
-            stream_id = await page.evaluate("window.vidsentry.streamId")
             assert {f["stream_id"] for f in finals} == {stream_id}
             heard = " ".join(f["text"] for f in finals)
             assert looped_wer(heard, SPEECH) <= 0.30, heard

@@ -18,7 +18,7 @@ from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.browser.test_page import WIDE
 from tests.service.conftest import LiveService, live_service
-from tests.support.browser import open_page
+from tests.support.browser import open_page, start_session
 from tests.support.vllm_sim import VllmSimulator
 
 SETTINGS = DescribeSettings(min_interval_s=0.5, max_interval_s=1.0, describe_interval_s=1.0)
@@ -84,11 +84,7 @@ async def test_go_live_shows_the_description_of_the_browsers_own_camera(
 ) -> None:
     async with open_page(chromium, viewport=WIDE) as watched:
         page = watched.page
-        await page.goto(svc.url + "/")
-        await page.wait_for_selector("#app:not([hidden])")
-        await page.click("#start")
-        await page.wait_for_selector('body[data-state="connected"]', timeout=15_000)
-        stream_id = await page.evaluate("window.vidsentry.streamId")
+        stream_id = await start_session(page, svc.url)
         await page.wait_for_selector("#live-scene[data-described]", timeout=20_000)
         assert (await page.text_content("#live-scene") or "").startswith("Description ")
         latest = (await svc.call("GET", f"/api/streams/{stream_id}/description")).body["description"]

@@ -143,6 +143,15 @@ async def open_page(browser: Browser, **context_options: object) -> AsyncIterato
         await context.close()
 
 
+async def start_session(page: Page, url: str) -> str:
+    """Open the page in Go live, press Start and wait for the connection: the session's stream id."""
+    await page.goto(url + "/")
+    await page.wait_for_selector("#app:not([hidden])")
+    await page.click("#start")
+    await page.wait_for_selector('body[data-state="connected"]', timeout=15_000)
+    return str(await page.evaluate("window.vidsentry.streamId"))
+
+
 @pytest.fixture(scope="session")
 def fake_media(vtest_avi: Path, tmp_path_factory: pytest.TempPathFactory) -> FakeMedia:
     folder = tmp_path_factory.mktemp("fake-media")
