@@ -235,8 +235,9 @@ class WhisperRecognizer:
         live = [i for i, clip in enumerate(clips) if len(clip) >= MIN_SAMPLES]
         for i in set(range(len(requests))) - set(live):
             results[i] = self._empty(self._language or "en")
-        prompts = {i: self._prompt_tokens(requests[i].prompt) for i in live}
-        prefixes = {i: self._prefix_tokens(requests[i].prefix) for i in live}
+        prompts = {i: self._tokens(requests[i].prompt)[-MAX_PROMPT_TOKENS:] for i in live}
+        # A prefix past this is cut: the rest of the window is decoded freely.
+        prefixes = {i: self._tokens(requests[i].prefix)[: MAX_PROMPT_TOKENS // 2] for i in live}
         with_prompt = [i for i in live if prompts[i]]
         shortest = min((len(prompts[i]) for i in with_prompt), default=0)
         for group in ([i for i in live if not prompts[i]], with_prompt):
@@ -372,19 +373,13 @@ class WhisperRecognizer:
             raise ValueError(f"ASR audio is {len(clip) / SAMPLE_RATE:.2f} s; one request holds at most {MAX_AUDIO_S} s")
         return clip
 
-    def _prompt_tokens(self, prompt: str) -> list[int]:
-        text = prompt.strip()
+    def _tokens(self, text: str) -> list[int]:
+        """Text as Whisper's tokens, with the leading space a word after others has."""
+        text = text.strip()
         if not text:
             return []
         ids: list[int] = self._tokenizer.encode(" " + text, add_special_tokens=False).ids
-        return ids[-MAX_PROMPT_TOKENS:]
-
-    def _prefix_tokens(self, prefix: str) -> list[int]:
-        text = prefix.strip()
-        if not text:
-            return []
-        ids: list[int] = self._tokenizer.encode(" " + text, add_special_tokens=False).ids
-        return ids[: MAX_PROMPT_TOKENS // 2]  # the rest of the window is decoded freely
+        return ids
 
     def _decode(self, tokens: list[int]) -> str:
         return str(self._tokenizer.decode([t for t in tokens if t < self._ids.eot]))
