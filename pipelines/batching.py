@@ -225,11 +225,13 @@ class ModelBatcher(Generic[In, Out]):
         batch = [await self._pending.get()]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.gather_window_s
-        # The streams not in a running call, shared among the free workers (this one included): two
-        # calls of three finish sooner than one of six beside an idle worker.
-        free = max(1, self.workers - self._in_flight)
-        share = max(1, -(-(self._clients - self._items_in_flight) // free))
-        while len(batch) < min(self.max_batch, share) or (self._clients == 0 and len(batch) < self.max_batch):
+        limit = self.max_batch
+        if self._clients:
+            # The streams not in a running call, shared among the free workers (this one included):
+            # two calls of three finish sooner than one of six beside an idle worker.
+            free = max(1, self.workers - self._in_flight)
+            limit = min(limit, max(1, -(-(self._clients - self._items_in_flight) // free)))
+        while len(batch) < limit:
             if not self._pending.empty():
                 batch.append(self._pending.get_nowait())
                 continue
