@@ -27,6 +27,7 @@ class Detector(Protocol):
     info: ModelInfo
     backend: str  # "onnxruntime-cpu" | "onnxruntime-cuda" | "tensorrt"
     max_batch: int  # largest batch one call may take (1 for fixed-batch-1 models)
+    workers: int  # calls that may run side by side (each runs in parallel with the others)
 
     def detect(self, images: Sequence[np.ndarray]) -> list[Detections]:
         """RGB HxWx3 uint8 images of any sizes; blocks until done; one Detections per image."""
@@ -158,6 +159,7 @@ class YoloDetector:
         self.backend = backend.name
         self.conf, self.iou, self.max_det = conf, iou, max_det
         self._runtime = backend
+        self.workers = max(1, int(getattr(backend, "parallel", 1)))
         if info.fixed_batch is not None:
             # A fixed batch-N model always runs N images; fewer are padded in preprocess().
             self.max_batch = info.fixed_batch

@@ -1,6 +1,7 @@
 """One model shared by every stream, fed through a cross-stream batcher (any model).
 
-Each stream has at most one item in flight, so the queue is bounded by the number of streams.
+Each stream has a few items in flight at most (the detector: `in_flight`; the recognizer: one),
+so the queue is bounded by a small multiple of the number of streams.
 When the model is free the batcher takes the items that are ready, up to its batch limit, and
 runs them in one call on its own thread. Streams that just got their results back need a moment
 to submit their next item, so while fewer items are queued than streams are registered the
@@ -42,7 +43,7 @@ Out = TypeVar("Out")
 
 DEFAULT_GATHER_WINDOW_S = 0.005
 LOAD_WINDOW_S = 3.0  # load() looks this far back: a few decode rounds, short enough to follow streams coming and going
-# Each stream has at most one item waiting, so 256 is far above the streams one node runs.
+# Each stream has a few items waiting at most, so 256 is far above what one node's streams queue.
 # Reaching it means a caller broke that contract (submitting without awaiting); refusing then
 # keeps memory (256 1080p RGB frames are ~1.6 GB) and latency bounded.
 DEFAULT_MAX_PENDING = 256
@@ -114,8 +115,7 @@ class ModelBatcher(Generic[In, Out]):
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self.compute = compute  # each call waits for this model's turn at the CPU
-        # Turns are per model: with them a model's calls run one at a time anyway.
-        self.workers = 1 if compute is not None else workers
+        self.workers = workers
         self._model_call = call
         self.name = name  # "detector": in reasons and logs
         self.unit = unit  # "frames": what the items are, in messages

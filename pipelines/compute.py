@@ -8,6 +8,8 @@ share of recent compute time goes first. The detector is latest-frame-wins, so f
 arrive while the recognizer has its turn are dropped and counted as usual; audio waits in its
 bounded buffers. Shares are fractions (`captions.cpu_share` for the recognizer, the rest for the
 detector); usage decays with a half-life, so a burst long ago does not count against a model now.
+A model whose calls run side by side (several workers) may start another call during its own
+turn, unless another model waits and is due first.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -38,8 +41,10 @@ class ComputeShares:
         self._usage = dict.fromkeys(self._shares, 0.0)
         self._usage_at = time.perf_counter()
         self._cond = threading.Condition()
-        self._waiting: set[str] = set()
+        self._waiting: Counter[str] = Counter()  # calls waiting, per model (a model may have several)
         self._running: str | None = None
+        self._calls: dict[int, float] = {}  # the running model's calls in progress: token -> started
+        self._tokens = 0
         self.stats = {name: TurnStats() for name in self._shares}
 
     @contextlib.contextmanager
@@ -50,13 +55,18 @@ class ComputeShares:
         stats = self.stats[name]
         asked = time.perf_counter()
         with self._cond:
-            self._waiting.add(name)
+            self._waiting[name] += 1
             try:
-                self._cond.wait_for(lambda: self._running is None and self._next() == name)
+                self._cond.wait_for(lambda: self._running in (None, name) and self._next() == name)
             finally:
-                self._waiting.discard(name)
+                self._waiting[name] -= 1
+                if not self._waiting[name]:
+                    del self._waiting[name]
             self._running = name
-        started = time.perf_counter()
+            started = time.perf_counter()
+            self._tokens += 1
+            token = self._tokens
+            self._calls[token] = started
         stats.turns += 1
         if started - asked > 0.001:
             stats.waited += 1
@@ -69,12 +79,22 @@ class ComputeShares:
                 self._decay()
                 self._usage[name] += used
                 stats.busy_s += used
-                self._running = None
+                del self._calls[token]
+                if not self._calls:
+                    self._running = None
                 self._cond.notify_all()
 
     def _next(self) -> str:
         self._decay()
-        return min(self._waiting, key=lambda n: self._usage[n] / self._shares[n])
+        now = time.perf_counter()
+        # Calls still running count as used so far: otherwise a model with several workers
+        # looks idle to the others until its calls end, and keeps starting new ones.
+        running = sum(now - started for started in self._calls.values())
+
+        def used(name: str) -> float:
+            return (self._usage[name] + (running if name == self._running else 0.0)) / self._shares[name]
+
+        return min(self._waiting, key=used)
 
     def _decay(self) -> None:
         now = time.perf_counter()

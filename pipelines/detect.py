@@ -66,8 +66,17 @@ class DetectionBatcher(ModelBatcher[np.ndarray, Detections]):
         max_pending: int = DEFAULT_MAX_PENDING,
         max_consecutive_failures: int = DEFAULT_MAX_CONSECUTIVE_FAILURES,
         compute: ComputeShares | None = None,
+        workers: int | None = None,
+        in_flight: int | None = None,
     ) -> None:
         self.detector = detector
+        workers = workers or int(getattr(detector, "workers", 1))
+        # Frames each stream keeps submitted at once: one per worker plus one queued behind them,
+        # so a worker that finishes finds the next frame ready while the stream tracks and
+        # publishes the last one (see pipelines.frame_loop).
+        self.in_flight = in_flight or workers + 1
+        if self.in_flight < 1:
+            raise ValueError(f"in_flight must be at least 1, got {self.in_flight}")
         super().__init__(
             detector.detect,
             name=DETECTOR,
@@ -80,6 +89,7 @@ class DetectionBatcher(ModelBatcher[np.ndarray, Detections]):
             full_error=BatcherFull,
             thread_name="vidsentry-infer",
             compute=compute,
+            workers=workers,
         )
 
     async def detect(self, image: np.ndarray) -> DetectionOutcome:

@@ -1,11 +1,14 @@
 """The detection stage: newest frame → detector → tracker → rules → events.
 
-The loop takes the newest frame from its mailbox (the graph's primary frame consumer) as soon
-as the previous one is done, so detection runs on every frame the hardware allows; `detect_fps`
-caps it lower when asked. Each frame's moment on the stream's timeline is computed once and the
-same value goes to the tracker, the rules and the result handed on; the capture time travels
-into every event the frame produces. A detector that is dead (`DetectorFailed`) fails the stream
-with its reason rather than leaving it waiting.
+The loop takes the newest frame from its mailbox (the graph's primary frame consumer) whenever
+it has fewer than the batcher's `in_flight` frames submitted, so detection runs on every frame
+the hardware allows; `detect_fps` caps it lower when asked. Results are handled strictly in
+frame order: while the tracker, the rules and the publisher work on one frame, the next ones
+are already in the model (on a small CPU one frame at a time left the model idle for that
+part, and the event loop idle while the model ran). Each frame's moment on the stream's
+timeline is computed once and the same value goes to the tracker, the rules and the result
+handed on; the capture time travels into every event the frame produces. A detector that is
+dead (`DetectorFailed`) fails the stream with its reason rather than leaving it waiting.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pipelines.clock import Moment, StreamClock
-from pipelines.detect import DetectionBatcher, DetectorFailed
+from pipelines.detect import DetectionBatcher, DetectionOutcome, DetectorFailed
 from pipelines.event_bodies import detections_event, track_event
 from pipelines.events import EventSink
 from pipelines.frames import FrameResult, VideoFrame
@@ -38,6 +41,8 @@ log = logging.getLogger(__name__)
 LATENCY_WINDOW = 4096  # samples kept for percentiles; older ones fall off
 
 STAGE_NAME = "detect"
+
+_InFlight = tuple[VideoFrame, "asyncio.Task[DetectionOutcome | Exception]"]
 
 register_counters(
     {
@@ -105,7 +110,7 @@ class FrameLoop:
         self.names: Mapping[int, str] = batcher.detector.info.names
         self.model_name = batcher.detector.info.path.rsplit("/", 1)[-1]
         self.stats = FrameLoopStats()
-        self._last_processed_at: float | None = None
+        self._last_submitted_at: float | None = None
         self._last_frame: VideoFrame | None = None
         self._last_moment: Moment | None = None
         self.rule_engine: RuleEngine | None = None
@@ -133,39 +138,75 @@ class FrameLoop:
                 )
             try:
                 with self.batcher.client():
-                    while True:
-                        try:
-                            async with asyncio.timeout(self.idle_check_s):
-                                frame = await self.mailbox.get()
-                        except MailboxClosed:
-                            break
-                        except TimeoutError:  # no frame for a while: an outage must not keep tracks open
-                            await self._expire_idle()
-                            continue
-                        if self._skip_for_cap(frame):
-                            continue
-                        await self._process(frame)
+                    await self._pipeline()
             finally:
                 await self._finish_tracks()
 
+    async def _pipeline(self) -> None:
+        """Submit frames up to `in_flight` ahead and handle their results in order."""
+        slots = asyncio.Semaphore(max(1, getattr(self.batcher, "in_flight", 1)))
+        submitted: asyncio.Queue[_InFlight | None] = asyncio.Queue()
+        async with asyncio.TaskGroup() as detections:
+            detections.create_task(self._submit(slots, submitted, detections), name=f"{self.stream_id}-submit")
+            while True:
+                try:
+                    async with asyncio.timeout(self.idle_check_s):
+                        entry = await submitted.get()
+                except TimeoutError:  # no frame for a while: an outage must not keep tracks open
+                    await self._expire_idle()
+                    continue
+                if entry is None:
+                    break
+                frame, detection = entry
+                try:
+                    outcome = await detection
+                finally:
+                    slots.release()
+                await self._process(frame, outcome)
+
+    async def _submit(
+        self, slots: asyncio.Semaphore, submitted: asyncio.Queue[_InFlight | None], group: asyncio.TaskGroup
+    ) -> None:
+        try:
+            while True:
+                # A slot first, the frame second: the frame taken is the newest at the time the
+                # model can have it, and the mailbox keeps dropping older ones meanwhile.
+                await slots.acquire()
+                try:
+                    frame = await self.mailbox.get()
+                except MailboxClosed:
+                    return
+                if self._skip_for_cap(frame):
+                    slots.release()
+                    continue
+                self._last_submitted_at = frame.captured_at
+                submitted.put_nowait((frame, group.create_task(self._detect(frame))))
+        finally:
+            submitted.put_nowait(None)
+
+    async def _detect(self, frame: VideoFrame) -> DetectionOutcome | Exception:
+        # Returned, not raised: a failed frame is counted in order, and must not cancel the
+        # frames in flight beside it.
+        try:
+            return await self.batcher.detect(frame.image)
+        except Exception as exc:
+            return exc
+
     def _skip_for_cap(self, frame: VideoFrame) -> bool:
-        if not self.min_interval or self._last_processed_at is None:
+        if not self.min_interval or self._last_submitted_at is None:
             return False
-        if frame.captured_at - self._last_processed_at < self.min_interval:
+        if frame.captured_at - self._last_submitted_at < self.min_interval:
             self.stats.frames_skipped += 1
             return True
         return False
 
-    async def _process(self, frame: VideoFrame) -> None:
-        try:
-            outcome = await self.batcher.detect(frame.image)
-        except DetectorFailed as exc:  # the shared detector is gone: nothing more can be processed
-            raise StageFailed(f"detector failed: {exc.reason}") from exc
-        except Exception as exc:
+    async def _process(self, frame: VideoFrame, outcome: DetectionOutcome | Exception) -> None:
+        if isinstance(outcome, DetectorFailed):  # the shared detector is gone: nothing more can be processed
+            raise StageFailed(f"detector failed: {outcome.reason}") from outcome
+        if isinstance(outcome, Exception):
             self.stats.frames_failed += 1
-            log.warning("detection failed", extra={"stream_id": self.stream_id, "error": repr(exc)})
+            log.warning("detection failed", extra={"stream_id": self.stream_id, "error": repr(outcome)})
             return
-        self._last_processed_at = frame.captured_at
         self._last_frame = frame
         now = self._last_moment = self.clock.moment(frame.pts, frame.captured_at)
         result = FrameResult(

@@ -106,7 +106,9 @@ class DetectorSettings(_Strict):
     engine: Literal["auto", "tensorrt", "onnx-cuda", "onnx-cpu"] = "auto"
     conf: float = Field(0.25, gt=0, lt=1)
     iou: float = Field(0.45, gt=0, le=1)
-    threads: int | None = Field(None, ge=1)
+    threads: int | None = Field(None, ge=1)  # CPU threads in all (default: every core)
+    # CPU: model calls side by side, sharing `threads` (default: 2 with 2 or more threads).
+    workers: int | None = Field(None, ge=1, le=16)
 
 
 def _tracker(name: str) -> Any:

@@ -51,6 +51,7 @@ async def load_configured_detector(
             conf=conf or settings.conf,
             iou=settings.iou,
             threads=settings.threads,
+            workers=settings.workers,
         )
     except (ValueError, ModelNotFound, EngineUnavailable) as exc:  # ModelLoadError is a ValueError
         raise CommandError(str(exc)) from exc

@@ -16,7 +16,7 @@ from pipelines.detect import DetectionBatcher
 
 @pytest.fixture
 async def batcher(nudenet_model: Path) -> AsyncIterator[DetectionBatcher]:
-    detector = create_detector(nudenet_model, "onnx-cpu")
+    detector = create_detector(nudenet_model, "onnx-cpu", workers=1)  # one call at a time
     async with DetectionBatcher(detector, max_batch=4) as batcher:
         yield batcher
     detector.close()
@@ -60,3 +60,18 @@ async def test_engine_failure_fails_only_those_frames(batcher: DetectionBatcher)
         await batcher.detect(np.zeros((10, 10), np.uint8))  # not an RGB image
     outcome = await batcher.detect(np.zeros((64, 64, 3), np.uint8))
     assert outcome.batch_size == 1 and batcher.stats.failures == 1
+
+
+async def test_two_workers_split_four_busy_streams_into_two_calls_at_once(nudenet_model: Path) -> None:
+    detector = create_detector(nudenet_model, "onnx-cpu", threads=2, workers=2)
+    image = np.random.default_rng(0).integers(0, 255, (240, 320, 3), dtype=np.uint8)
+    sizes: Counter[int] = Counter()
+    try:
+        async with DetectionBatcher(detector, max_batch=4) as batcher:
+            assert batcher.workers == 2 and batcher.in_flight == 3
+            await asyncio.gather(*(stream_loop(batcher, image, 12, sizes, work_steps=1 + i) for i in range(4)))
+            assert batcher.stats.frames == 48
+    finally:
+        detector.close()
+    # Two calls of two beside each other, not one of four beside an idle worker.
+    assert sizes[4] <= 0.25 * sum(sizes.values()), sizes

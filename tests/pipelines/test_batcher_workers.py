@@ -104,9 +104,10 @@ async def test_close_waits_for_every_call_in_flight() -> None:
     assert all(t.cancelled() for t in tasks)
 
 
-def test_turns_at_the_cpu_make_one_worker() -> None:
+def test_turns_at_the_cpu_keep_the_workers() -> None:
+    # A model's turn admits its own calls side by side (tests/pipelines/test_compute.py).
     shares = ComputeShares({"model": 0.5, "other": 0.5})
-    assert batcher(list, compute=shares).workers == 1
+    assert batcher(list, compute=shares).workers == 2
     with pytest.raises(ValueError, match="workers"):
         batcher(list, workers=0)
 
