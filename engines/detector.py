@@ -204,7 +204,7 @@ class YoloDetector:
 
     def postprocess(self, raw: np.ndarray, prepared: PreparedBatch) -> list[Detections]:
         """Decode the raw output into per-image Detections in source pixels."""
-        channels = 4 + self.info.num_classes
+        channels = 4 + self.info.num_classes + self.info.mask_channels  # a seg export's coefficients ride along
         if raw.ndim != 3 or raw.shape[0] < prepared.count or raw.shape[1] != channels:
             raise EngineError(
                 f"model output shape {raw.shape} is not (>= {prepared.count}, {channels}, anchors) for {self.info.path}"
@@ -242,7 +242,7 @@ class YoloDetector:
 
     def _decode(self, pred: np.ndarray, box: Letterbox) -> Detections:
         pred = pred.astype(np.float32, copy=False)  # FP16 engines return half precision
-        class_scores = pred[4:]
+        class_scores = pred[4 : 4 + self.info.num_classes]
         best = class_scores.max(axis=0)
         candidates = np.flatnonzero(best > self.conf)
         if candidates.size == 0:

@@ -1,4 +1,4 @@
-"""Read and validate what an Ultralytics YOLO detect ONNX export says about itself.
+"""Read and validate what an Ultralytics YOLO detect (or segment) ONNX export says about itself.
 
 Every backend starts here, so a bad file fails the same way (ModelLoadError naming the file and
 the problem) whether it would later run on ONNX Runtime or TensorRT.
@@ -17,6 +17,7 @@ from engines.types import ModelInfo
 DEFAULT_IMGSZ = 640
 _KNOWN_KEYS = {"names", "imgsz", "stride", "task", "batch"}
 _EXPORT_HINT = "export a detect model with `yolo export format=onnx nms=False`"
+TASKS = ("detect", "segment")  # a segment export detects too: its mask coefficients are extra channels
 
 
 def read_model_info(model_path: str | Path) -> ModelInfo:
@@ -29,8 +30,8 @@ def read_model_info(model_path: str | Path) -> ModelInfo:
 
     meta = {p.key: p.value for p in model.metadata_props}
     task = meta.get("task", "detect")
-    if task != "detect":
-        raise fail(f"is a YOLO {task!r} export; only 'detect' models are supported ({_EXPORT_HINT})")
+    if task not in TASKS:
+        raise fail(f"is a YOLO {task!r} export; only 'detect' and 'segment' models are supported ({_EXPORT_HINT})")
     if "names" not in meta:
         raise fail(f"has no 'names' metadata, so it is not an Ultralytics YOLO export ({_EXPORT_HINT})")
     names = _parse_names(meta["names"], fail)
@@ -49,11 +50,13 @@ def read_model_info(model_path: str | Path) -> ModelInfo:
         raise fail("has no outputs")
     output = model.graph.output[0]
     out_shape = _dims(output)
-    channels = 4 + len(names)
+    mask_channels, protos_name = _protos(model.graph.output, task, fail)
+    channels = 4 + len(names) + mask_channels
     if len(out_shape) != 3 or out_shape[1] not in (channels, None):
+        masks = f" + {mask_channels} mask coefficients" if mask_channels else ""
         raise fail(
             f"output {output.name!r} has shape {_fmt(out_shape)}, expected [batch, {channels}, anchors] "
-            f"(4 box values + {len(names)} class scores; YOLOv5-style or end-to-end exports are not supported)"
+            f"(4 box values + {len(names)} class scores{masks}; YOLOv5-style or end-to-end exports are not supported)"
         )
 
     height, width = in_shape[2], in_shape[3]
@@ -77,7 +80,22 @@ def read_model_info(model_path: str | Path) -> ModelInfo:
         extra={k: v for k, v in meta.items() if k not in _KNOWN_KEYS},
         input_name=inputs[0].name,
         output_name=output.name,
+        mask_channels=mask_channels,
+        protos_name=protos_name,
     )
+
+
+def _protos(outputs: Any, task: str, fail: Any) -> tuple[int, str | None]:
+    """(mask coefficients per box, name of the prototype output) of a segment export; (0, None) else."""
+    if task != "segment":
+        return 0, None
+    if len(outputs) < 2:
+        raise fail("is a 'segment' export but has no second output (the prototype masks, [batch, 32, H/4, W/4])")
+    protos = outputs[1]
+    shape = _dims(protos)
+    if len(shape) != 4 or shape[1] is None:
+        raise fail(f"prototype output {protos.name!r} has shape {_fmt(shape)}, expected [batch, masks, height, width]")
+    return int(shape[1]), protos.name
 
 
 def _load_onnx(path: Path) -> Any:

@@ -44,6 +44,8 @@ class ModelInfo:
     extra: dict[str, str] = field(default_factory=dict)
     input_name: str = "images"
     output_name: str = "output0"
+    mask_channels: int = 0  # YOLO-seg: mask coefficients after the class scores (protos in a 2nd output)
+    protos_name: str | None = None  # YOLO-seg: the prototype-mask output, (batch, mask_channels, H/4, W/4)
 
     @property
     def max_batch(self) -> int | None:

@@ -70,9 +70,14 @@ def test_valid_onnx_without_yolo_metadata(tmp_path: Path) -> None:
     assert_one_line_error(write_model(tmp_path / "plain.onnx"), "no 'names' metadata.*not an Ultralytics YOLO")
 
 
-def test_segment_export_is_refused(tmp_path: Path) -> None:
+def test_segment_export_without_prototypes_is_refused(tmp_path: Path) -> None:
     path = write_model(tmp_path / "seg.onnx", metadata={**YOLO_META, "task": "segment"})
-    assert_one_line_error(path, "'segment' export; only 'detect'")
+    assert_one_line_error(path, "'segment' export but has no second output")
+
+
+def test_other_tasks_are_refused(tmp_path: Path) -> None:
+    path = write_model(tmp_path / "pose.onnx", metadata={**YOLO_META, "task": "pose"})
+    assert_one_line_error(path, "'pose' export; only 'detect' and 'segment'")
 
 
 def test_wrong_output_shape(tmp_path: Path) -> None:
