@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from engines import tensorrt_backend
 from engines.errors import EngineUnavailable
 from engines.onnx_backend import cuda_ep_available
 from engines.registry import BACKENDS, EngineCheck, create_detector, doctor
+from engines.tensorrt import availability as tensorrt_backend
 
 
 def test_unknown_backend_lists_the_choices(fall_model: Path) -> None:
