@@ -9,6 +9,7 @@ from pipelines.captions.engine import CaptionEngine
 from pipelines.describe.settings import DescribeEngine
 from pipelines.detect import DetectionBatcher
 from pipelines.rules.snapshots import SnapshotStore
+from pipelines.segment.engine import SegmentEngine
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +18,7 @@ class SharedEngines:
     snapshots: SnapshotStore | None = None  # alert pictures; None: alerts carry `snapshot: null`
     captions: CaptionEngine | None = None  # the shared speech recognizer; None: no captions anywhere
     describe: DescribeEngine | None = None  # the shared VLM client; None: no descriptions anywhere
+    segment: SegmentEngine | None = None  # the shared segmenter; None: no masks anywhere
 
     def health(self) -> dict[str, bool]:
         """Named liveness checks of the shared engines (for readiness)."""

@@ -1,0 +1,149 @@
+"""The segmentation stage: masks for a stream's tracked objects, in its `detections` events.
+
+The stage sees every event the stream publishes (`StageContext.observe`). For a `detections`
+event it does two things before the event goes out: each tracked object whose track has a mask
+gets it (`mask`: COCO RLE in frame pixels, `mask_frame_seq`: the frame it was made on), and the
+objects that need a new mask (see `cadence`) become the next job for the shared segmenter, on
+that event's own frame. Segmentation therefore never holds detections back: a mask arrives with
+the first `detections` event after it is made, and a slow segmenter costs masks, not frames.
+One job waits at most; a newer one replaces it (its objects counted as skipped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from pipelines.events import Event, EventKind
+from pipelines.frames import VideoFrame
+from pipelines.graph import StageContext, counter, register_counters
+from pipelines.graph.counters import Counters
+from pipelines.mailbox import FrameMailbox, MailboxClosed
+from pipelines.segment.cadence import MaskCadence, TrackedBox, boxes_array
+from pipelines.segment.engine import SegmentEngine
+
+log = logging.getLogger(__name__)
+
+STAGE_NAME = "segment"
+RECENT_FRAMES = 4  # frames kept so a detections event finds the picture it was made from
+
+register_counters(
+    {
+        "masks": counter("Object masks computed by the segmenter"),
+        "masks_skipped": counter("Objects that needed a mask but waited (max_per_frame, or a busy segmenter)"),
+        "masks_failed": counter("Segmenter calls that failed"),
+    }
+)
+
+
+@dataclass(slots=True)
+class _Job:
+    frame: VideoFrame
+    objects: list[TrackedBox]
+
+
+class SegmentStage:
+    name = STAGE_NAME
+
+    def __init__(self, stream_id: str, frames: FrameMailbox, engine: SegmentEngine) -> None:
+        self.stream_id = stream_id
+        self.frames = frames
+        self.engine = engine
+        self.cadence = MaskCadence(engine.settings)
+        self._recent: deque[VideoFrame] = deque(maxlen=RECENT_FRAMES)
+        self._pending: _Job | None = None
+        self._wake = asyncio.Event()
+        self._done = False
+        self.computed = 0
+        self.failed = 0
+        self.replaced = 0  # objects of a waiting job that a newer job replaced
+
+    # -- seeing the stream's events (synchronous, before they go out) -----------------------
+
+    def observe(self, event: Event) -> None:
+        if event.stream_id != self.stream_id:
+            return
+        if event.kind is EventKind.DETECTIONS:
+            self._on_detections(event.data)
+        elif event.kind is EventKind.TRACKS and event.data.get("event") == "end":
+            self.cadence.forget(int(event.data["track_id"]))
+
+    def _on_detections(self, data: Any) -> None:
+        tracked: list[TrackedBox] = []
+        for obj in data.get("objects", ()):
+            track_id = obj.get("track_id")
+            if track_id is None:
+                continue
+            tracked.append(TrackedBox(int(track_id), str(obj["class"]), tuple(obj["box"])))
+            known = self.cadence.mask_of(int(track_id))
+            if known is not None and known.rle is not None:
+                obj["mask"] = known.rle
+                obj["mask_frame_seq"] = known.frame_seq
+        chosen = self.cadence.choose(tracked)
+        if not chosen:
+            return
+        frame = next((f for f in self._recent if f.seq == data.get("frame_seq")), None)
+        if frame is None:  # the picture already left the ring: those objects come up again later
+            self.cadence.release(chosen)
+            return
+        if self._pending is not None:
+            self.cadence.release(self._pending.objects)
+            self.replaced += len(self._pending.objects)
+        self._pending = _Job(frame, chosen)
+        self._wake.set()
+
+    # -- the stage ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._work(), name=f"{self.stream_id}-segment-worker")
+            try:
+                while True:
+                    self._recent.append(await self.frames.get())
+            except MailboxClosed:
+                pass
+            finally:
+                self._done = True
+                self._wake.set()
+
+    async def _work(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            job, self._pending = self._pending, None
+            if job is None:
+                if self._done:
+                    return
+                continue
+            try:
+                masks = await self.engine.masks(job.frame.image, boxes_array(job.objects))
+            except Exception as exc:  # a failing model costs masks, never the stream
+                self.failed += 1
+                self.cadence.release(job.objects)
+                log.warning("segmentation failed", extra={"stream_id": self.stream_id, "error": repr(exc)})
+                continue
+            for obj, mask in zip(job.objects, masks, strict=True):
+                self.cadence.store(obj, mask, job.frame.seq)
+            self.computed += sum(1 for m in masks if m is not None)
+
+    def stop(self) -> None:
+        """Nothing to do: the stage ends when its mailbox closes."""
+
+    def counters(self) -> Counters:
+        return {
+            "masks": self.computed,
+            "masks_skipped": self.cadence.skipped + self.replaced,
+            "masks_failed": self.failed,
+        }
+
+
+def build(ctx: StageContext) -> SegmentStage | None:
+    engine = ctx.engines.segment
+    if engine is None:
+        return None
+    stage = SegmentStage(ctx.stream_id, ctx.frames(STAGE_NAME), engine)
+    ctx.observe(stage.observe)
+    return stage
