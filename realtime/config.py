@@ -76,6 +76,9 @@ class NatsSettings(_Strict):
     url: str | None = None  # None: start an embedded nats-server
     connect_timeout_s: float = Field(5.0, gt=0)
     stream_max_age_s: float = Field(7 * 24 * 3600, gt=0)
+    # Copies JetStream keeps of the VIDSENTRY stream (and of the fleet's KV buckets): 1 on a single
+    # server, 3 on a 3-node cluster so losing one node loses nothing. At most the cluster's size.
+    replicas: int = Field(1, ge=1, le=5)
     # Durable events the broker could not take are kept here until it is back (None: no outbox).
     outbox_dir: Path | None = None
     outbox_max_events: int = Field(100_000, ge=1)

@@ -30,6 +30,7 @@ _STREAM_NAME_IN_USE = 10058  # JetStream err_code: "stream name already in use w
 
 StreamSetup = Literal["created", "updated", "unchanged"]
 _MAX_LIST_PAGES = 100  # STREAM.LIST pages (256 streams each) read to find a conflict
+MAX_REPLICAS = 5  # JetStream's own limit
 
 
 class StreamSetupError(RuntimeError):
@@ -85,6 +86,16 @@ async def _refuse_conflicts(js: JetStreamContext, needed: list[str]) -> None:
                 )
 
 
+def _reason(exc: APIError, replicas: int) -> str:
+    if replicas == 1:
+        return str(exc.description)
+    # The server's words ("no suitable peers for placement", "replicas > 1 not supported in
+    # non-clustered mode") do not name the setting that asked for them.
+    return (
+        f"{exc.description} (nats.replicas is {replicas}: that needs a cluster of {replicas} or more JetStream servers)"
+    )
+
+
 def check_max_age(max_age_s: float) -> float:
     """0 means keep forever; otherwise the age must cover the duplicate window (the server insists)."""
     if max_age_s < 0 or (0 < max_age_s < DUPLICATE_WINDOW_S):
@@ -92,7 +103,14 @@ def check_max_age(max_age_s: float) -> float:
     return float(max_age_s)
 
 
-def desired_config(max_age_s: float) -> StreamConfig:
+def check_replicas(replicas: int) -> int:
+    """JetStream keeps 1 to 5 copies of a stream (more than the cluster has nodes is refused at create)."""
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise ValueError(f"stream replicas must be 1 to {MAX_REPLICAS}, got {replicas}")
+    return replicas
+
+
+def desired_config(max_age_s: float, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
         name=STREAM_NAME,
         description="vidsentry durable events (tracks, alerts, captions, descriptions, status)",
@@ -102,23 +120,26 @@ def desired_config(max_age_s: float) -> StreamConfig:
         discard=DiscardPolicy.OLD,
         max_age=check_max_age(max_age_s),
         duplicate_window=DUPLICATE_WINDOW_S,
+        num_replicas=check_replicas(replicas),
     )
 
 
-async def ensure_stream(js: JetStreamContext, max_age_s: float) -> StreamSetup:
-    """Create VIDSENTRY if missing; otherwise add missing subjects, apply max_age and widen a
-    too-short duplicate window. Other settings an operator chose are left alone."""
+async def ensure_stream(js: JetStreamContext, max_age_s: float, replicas: int = 1) -> StreamSetup:
+    """Create VIDSENTRY if missing; otherwise add missing subjects, apply max_age and replicas and
+    widen a too-short duplicate window. Other settings an operator chose are left alone."""
     try:
         info = await js.stream_info(STREAM_NAME)
     except NotFoundError:
         await _refuse_conflicts(js, list(DURABLE_SUBJECTS))
         try:
-            await js.add_stream(desired_config(max_age_s))
-            log.info("created JetStream stream %s max_age_s=%g", STREAM_NAME, max_age_s)
+            await js.add_stream(desired_config(max_age_s, replicas))
+            log.info("created JetStream stream %s max_age_s=%g replicas=%d", STREAM_NAME, max_age_s, replicas)
             return "created"
         except APIError as exc:
             if not (isinstance(exc, BadRequestError) and exc.err_code == _STREAM_NAME_IN_USE):
-                raise StreamSetupError(f"cannot create JetStream stream {STREAM_NAME}: {exc.description}") from None
+                raise StreamSetupError(
+                    f"cannot create JetStream stream {STREAM_NAME}: {_reason(exc, replicas)}"
+                ) from None
             # Another worker created it between our lookup and create: fall through and reconcile.
             info = await js.stream_info(STREAM_NAME)
 
@@ -137,6 +158,9 @@ async def ensure_stream(js: JetStreamContext, max_age_s: float) -> StreamSetup:
         )
     if (current.max_age or 0.0) != max_age_s:
         changes["max_age"] = max_age_s
+    if (current.num_replicas or 1) != replicas:
+        # JetStream moves a stream between R1 and R3 in place (a cluster copies it to the new peers).
+        changes["num_replicas"] = replicas
     if (current.duplicate_window or 0.0) < DUPLICATE_WINDOW_S:
         changes["duplicate_window"] = DUPLICATE_WINDOW_S
     if current.storage != StorageType.FILE:
@@ -150,6 +174,6 @@ async def ensure_stream(js: JetStreamContext, max_age_s: float) -> StreamSetup:
     try:
         await js.update_stream(current.evolve(**changes))
     except APIError as exc:
-        raise StreamSetupError(f"cannot update JetStream stream {STREAM_NAME}: {exc.description}") from None
+        raise StreamSetupError(f"cannot update JetStream stream {STREAM_NAME}: {_reason(exc, replicas)}") from None
     log.info("updated JetStream stream %s: %s", STREAM_NAME, ", ".join(sorted(changes)))
     return "updated"

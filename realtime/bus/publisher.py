@@ -53,7 +53,7 @@ from realtime.bus.delivery import (
     WireMessage,
 )
 from realtime.bus.durable import DurableDelivery
-from realtime.bus.jetstream import StreamSetup, StreamSetupError, check_max_age, ensure_stream
+from realtime.bus.jetstream import StreamSetup, StreamSetupError, check_max_age, check_replicas, ensure_stream
 from realtime.bus.ledger import DeliveryLedger, describe
 from realtime.bus.link import BusLink
 from realtime.bus.outbox import Outbox
@@ -85,6 +85,7 @@ class NatsEventPublisher:
         node: str | None = None,
         connect_timeout: float = 5.0,
         stream_max_age_s: float = 7 * 24 * 3600,
+        stream_replicas: int = 1,
         max_pending_acks: int = 1000,
         ack_timeout: float = 5.0,
         max_retries: int = 3,
@@ -98,6 +99,7 @@ class NatsEventPublisher:
         self.node = node or socket.gethostname()
         self.connect_timeout = connect_timeout
         self.stream_max_age_s = check_max_age(stream_max_age_s)
+        self.stream_replicas = check_replicas(stream_replicas)
         self.reconnect_wait = reconnect_wait
         self._shown_url = redact_url(url)
         self._outbox = outbox
@@ -207,7 +209,7 @@ class NatsEventPublisher:
         if self._link.js is None:
             raise PublisherClosedError("connect() first")
         try:
-            return await ensure_stream(self._link.js, self.stream_max_age_s)
+            return await ensure_stream(self._link.js, self.stream_max_age_s, self.stream_replicas)
         except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
             raise BusUnavailable(f"JetStream is not enabled on {self._shown_url}; start nats-server with -js") from None
         except nats.errors.TimeoutError:

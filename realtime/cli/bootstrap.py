@@ -163,6 +163,7 @@ async def open_bus(nats_url: str | None, settings: NatsSettings, node: str) -> A
                 node=node,
                 connect_timeout=settings.connect_timeout_s,
                 stream_max_age_s=settings.stream_max_age_s,
+                stream_replicas=settings.replicas,
                 outbox=outbox,
             )
         except BaseException:
