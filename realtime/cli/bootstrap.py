@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from engines.asr.types import AsrUnavailable
 from engines.asr.vad import VadModel
 from engines.asr.whisper import create_recognizer
-from engines.errors import EngineUnavailable
+from engines.errors import EngineError, EngineUnavailable
 from engines.models import ModelNotFound, default_detector_model
 from engines.registry import create_detector
 from engines.vlm.client import create_vlm_client
@@ -28,12 +28,20 @@ from pipelines.captions.engine import RECOGNIZER, CaptionEngine, SpeechBatcher
 from pipelines.compute import ComputeShares
 from pipelines.describe.settings import DescribeEngine
 from pipelines.detect import DETECTOR
+from pipelines.segment.engine import SegmentEngine
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import StreamConflictError, StreamSetupError
 from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import BusUnavailable, NatsEventPublisher
 from realtime.cli.errors import EXIT_RUNTIME, EXIT_USAGE, CommandError
-from realtime.config import CaptionsSettings, DetectorSettings, NatsSettings, VlmConfig, validation_problems
+from realtime.config import (
+    CaptionsSettings,
+    DetectorSettings,
+    NatsSettings,
+    SegmentationSettings,
+    VlmConfig,
+    validation_problems,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +138,34 @@ async def open_describer(settings: VlmConfig) -> AsyncIterator[DescribeEngine | 
         yield DescribeEngine(client, settings.model, settings.describe_settings())
     finally:
         await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def open_segmentation(settings: SegmentationSettings) -> AsyncIterator[SegmentEngine | None]:
+    """The segmenter every stream shares, for the duration; None when segmentation is off. A bad
+    model or an unavailable backend is a CommandError naming the setting."""
+    if not settings.enabled:
+        yield None
+        return
+    from engines.segment import open_segmenter
+
+    try:
+        segmenter = await asyncio.to_thread(
+            open_segmenter,
+            sam_encoder=settings.sam_encoder,
+            sam_decoder=settings.sam_decoder,
+            yolo_seg=settings.yolo_seg,
+            backend=settings.backend,
+            threads=settings.threads,
+        )
+    except (EngineError, ValueError) as exc:
+        raise CommandError(f"segmentation: {exc}") from exc
+    engine = SegmentEngine(segmenter, settings.to_settings())
+    log.info("segmentation on", extra={"segmenter": engine.name})
+    try:
+        yield engine
+    finally:
+        await asyncio.to_thread(engine.close)
 
 
 def open_outbox(settings: NatsSettings) -> Outbox | None:

@@ -24,6 +24,7 @@ from realtime.cli.bootstrap import (
     open_bus,
     open_captions,
     open_describer,
+    open_segmentation,
     with_vlm_url,
 )
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CommandError
@@ -170,9 +171,10 @@ async def run_command(args: argparse.Namespace) -> int:
             DetectionBatcher(detector, compute=compute) as batcher,
             open_captions(config.captions, enabled=not args.no_audio, compute=compute) as captions,
             open_describer(vlm) as describe,
+            open_segmentation(config.segmentation) as segment,
         ):
             printer = CaptionPrinter(publisher, quiet=args.json)
-            engines = SharedEngines(batcher, captions=captions, describe=describe)
+            engines = SharedEngines(batcher, captions=captions, describe=describe, segment=segment)
             runner = StreamRunner(spec, engines, printer, on_status=on_status)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):

@@ -28,6 +28,7 @@ from realtime.cli.bootstrap import (
     open_bus,
     open_captions,
     open_describer,
+    open_segmentation,
     with_vlm_url,
 )
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
@@ -121,9 +122,16 @@ async def serve_command(args: argparse.Namespace) -> int:
                 DetectionBatcher(detector, compute=compute) as batcher,
                 open_captions(config.captions, compute=compute) as captions,
                 open_describer(vlm) as describe,
+                open_segmentation(config.segmentation) as segment,
             ):
                 service = Service(
-                    config, batcher, publisher, api_token=plan.token, captions=captions, describe=describe
+                    config,
+                    batcher,
+                    publisher,
+                    api_token=plan.token,
+                    captions=captions,
+                    describe=describe,
+                    segment=segment,
                 )
                 try:
                     await service.run(

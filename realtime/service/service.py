@@ -19,6 +19,7 @@ from pipelines.captions.engine import CaptionEngine
 from pipelines.describe.settings import DescribeEngine
 from pipelines.detect import DetectionBatcher
 from pipelines.graph import SharedEngines
+from pipelines.segment.engine import SegmentEngine
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
@@ -64,6 +65,7 @@ class Service:
         api_token: str | None = None,
         captions: CaptionEngine | None = None,
         describe: DescribeEngine | None = None,
+        segment: SegmentEngine | None = None,
     ) -> None:
         self.config = config
         self.batcher = batcher
@@ -96,7 +98,7 @@ class Service:
             )
         )
         # Alert snapshots share the publisher's connection (the bucket is created on first use).
-        self.engines = SharedEngines(batcher, NatsSnapshotStore(publisher), captions, describe)
+        self.engines = SharedEngines(batcher, NatsSnapshotStore(publisher), captions, describe, segment)
         self.registry = StreamRegistry(self._make_runner, on_gone=self._stream_gone, max_streams=http.max_streams)
         self.context = HttpContext(
             registry=self.registry,
