@@ -25,6 +25,7 @@ import av
 import av.error
 
 from pipelines.frames import AUDIO_SAMPLE_RATE
+from realtime.sources.decode import DecoderChoice, DecodeUnavailable, decode_mode, open_input, select_decoder
 from realtime.sources.session import (
     AudioSink,
     PtsOrigin,
@@ -57,6 +58,7 @@ class PyAVSession:
         self._frames = 0
         self._last_packet_at = time.monotonic()
         self.corrupt_packets = 0
+        self.decoder: DecoderChoice | None = None
 
     # -- open ---------------------------------------------------------------------------
 
@@ -70,7 +72,7 @@ class PyAVSession:
             options["rtsp_transport"] = "tcp"
             options["analyzeduration"] = str(RTSP_ANALYZE_US)
         try:
-            container = av.open(self._spec.url, mode="r", options=options, timeout=timeout)
+            container = open_input(self._spec.url, self._decoder(), options=options, timeout=timeout)
         except av.error.FFmpegError as exc:
             raise SourceError(self._spec.redact(self._describe_open_error(exc))) from None
         self._container = container
@@ -92,9 +94,18 @@ class PyAVSession:
             extra={
                 "source": self._spec.display,
                 "video_codec": video.codec_context.name,
+                "decoder": self.decoder.device if self.decoder is not None else None,
                 "audio_codec": self._audio.codec_context.name if self._audio is not None else None,
             },
         )
+
+    def _decoder(self) -> DecoderChoice:
+        # NVDEC or CPU (realtime/sources/decode.py); frames reach the sink as RGB arrays either way.
+        try:
+            self.decoder = select_decoder(decode_mode())
+        except (ValueError, DecodeUnavailable) as exc:
+            raise SourceError(str(exc)) from None
+        return self.decoder
 
     def _describe_open_error(self, exc: av.error.FFmpegError) -> str:
         what = exc.strerror or type(exc).__name__
