@@ -9,6 +9,9 @@ Two export signatures are recognised from the decoder's input names:
   `point_labels (1, N)`, `mask_input (1, 1, 256, 256)`, `has_mask_input (1,)`,
   `orig_im_size (2,)` -> `masks (1, M, H, W)` logits at the original size, `iou_predictions`,
   `low_res_masks`. A box is two points, its corners, with labels 2 and 3, in resized pixels.
+  Decoders exported without the final upscaling (no `orig_im_size`; NanoSAM's and most
+  TensorRT-minded exports) return `low_res_masks (1, M, 256, 256)` over the padded 1024 square;
+  those are upscaled, cut to the image and resized to it here.
 - EfficientSAM (its repo's `export_to_onnx.py`): encoder `batched_images (1, 3, H, W)`, RGB in
   0..1 at the image's own size (the model resizes and normalises inside); decoder
   `image_embeddings`, `batched_point_coords (1, 1, N, 2)` in image pixels,
@@ -26,18 +29,11 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from engines.errors import ModelLoadError
+from engines.errors import EngineUnavailable, ModelLoadError
 from engines.segment.runtime import ShapeRange, Signature, TensorRunner, open_runner, read_signature
 from engines.segment.types import clip_to_box
 
-SAM_DECODER_INPUTS = (
-    "image_embeddings",
-    "point_coords",
-    "point_labels",
-    "mask_input",
-    "has_mask_input",
-    "orig_im_size",
-)
+SAM_DECODER_INPUTS = ("image_embeddings", "point_coords", "point_labels")  # + mask_input, has_mask_input, orig_im_size
 EFFICIENTSAM_DECODER_INPUTS = ("image_embeddings", "batched_point_coords", "batched_point_labels", "orig_im_size")
 PIXEL_MEAN = np.array([123.675, 116.28, 103.53], np.float32)
 PIXEL_STD = np.array([58.395, 57.12, 57.375], np.float32)
@@ -87,12 +83,13 @@ class SamSegmenter:
             else (256, 256)
         )
         self._masks_out, self._iou_out = self._output_names(dec_sig)
+        self._decoder_inputs = set(names)
         self._encoder, self._decoder = encoder, decoder
         self.backend = decoder.name
 
     def _output_names(self, sig: Signature) -> tuple[str, str]:
         names = sig.output_names
-        masks = "masks" if "masks" in names else "output_masks" if "output_masks" in names else names[0]
+        masks = next((n for n in ("masks", "output_masks", "low_res_masks") if n in names), names[0])
         iou = "iou_predictions" if "iou_predictions" in names else names[1] if len(names) > 1 else ""
         return masks, iou
 
@@ -128,6 +125,7 @@ class SamSegmenter:
                 "has_mask_input": np.zeros((1,), np.float32),
                 "orig_im_size": np.array([height, width], np.float32),
             }
+            feeds = {k: v for k, v in feeds.items() if k in self._decoder_inputs}
         else:
             feeds = {
                 "image_embeddings": embedding,
@@ -139,10 +137,19 @@ class SamSegmenter:
         masks = out[self._masks_out].reshape(-1, *out[self._masks_out].shape[-2:])  # (M, H, W) logits
         best = int(np.argmax(out[self._iou_out].reshape(-1))) if self._iou_out in out else 0
         logits = masks[best]
-        if logits.shape != (height, width):  # a decoder that returns low-resolution logits
-            logits = cv2.resize(logits.astype(np.float32), (width, height), interpolation=cv2.INTER_LINEAR)
+        if logits.shape != (height, width):  # low-resolution logits over the padded square
+            logits = self._upscale(logits.astype(np.float32), size, resized)
         mask = clip_to_box(logits > 0, box)
         return mask if mask.any() else None
+
+    def _upscale(self, logits: np.ndarray, size: tuple[int, int], resized: tuple[int, int]) -> np.ndarray:
+        """SAM's own mask post-processing: to the padded square, cut to the resized image, then to
+        the original size (bilinear on logits each time)."""
+        (height, width), (rh, rw) = size, resized
+        if self.kind == "sam":
+            square = cv2.resize(logits, (self.side, self.side), interpolation=cv2.INTER_LINEAR)
+            logits = square[:rh, :rw]
+        return cv2.resize(logits, (width, height), interpolation=cv2.INTER_LINEAR)
 
     def close(self) -> None:
         self._encoder.close()
@@ -154,6 +161,12 @@ def open_sam(
 ) -> SamSegmenter:
     """Check both files' signatures, then start them on `backend`."""
     enc_sig, dec_sig = read_signature(encoder_path), read_signature(decoder_path)
+    if backend == "tensorrt" and dec_sig.input("orig_im_size") is not None:
+        # Its output size is computed from an input's values, which a TensorRT engine cannot plan for.
+        raise EngineUnavailable(
+            f"tensorrt: {decoder_path} sizes its masks from orig_im_size; export the decoder without the "
+            "upscaling (low_res_masks out, as NanoSAM does) or use backend onnx-cuda"
+        )
     enc_shapes, dec_shapes = _trt_shapes(enc_sig, dec_sig)
     encoder = open_runner(encoder_path, backend, threads=threads, shapes=enc_shapes)
     try:

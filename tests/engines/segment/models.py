@@ -48,13 +48,16 @@ def encoder(path: Path, *, input_name: str = "image", side: int | None = 1024) -
     return _save(graph, path)
 
 
-def sam_decoder(path: Path, *, efficient: bool = False) -> Path:
+def sam_decoder(path: Path, *, efficient: bool = False, low_res: bool = False) -> Path:
     """SAM's decoder signature (or EfficientSAM's): masks (.., 2, H, W) at orig_im_size, where
     mask 1 (IoU 0.9) is the ellipse inscribed in the box given by the first two points and mask 0
-    (IoU 0.1) is the whole image."""
+    (IoU 0.1) is the whole image. `low_res`: no orig_im_size, `low_res_masks (1, 2, 256, 256)`
+    over the padded 1024 square (NanoSAM's signature)."""
     coords, labels = ("batched_point_coords", "batched_point_labels") if efficient else ("point_coords", "point_labels")
     nodes = [
-        helper.make_node("Cast", ["orig_im_size"], ["size"], to=F),
+        _const("size", np.array([256.0, 256.0], np.float32))
+        if low_res
+        else helper.make_node("Cast", ["orig_im_size"], ["size"], to=F),
         _const("i0", np.array(0, np.int64)),
         _const("i1", np.array(1, np.int64)),
         helper.make_node("Gather", ["size", "i0"], ["h"]),
@@ -63,6 +66,7 @@ def sam_decoder(path: Path, *, efficient: bool = False) -> Path:
         _const("side", 1024.0),
         # SAM prompts are in resized pixels; EfficientSAM's in image pixels.
         helper.make_node("Div", ["longest", "side"], ["to_orig"]) if not efficient else _const("to_orig", 1.0),
+        # low_res: "size" is the 256 square, so this is 256 / 1024, prompts to the low-res grid
         _const("flat4", np.array([-1], np.int64)),
         helper.make_node("Reshape", [coords, "flat4"], ["xy"]),
         helper.make_node("Mul", ["xy", "to_orig"], ["pts"]),
@@ -123,6 +127,19 @@ def sam_decoder(path: Path, *, efficient: bool = False) -> Path:
         outputs = [
             helper.make_tensor_value_info("output_masks", F, [1, 1, 2, "H", "W"]),
             helper.make_tensor_value_info("iou_predictions", F, [1, 1, 2]),
+        ]
+    elif low_res:
+        inputs = [
+            helper.make_tensor_value_info("image_embeddings", F, [1, 256, 1, 1]),
+            helper.make_tensor_value_info(coords, F, [1, "num_points", 2]),
+            helper.make_tensor_value_info(labels, F, [1, "num_points"]),
+            helper.make_tensor_value_info("mask_input", F, [1, 1, 256, 256]),
+            helper.make_tensor_value_info("has_mask_input", F, [1]),
+        ]
+        nodes.append(helper.make_node("Identity", ["masks_out"], ["low_res_masks"]))
+        outputs = [
+            helper.make_tensor_value_info("iou_predictions", F, [1, 2]),
+            helper.make_tensor_value_info("low_res_masks", F, [1, 2, 256, 256]),
         ]
     else:
         inputs = [

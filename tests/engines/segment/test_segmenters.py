@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engines.errors import ModelLoadError
+from engines.errors import EngineUnavailable, ModelLoadError
 from engines.registry import create_detector
 from engines.segment import open_segmenter
 from engines.segment.sam import sam_preprocess, sam_resize_shape
@@ -44,6 +44,28 @@ def test_box_prompt_masks(seg_models: dict[str, Path], variant: str) -> None:
         assert np.array_equal(mask, ellipse_in(box, (480, 640)))
         ys, xs = np.nonzero(mask)
         assert xs.min() >= box[0] and xs.max() < box[2] and ys.min() >= box[1] and ys.max() < box[3]
+
+
+def test_low_resolution_decoder_masks_are_upscaled_like_sam_does(seg_models: dict[str, Path]) -> None:
+    # NanoSAM-style decoder: no orig_im_size, 256x256 logits over the padded 1024 square.
+    segmenter = open_segmenter(
+        sam_encoder=seg_models["lowres_encoder"], sam_decoder=seg_models["lowres_decoder"], backend="onnx-cpu"
+    )
+    try:
+        masks = segmenter.segment(IMAGE, BOXES)
+    finally:
+        segmenter.close()
+    for box, mask in zip(BOXES, masks, strict=True):
+        assert mask is not None
+        expected = ellipse_in(box, (480, 640))
+        assert (mask & expected).sum() / (mask | expected).sum() > 0.97  # same ellipse, resampled
+        ys, xs = np.nonzero(mask)
+        assert xs.min() >= box[0] and xs.max() < box[2] and ys.min() >= box[1] and ys.max() < box[3]
+
+
+def test_tensorrt_refuses_a_decoder_sized_by_its_input(seg_models: dict[str, Path]) -> None:
+    with pytest.raises(EngineUnavailable, match="orig_im_size"):
+        open_segmenter(sam_encoder=seg_models["sam_encoder"], sam_decoder=seg_models["sam_decoder"], backend="tensorrt")
 
 
 def test_decoder_of_another_kind_is_refused(seg_models: dict[str, Path]) -> None:

@@ -40,7 +40,7 @@ def test_sam_on_tensorrt_matches_onnxruntime(seg_models: dict[str, Path]) -> Non
     results = []
     for backend in ("onnx-cpu", "tensorrt"):
         segmenter = open_segmenter(
-            sam_encoder=seg_models["sam_encoder"], sam_decoder=seg_models["sam_decoder"], backend=backend
+            sam_encoder=seg_models["lowres_encoder"], sam_decoder=seg_models["lowres_decoder"], backend=backend
         )
         results.append(segmenter.segment(image, boxes)[0])
         segmenter.close()
