@@ -19,7 +19,7 @@ from typing import Any
 
 from pipelines.events import Event, EventKind
 from pipelines.frames import VideoFrame
-from pipelines.graph import StageContext, counter, register_counters
+from pipelines.graph import StageContext, StageFailed, counter, register_counters
 from pipelines.graph.counters import Counters
 from pipelines.mailbox import FrameMailbox, MailboxClosed
 from pipelines.segment.cadence import MaskCadence, TrackedBox, boxes_array
@@ -144,6 +144,14 @@ def build(ctx: StageContext) -> SegmentStage | None:
     engine = ctx.engines.segment
     if engine is None:
         return None
+    # A class the detector cannot find would never be segmented: say so (the stream fails with it).
+    names = set(ctx.engines.detector.detector.info.names.values())
+    unknown = sorted(engine.settings.every_frame_classes - names)
+    if unknown:
+        raise StageFailed(
+            f"segmentation.every_frame_classes: {', '.join(map(repr, unknown))} not among the model's classes "
+            f"({', '.join(sorted(names))})"
+        )
     stage = SegmentStage(ctx.stream_id, ctx.frames(STAGE_NAME), engine)
     ctx.observe(stage.observe)
     return stage

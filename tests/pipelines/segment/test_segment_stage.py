@@ -89,6 +89,22 @@ async def test_new_tracks_get_one_mask_each_and_events_carry_it(model_dir: Path)
     assert plain and all(set(o) == {"class", "class_id", "score", "box", "track_id"} for o in plain)
 
 
+async def test_every_frame_classes_the_model_lacks_fail_the_stream_with_the_key(model_dir: Path) -> None:
+    segmenter = open_segmenter(yolo_seg=model_dir / "yolo_seg.onnx", backend="onnx-cpu")
+    engine = SegmentEngine(segmenter, SegmentSettings(every_frame_classes=frozenset({"person", "horse"})))
+    detector = create_detector(model_dir / "yolo_seg.onnx", "onnx-cpu")
+    try:
+        async with DetectionBatcher(detector) as batcher:
+            graph = StreamGraph(
+                spec(), FakeSource(3), DEFAULT_STAGES, SharedEngines(batcher, segment=engine), ListSink()
+            )
+            assert await asyncio.wait_for(graph.run(), 10) is StreamState.FAILED
+    finally:
+        engine.close()
+        detector.close()
+    assert graph.reason is not None and "segmentation.every_frame_classes: 'horse'" in graph.reason
+
+
 def box(track_id: int, x: float, cls: str = "car") -> TrackedBox:
     return TrackedBox(track_id, cls, (x, 0.0, x + 10.0, 10.0))
 
