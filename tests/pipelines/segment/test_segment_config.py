@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from realtime.cli.bootstrap import open_segmentation
+from realtime.cli.errors import CommandError
 from realtime.config import Config, ConfigError, load_config
 
 
@@ -40,3 +42,10 @@ def test_settings_reach_the_stage(tmp_path: Path) -> None:
     config = load(tmp_path, "segmentation: {yolo_seg: s.onnx, every_frame_classes: [person], reseg_iou: 0.5}\n")
     settings = config.segmentation.to_settings()
     assert settings.every_frame_classes == frozenset({"person"}) and settings.reseg_iou == 0.5
+
+
+async def test_a_missing_model_is_a_command_error_naming_the_section(tmp_path: Path) -> None:
+    config = load(tmp_path, f"segmentation: {{enabled: true, yolo_seg: {tmp_path / 'nope.onnx'}, backend: onnx-cpu}}\n")
+    with pytest.raises(CommandError, match="segmentation: .*nope.onnx: no such model file"):
+        async with open_segmentation(config.segmentation):
+            pass
