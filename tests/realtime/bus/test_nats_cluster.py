@@ -1,0 +1,151 @@
+"""A 3-node NATS cluster (real nats-server processes on loopback) loses a node mid-run.
+
+The publisher is configured with every node (`nats.url` as a list) and `nats.replicas: 3`. The
+node it is connected to, which is also made the VIDSENTRY stream's leader, is SIGKILLed while
+three streams publish: the publisher reconnects to a surviving node, the stream elects a new
+leader, the outbox re-sends what was unanswered with the same Nats-Msg-Id, and every durable
+event is stored exactly once, in order. The killed node then comes back and catches up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from pathlib import Path
+
+import nats.errors
+import pytest
+from nats.js.client import JetStreamContext
+
+from pipelines.events import Event, EventKind
+from realtime.bus.delivery import WireMessage
+from realtime.bus.jetstream import STREAM_NAME
+from realtime.bus.outbox import Outbox
+from realtime.bus.publisher import NatsEventPublisher
+from tests.support.nats_cluster import NatsCluster, nats_cluster  # noqa: F401
+
+from .jetstream_log import assert_exactly_once_in_order, stored_events
+from .util import event, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+STREAMS = ("gate", "lobby", "yard")
+RATE_PER_STREAM = 30.0  # durable events per second, each stream
+
+
+class AckLog:
+    """DeliveryHooks that remembers what JetStream acknowledged, and how often it said duplicate."""
+
+    def __init__(self) -> None:
+        self.acked: set[str] = set()
+        self.duplicates = 0
+        self.undeliverable: list[str] = []
+
+    def on_acked(self, msg: WireMessage, delay_s: float, duplicate: bool) -> None:
+        self.acked.add(msg.event_id)
+        self.duplicates += duplicate
+
+    def on_undeliverable(self, msg: WireMessage, error: BaseException) -> None:
+        self.undeliverable.append(f"{msg.event_id}: {error!r}")
+
+
+def next_event(stream: str, i: int) -> Event:
+    if i % 10 == 0:
+        return event(EventKind.ALERTS, stream, rule="loiter", phase="start", severity="warning")
+    return event(EventKind.TRACKS, stream, track_id=i % 7, phase="update")
+
+
+async def camera(pub: NatsEventPublisher, stream: str, stop: asyncio.Event, produced: list[str]) -> None:
+    loop = asyncio.get_running_loop()
+    due = loop.time()
+    for i in itertools.count():
+        if stop.is_set():
+            return
+        ev = next_event(stream, i)
+        await pub.publish(ev)
+        produced.append(ev.id)
+        due += 1 / RATE_PER_STREAM
+        await asyncio.sleep(max(0.0, due - loop.time()))
+
+
+async def stream_leader(js: JetStreamContext) -> str | None:
+    info = await js.stream_info(STREAM_NAME)
+    return info.cluster.leader if info.cluster is not None else None
+
+
+async def move_leader(pub: NatsEventPublisher, js: JetStreamContext, to: str) -> None:
+    """Make `to` the stream's leader, so killing it also loses the leader (the harder case)."""
+    if await stream_leader(js) == to:
+        return
+    assert pub.nc is not None
+    request = json.dumps({"placement": {"preferred": to}}).encode()
+    reply = await pub.nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{STREAM_NAME}", request, timeout=5)
+    assert json.loads(reply.data).get("success"), reply.data
+    for _ in range(200):
+        with contextlib.suppress(nats.errors.Error):  # no leader for a moment during the hand-over
+            if await stream_leader(js) == to:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"stream leader did not move to {to}")
+
+
+async def test_losing_a_nats_node_loses_and_duplicates_no_durable_event(
+    nats_cluster: NatsCluster,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    acks = AckLog()
+    pub = NatsEventPublisher(
+        nats_cluster.url,
+        node="test",
+        stream_replicas=3,
+        reconnect_wait=0.25,
+        ack_timeout=2.0,
+        hooks=acks,
+        outbox=Outbox(tmp_path / "outbox", fsync_interval_s=None),
+    )
+    await pub.connect()
+    produced: dict[str, list[str]] = {stream: [] for stream in STREAMS}
+    stop = asyncio.Event()
+    try:
+        assert pub.nc is not None and pub.nc.connected_url is not None
+        js = pub.nc.jetstream()
+        info = await js.stream_info(STREAM_NAME)
+        assert info.config.num_replicas == 3
+        assert info.cluster is not None and len(info.cluster.replicas or []) == 2
+        victim = nats_cluster.node_on_port(pub.nc.connected_url.port or 0)
+        await move_leader(pub, js, victim.name)
+
+        async with asyncio.TaskGroup() as tg:
+            for stream in STREAMS:
+                tg.create_task(camera(pub, stream, stop, produced[stream]), name=f"camera-{stream}")
+            await wait_until(lambda: len(acks.acked) >= 60, limit_s=10, what="events acked before the kill")
+            victim.server.kill()
+            await wait_until(lambda: pub.stats.reconnects >= 1, limit_s=15, what="publisher reconnected")
+            assert pub.nc.connected_url.port != victim.server.port
+            acked_at_kill = len(acks.acked)
+            await wait_until(
+                lambda: len(acks.acked) > acked_at_kill + 60,
+                limit_s=20,
+                what=lambda: f"events acked after the kill ({len(acks.acked) - acked_at_kill}) {pub.stats}",
+            )
+            stop.set()
+        assert await pub.flush(20), pub.stats
+
+        survivors_leader = await stream_leader(js)
+        assert survivors_leader is not None and survivors_leader != victim.name
+        # The node comes back from its store and catches up; the stream has its three copies again.
+        await asyncio.to_thread(victim.server.restart)
+        await asyncio.to_thread(nats_cluster.wait_ready)
+
+        stored = await stored_events(victim.url)  # read through the node that was down
+        assert_exactly_once_in_order(stored, produced)
+        assert {s.event_id for s in stored} >= acks.acked  # nothing acknowledged went missing
+        totals = pub.stats.totals()
+        assert not acks.undeliverable and totals.failed == 0
+        assert totals.acked == sum(map(len, produced.values())) + acks.duplicates
+        assert pub.stats.outbox_depth == 0
+    finally:
+        stop.set()
+        await pub.close()
