@@ -33,7 +33,24 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--vlm-url", action="append", help="check this vLLM base URL, e.g. http://vllm:8000/v1 "
                         "(repeatable; overrides vlm.endpoints)")
     doctor.add_argument("--vlm-model", help="the model it should serve (default: vlm.model)")
+    add_parity_arguments(doctor)
     return parser
+
+
+def add_parity_arguments(parser: argparse.ArgumentParser) -> None:
+    parity = parser.add_argument_group("parity", "--parity: an engine's detections against ONNX Runtime CPU's")
+    parity.add_argument("--parity", action="store_true", help="run the comparison (the other flags need it)")
+    parity.add_argument("--file", help="video to take frames from (default: the sample clip)")
+    parity.add_argument("--backend", choices=["tensorrt", "onnx-cuda", "onnx-cpu"],
+                        help="engine to check (default: the best GPU engine here; onnx-cpu checks the check)")
+    parity.add_argument("--model", help="ONNX the checked engine runs (default: the bundled people model)")
+    parity.add_argument("--reference-model", help="ONNX the CPU reference runs (default: --model)")
+    parity.add_argument("--frames", type=int, default=50, help="frames to compare (default 50)")
+    parity.add_argument("--conf", type=float, default=0.25, help="detection score threshold (default 0.25)")
+    parity.add_argument("--precision", choices=["fp16", "fp32", "int8"], default="fp16", help="TensorRT precision")
+    parity.add_argument("--calibration-cache", help="TensorRT INT8 calibration cache: read if present, "
+                        "else written after calibrating on --file")
+    parity.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +59,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="Ultralytics YOLO detect export (.onnx); default: bundled people model")
     parser.add_argument("--config", help="YAML config: detector, tracker, supervisor and NATS settings (flags win)")
     parser.add_argument("--engine", choices=["auto", "tensorrt", "onnx-cuda", "onnx-cpu"], help="default: auto")
+    parser.add_argument("--precision", choices=["fp32", "int8"],
+                        help="int8: a quantized copy of the model on the CPU, built once (default: detector.precision)")
     parser.add_argument("--ingest", default="pyav", choices=["pyav", "gstreamer"], help="decoder backend")
     parser.add_argument("--nats-url", help="NATS server; default: start an embedded one on loopback")
     parser.add_argument("--duration", type=float, help="stop after this many seconds")

@@ -10,8 +10,18 @@ from engines.registry import EngineCheck, doctor
 from realtime.cli.errors import EXIT_USAGE, CommandError
 from realtime.config import ConfigError, VlmConfig, load_config
 
+PARITY_ONLY = ("file", "backend", "model", "reference_model", "calibration_cache", "json")
+
 
 def doctor_command(args: argparse.Namespace | None = None) -> int:
+    if args is not None and getattr(args, "parity", False):
+        from realtime.cli.parity import parity_command
+
+        return parity_command(args)
+    given = [name for name in PARITY_ONLY if getattr(args, name, None)]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise CommandError(f"{flags} only apply with --parity", EXIT_USAGE)
     checks = doctor()
     vlm_checks = _vlm_checks(args)
     rows = checks + vlm_checks
