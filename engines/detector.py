@@ -20,6 +20,7 @@ from engines.types import Detections, ModelInfo
 PAD_VALUE = 114  # Ultralytics' letterbox gray; the models were trained with it
 DEFAULT_MAX_BATCH = 16  # chunk size for dynamic-batch models when the backend sets no limit
 MAX_NMS_CANDIDATES = 30_000  # bounds NMS cost on pathological outputs (e.g. conf=0.001)
+_NO_TENSOR = np.zeros((0, 3, 1, 1), np.float32)  # postprocess() reads only a batch's letterboxes
 
 
 @runtime_checkable
@@ -215,9 +216,17 @@ class YoloDetector:
 
     def detect(self, images: Sequence[np.ndarray]) -> list[Detections]:
         images = _check_images(images)
+        # A backend that letterboxes on its device (TensorRT) takes the frames themselves.
+        on_device = getattr(self._runtime, "letterbox_on_device", False)
         results: list[Detections] = []
         for start in range(0, len(images), self.max_batch):
-            prepared = self.preprocess(images[start : start + self.max_batch])
+            chunk = images[start : start + self.max_batch]
+            if on_device:
+                self._check_open()
+                raw, boxes = self._runtime.infer_images(chunk)  # type: ignore[attr-defined]
+                results.extend(self.postprocess(raw, PreparedBatch(_NO_TENSOR, boxes)))
+                continue
+            prepared = self.preprocess(chunk)
             results.extend(self.postprocess(self.infer(prepared.tensor), prepared))
         return results
 

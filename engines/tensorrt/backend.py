@@ -245,6 +245,7 @@ class TensorRTBackend:
             self._context.set_tensor_address(binding.name, int(self._device[binding.name]))
         self._stream = cuda.Stream()
         self.gpu_letterbox: GpuLetterbox | None = None
+        self.letterbox_on_device = False  # YoloDetector.detect() hands frames to infer_images() when True
         try:
             from pycuda.compiler import SourceModule
 
@@ -252,6 +253,7 @@ class TensorRTBackend:
                 cuda, SourceModule, dst_hw=self._info.imgsz, dtype=self.layout.input.dtype,
                 slots=self.layout.max_batch, stream=self._stream,
             )
+            self.letterbox_on_device = True
         except Exception as exc:  # nvcc missing, or an input dtype the kernel does not write
             log.warning("TensorRT: letterbox stays on the CPU (%s): pycuda compiles its kernel with nvcc, "
                         "install the CUDA toolkit to move it to the GPU", str(exc).splitlines()[0] if str(exc) else exc)

@@ -18,7 +18,7 @@ from engines.registry import create_detector
 def test_engine_is_cached_and_agrees_with_cpu(
     precision: str, nudenet_model: Path, vtest_avi: Path, vtest_frames: dict[int, np.ndarray], tmp_path: Path
 ) -> None:
-    from engines.tensorrt.backend import TensorRTOptions
+    from engines.tensorrt.backend import TensorRTBackend, TensorRTOptions
     from engines.tensorrt.detector import open_tensorrt_detector
 
     options = TensorRTOptions(precision=precision, cache_dir=tmp_path, calibration_video=vtest_avi,
@@ -29,16 +29,19 @@ def test_engine_is_cached_and_agrees_with_cpu(
         pytest.skip(f"tensorrt cannot run here: {exc}")
     frames = list(vtest_frames.values())
     try:
-        engine_path = first._trt.engine_path
+        backend = first._runtime
+        assert isinstance(backend, TensorRTBackend)
+        engine_path = backend.engine_path
         assert engine_path.is_file() and engine_path.with_suffix(".json").is_file()
-        assert first._trt.gpu_letterbox is not None, "nvcc missing: the letterbox fell back to the CPU"
+        assert backend.letterbox_on_device, "nvcc missing: the letterbox fell back to the CPU"
         gpu = first.detect(frames)
     finally:
         first.close()
     built_at = engine_path.stat().st_mtime_ns
     second = open_tensorrt_detector(nudenet_model, options, conf=0.05)
     try:
-        assert second._trt.engine_path == engine_path and engine_path.stat().st_mtime_ns == built_at
+        assert getattr(second._runtime, "engine_path", None) == engine_path
+        assert engine_path.stat().st_mtime_ns == built_at  # loaded, not rebuilt
         again = second.detect(frames)
     finally:
         second.close()

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from engines.detector import PAD_VALUE, Letterbox, YoloDetector
+from engines.onnx_backend import OnnxRuntimeBackend
+from engines.parity import compare
 from engines.tensorrt.preprocess import letterbox_reference
 
 ONE_LEVEL = 1 / 255 + 1e-6  # cv2 resizes in 11-bit fixed point: at most one grey level apart
@@ -45,6 +49,51 @@ def test_reference_matches_the_detector_on_a_real_frame(
     tensor = nudenet_detector.preprocess([frame]).tensor[0]
     box = Letterbox.fit(frame.shape[:2], nudenet_detector.info.imgsz)
     np.testing.assert_allclose(letterbox_reference(frame, box), tensor, rtol=0, atol=ONE_LEVEL)
+
+
+class ReferenceLetterboxBackend:
+    """ONNX Runtime behind the on-device letterbox interface, letterboxing with the kernel's numpy
+    reference: detect() takes the same branch it takes for TensorRT."""
+
+    letterbox_on_device = True
+    name = "reference-letterbox"
+    max_batch: int | None = None
+
+    def __init__(self, model: Path, imgsz: tuple[int, int]) -> None:
+        self._ort = OnnxRuntimeBackend(model, "cpu", threads=1)
+        self.input_name = self._ort.input_name
+        self._imgsz = imgsz
+        self.calls = 0
+
+    def infer_images(self, images: list[np.ndarray]) -> tuple[np.ndarray, tuple[Letterbox, ...]]:
+        self.calls += 1
+        boxes = tuple(Letterbox.fit(image.shape[:2], self._imgsz) for image in images)
+        tensor = np.stack([letterbox_reference(image, box) for image, box in zip(images, boxes, strict=True)])
+        return self._ort.infer(tensor), boxes
+
+    def infer(self, batch: np.ndarray) -> np.ndarray:
+        return self._ort.infer(batch)
+
+    def close(self) -> None:
+        self._ort.close()
+
+
+def test_detect_through_the_device_letterbox_path_gives_the_cpu_boxes(
+    vtest_frames: dict[int, np.ndarray], people_crops: list[np.ndarray], nudenet_detector: YoloDetector,
+    nudenet_model: Path,
+) -> None:
+    images = [*vtest_frames.values(), *people_crops]
+    info = nudenet_detector.info
+    backend = ReferenceLetterboxBackend(nudenet_model, info.imgsz)
+    device_path = YoloDetector(backend, info, conf=nudenet_detector.conf, max_batch=4)
+    try:
+        got = device_path.detect(images)
+    finally:
+        device_path.close()
+    assert backend.calls == 2  # 6 images in chunks of max_batch 4
+    report = compare(nudenet_detector.detect(images), got, reference_name="cpu", candidate_name="reference",
+                     reference_ms=0, candidate_ms=0)
+    assert report.matched > 0 and report.agree, report.verdict()
 
 
 def test_reference_refuses_a_mismatched_image() -> None:
