@@ -4,13 +4,16 @@ key fields only). The configs they carry must load with the real config model.""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from realtime.bus.embedded import find_nats_server
 from realtime.config import load_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -29,6 +32,26 @@ def k8s_objects(app: str = "vidsentry") -> dict[str, dict[str, Any]]:
             if doc["kind"] == "Kustomization" or labels.get("app.kubernetes.io/name") == app:
                 objects[doc["kind"]] = doc
     return objects
+
+
+def k8s_by_name(app: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """One app's objects by (kind, name): for apps with two of a kind (NATS has two Services)."""
+    objects = {}
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        for doc in documents(path):
+            if doc.get("metadata", {}).get("labels", {}).get("app.kubernetes.io/name") == app:
+                objects[(doc["kind"], doc["metadata"]["name"])] = doc
+    return objects
+
+
+def compose_workers(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: service for name, service in compose["services"].items() if name.startswith("vidsentry")}
+
+
+def flag(args: list[str], name: str) -> str:
+    """The value after `name` in an argument list (fails the test if the flag is absent)."""
+    assert name in args, f"{name} missing from {args}"
+    return args[args.index(name) + 1]
 
 
 @pytest.mark.parametrize("path", sorted(DEPLOY.rglob("*.y*ml")), ids=lambda p: str(p.relative_to(DEPLOY)))
@@ -65,13 +88,25 @@ def test_compose() -> None:
     (compose,) = documents(DEPLOY / "compose.yaml")
     services = compose["services"]
     assert services["nats"]["image"] == "nats:2" and "-js" in services["nats"]["command"]
-    app = services["vidsentry"]
-    assert app["build"]["dockerfile"] == "deploy/Dockerfile"
-    assert app["environment"]["VIDSENTRY_NATS__URL"] == "nats://nats:4222"
-    assert app["environment"]["VIDSENTRY_API_TOKEN"].startswith("${VIDSENTRY_API_TOKEN:?")
-    assert "8080:8080" in app["ports"][0]
-    assert any("/healthz" in part for part in app["healthcheck"]["test"])
-    assert "nats" in app["depends_on"]
+    workers = compose_workers(compose)
+    assert len(workers) >= 2  # a fleet, not one process
+    fleets, nodes, host_ports, outboxes = set(), set(), set(), set()
+    for app in workers.values():
+        assert app["build"]["dockerfile"] == "deploy/Dockerfile"
+        assert app["environment"]["VIDSENTRY_NATS__URL"] == "nats://nats:4222"
+        assert app["environment"]["VIDSENTRY_API_TOKEN"].startswith("${VIDSENTRY_API_TOKEN:?")
+        assert app["command"][0] == "serve" and "0.0.0.0" in app["command"]
+        fleets.add(flag(app["command"], "--fleet"))
+        nodes.add(flag(app["command"], "--node"))
+        (port,) = app["ports"]
+        assert port.startswith("127.0.0.1:") and port.endswith(":8080")
+        host_ports.add(port)
+        outboxes.update(v.split(":")[0] for v in app["volumes"] if v.endswith(":/var/lib/vidsentry/outbox"))
+        assert any("/healthz" in part for part in app["healthcheck"]["test"])
+        assert "nats" in app["depends_on"]
+    assert len(fleets) == 1  # one fleet ...
+    assert len(nodes) == len(host_ports) == len(outboxes) == len(workers)  # ... of distinct workers
+    assert outboxes <= set(compose["volumes"])  # each outbox directory is locked by its one worker
 
 
 def test_kubernetes_manifests() -> None:
@@ -90,6 +125,15 @@ def test_kubernetes_manifests() -> None:
     assert container["ports"] == [{"name": "http", "containerPort": 8080}]
     env = {item["name"]: item for item in container["env"]}
     assert env["VIDSENTRY_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "vidsentry-api-token", "key": "token"}
+    # A fleet: several replicas share the streams; each names itself after its pod.
+    deployment = objects["Deployment"]["spec"]
+    assert deployment["replicas"] > 1 and flag(container["args"], "--fleet")
+    assert flag(container["args"], "--node") == "$(VIDSENTRY_NODE)"
+    assert env["VIDSENTRY_NODE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert deployment["strategy"]["type"] == "RollingUpdate"
+    pdb = objects["PodDisruptionBudget"]["spec"]
+    assert pdb["selector"] == deployment["selector"] and 0 < pdb["maxUnavailable"] < deployment["replicas"]
+    assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert mounts["config"] == "/etc/vidsentry" and volumes["config"]["configMap"]["name"] == "vidsentry-config"
@@ -138,7 +182,47 @@ def test_vllm_is_started_the_way_the_describer_needs_it(tmp_path: Path) -> None:
     app_env = {item["name"]: item for item in app["env"]}
     assert app_env[vlm.api_key_env]["valueFrom"]["secretKeyRef"]["name"] == "vllm-api-key"
 
-    environment = compose["services"]["vidsentry"]["environment"]
-    assert environment["VIDSENTRY_VLM__ENDPOINTS"] == "${VLM_ENDPOINTS:-[]}"  # off unless asked for
-    assert environment["VIDSENTRY_VLM__MODEL"] == flags["--model"]
+    for worker in compose_workers(compose).values():
+        environment = worker["environment"]
+        assert environment["VIDSENTRY_VLM__ENDPOINTS"] == "${VLM_ENDPOINTS:-[]}"  # off unless asked for
+        assert environment["VIDSENTRY_VLM__MODEL"] == flags["--model"]
     assert compose["services"]["vllm"]["profiles"] == ["vlm"]
+
+
+def test_nats_is_a_three_node_jetstream_cluster(tmp_path: Path) -> None:
+    nats = k8s_by_name("nats")
+    statefulset = nats[("StatefulSet", "nats")]["spec"]
+    headless = nats[("Service", statefulset["serviceName"])]["spec"]
+    assert statefulset["replicas"] == 3 and statefulset["podManagementPolicy"] == "Parallel"
+    assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
+    (container,) = statefulset["template"]["spec"]["containers"]
+    assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"].startswith("/healthz")
+    assert {v["metadata"]["name"] for v in statefulset["volumeClaimTemplates"]} == {"data"}
+    pdb = nats[("PodDisruptionBudget", "nats")]["spec"]
+    assert pdb["maxUnavailable"] == 1 and pdb["selector"] == statefulset["selector"]
+
+    conf = nats[("ConfigMap", "nats-config")]["data"]["nats.conf"]
+    pods = {f"nats-{i}.{statefulset['serviceName']}" for i in range(statefulset["replicas"])}
+    assert set(re.findall(r"nats://([\w.-]+):6222", conf)) == pods  # a route to every pod
+    assert re.search(r"^server_name: \$SERVER_NAME\b", conf, re.M)
+    env = {item["name"]: item for item in container["env"]}
+    assert env["SERVER_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # The real nats-server reads the file (syntax, sizes, the variable) without starting.
+    (tmp_path / "nats.conf").write_text(conf)
+    check = subprocess.run(
+        [str(find_nats_server()), "-t", "-c", str(tmp_path / "nats.conf")],
+        check=False,
+        env={**os.environ, "SERVER_NAME": "nats-0"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert check.returncode == 0, check.stderr + check.stdout
+
+    # vidsentry reaches it through the client Service and keeps 3 copies of its stream and buckets.
+    client = nats[("Service", "nats")]["spec"]
+    assert client["ports"][0]["port"] == 4222 and client["selector"] == statefulset["selector"]["matchLabels"]
+    (tmp_path / "k8s.yaml").write_text(k8s_objects()["ConfigMap"]["data"]["vidsentry.yaml"])
+    settings = load_config(tmp_path / "k8s.yaml", environ={}).nats
+    assert settings.url == "nats://nats:4222" and settings.replicas == statefulset["replicas"]
