@@ -114,6 +114,7 @@ class TensorRTBackend:
         self._context_cuda.push()
         try:
             self._logger = trt.Logger(trt.Logger.WARNING)
+            self._runtime = trt.Runtime(self._logger)  # kept: it must outlive the engines it loads
             onnx_shape = [info.fixed_batch, 3, *info.imgsz]
             self.profile = profile_shapes(info.input_name, onnx_shape, info.imgsz, options.max_batch)
             self._qdq = options.precision == "int8" and has_qdq_nodes(self._onnx)
@@ -164,7 +165,7 @@ class TensorRTBackend:
     def _load_or_build(self) -> Any:
         state, why = cache_state(self.entry)
         if state == "fresh":
-            engine = self._trt.Runtime(self._logger).deserialize_cuda_engine(self.entry.engine_path.read_bytes())
+            engine = self._runtime.deserialize_cuda_engine(self.entry.engine_path.read_bytes())
             if engine is not None:
                 log.info("TensorRT engine loaded from %s", self.entry.engine_path)
                 return engine
@@ -182,7 +183,7 @@ class TensorRTBackend:
             )
         store_engine(self.entry, serialized)
         log.info("TensorRT engine cached at %s", self.entry.engine_path)
-        engine = self._trt.Runtime(self._logger).deserialize_cuda_engine(self.entry.engine_path.read_bytes())
+        engine = self._runtime.deserialize_cuda_engine(self.entry.engine_path.read_bytes())
         if engine is None:
             raise EngineError(f"{self.entry.engine_path}: TensorRT cannot load the engine it just built")
         return engine
@@ -199,19 +200,22 @@ class TensorRTBackend:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_bytes)
         if options.precision in ("fp16", "int8"):
             # INT8 engines keep FP16 for the layers INT8 cannot take.
-            config.set_flag(trt.BuilderFlag.FP16)
+            _set_flag(trt, config, "FP16")
         if self.profile.dynamic:
             config.add_optimization_profile(_trt_profile(builder, self.profile))
+        calibrator = None  # held here: TensorRT calls back into it until the build returns
         if options.precision == "int8":
-            config.set_flag(trt.BuilderFlag.INT8)
+            _set_flag(trt, config, "INT8")
             if self._calibration is not None:
-                config.int8_calibrator = self._calibrator()
+                calibrator = self._calibrator()
+                config.int8_calibrator = calibrator
                 if self.profile.dynamic:
                     batch = min(CALIBRATION_BATCH, self.profile.max_batch)
                     shape = (batch, *self.profile.max[1:])
                     calib = ProfileShapes(self.profile.input_name, shape, shape, shape)
                     config.set_calibration_profile(_trt_profile(builder, calib))
         serialized = builder.build_serialized_network(network, config)
+        del calibrator
         if serialized is None:
             raise EngineError(f"{self._onnx}: TensorRT engine build failed (see the TensorRT log above)")
         return serialized
@@ -312,7 +316,7 @@ class TensorRTBackend:
                     allocation.free()
                 self._device.clear()
                 self._host.clear()
-                del self._context, self._engine, self._stream
+                del self._context, self._engine, self._runtime, self._stream
             finally:
                 self._context_cuda.pop()
                 self._context_cuda.detach()
@@ -329,6 +333,13 @@ class _PushedContext:
 
     def __exit__(self, *exc: object) -> None:
         self._context.pop()
+
+
+def _set_flag(trt: Any, config: Any, name: str) -> None:
+    flag = getattr(trt.BuilderFlag, name, None)
+    if flag is None:  # strongly typed TensorRT releases drop the precision flags
+        raise EngineError(f"this TensorRT ({trt.__version__}) has no BuilderFlag.{name}; build with another precision")
+    config.set_flag(flag)
 
 
 def _trt_profile(builder: Any, shapes: ProfileShapes) -> Any:
