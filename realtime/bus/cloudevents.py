@@ -25,6 +25,9 @@ SUBJECT_PREFIX = "vidsentry"
 CONTENT_TYPE = "application/json"
 MSG_ID_HEADER = "Nats-Msg-Id"  # JetStream drops a second message with the same id inside the window
 ENVELOPE_FIELDS = ("stream_id", "pts", "captured_at", "published_at")
+# In a fleet, events carry the revision at which their worker took the stream's lease; larger is newer.
+LEASE_FIELD = "lease_revision"
+LEASE_HEADER = "ce-leaserev"  # the same value as a CloudEvents extension attribute
 # Printable ASCII without spaces: ids travel in headers and in JetStream's dedup table.
 _EVENT_ID_PATTERN = re.compile(r"[!-~]{1,256}")
 
@@ -100,6 +103,9 @@ def encode(event: Event, node: str, published_at: float) -> tuple[bytes, dict[st
         "content-type": CONTENT_TYPE,
         MSG_ID_HEADER: event.id,
     }
+    lease = event.data.get(LEASE_FIELD)
+    if isinstance(lease, int) and not isinstance(lease, bool):
+        headers[LEASE_HEADER] = str(lease)  # a fleet-owned stream's fencing token (realtime.fleet)
     return payload, headers
 
 

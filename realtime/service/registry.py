@@ -183,6 +183,10 @@ class StreamRegistry:
             return None
         return running.runner
 
+    def active(self, stream_id: str) -> bool:
+        """A run of this id is alive (its own, or a deleted one's still stopping)."""
+        return stream_id in self._running
+
     @property
     def running_count(self) -> int:
         """Runs alive, including those still stopping after a delete."""

@@ -1,0 +1,136 @@
+"""A local copy of one key-value bucket, kept current by a watch.
+
+Each entry remembers when this worker last saw it change (monotonic), so a record whose
+expiry marker never arrived can still be judged stale. Writes this worker makes are put in
+at once (`note`), so its own API answers read what it just wrote. The copy holds at most what
+the bucket holds; deleted and expired keys leave it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+log = logging.getLogger(__name__)
+
+RESTART_DELAY_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    value: bytes
+    revision: int
+    seen_at: float  # time.monotonic() this worker learnt of it
+
+
+class KvMirror:
+    def __init__(self, kv: KeyValue, *, on_change: Callable[[str], None] | None = None) -> None:
+        self._kv = kv
+        self._entries: dict[str, Seen] = {}
+        self._on_change = on_change
+        self.synced = asyncio.Event()  # set once the first full replay has arrived
+        self._restart = asyncio.Event()
+        self.failures = 0  # watches that ended with an error (monotonic)
+
+    def get(self, key: str) -> Seen | None:
+        return self._entries.get(key)
+
+    def items(self, prefix: str = "") -> list[tuple[str, Seen]]:
+        return [(k, v) for k, v in self._entries.items() if k.startswith(prefix)]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def note(self, key: str, value: bytes | None, revision: int) -> None:
+        """Take in a change this worker made or read (None: the key is gone); older news is ignored."""
+        current = self._entries.get(key)
+        if current is not None and current.revision >= revision:
+            return
+        if value is None:
+            self._entries.pop(key, None)
+        else:
+            self._entries[key] = Seen(value, revision, time.monotonic())
+        if self._on_change is not None:
+            self._on_change(key)
+
+    def forget(self, key: str, revision: int) -> None:
+        """Drop a key this worker knows is gone, unless something newer arrived meanwhile."""
+        current = self._entries.get(key)
+        if current is not None and current.revision <= revision:
+            del self._entries[key]
+            if self._on_change is not None:
+                self._on_change(key)
+
+    def restart(self) -> None:
+        """Watch again from the bucket's current state (after a reconnect the old watch may be gone)."""
+        self._restart.set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._watch_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.failures += 1
+                log.warning("fleet watch failed; watching again", extra={"error": str(exc) or type(exc).__name__})
+            await asyncio.sleep(RESTART_DELAY_S)
+
+    async def _watch_once(self) -> None:
+        self._restart.clear()
+        watcher = await self._kv.watchall()
+        fresh: dict[str, Seen] = {}
+        replaying = True
+        restart = asyncio.create_task(self._restart.wait())
+        try:
+            while True:
+                nxt = asyncio.create_task(watcher.updates(timeout=None))
+                done, _ = await asyncio.wait({nxt, restart}, return_when=asyncio.FIRST_COMPLETED)
+                if restart in done:
+                    nxt.cancel()
+                    return
+                entry = nxt.result()
+                if entry is None:  # the replay of what exists is complete
+                    if replaying:
+                        self._replace(fresh)
+                        replaying = False
+                        self.synced.set()
+                    continue
+                gone = entry.operation in (KV_DEL, KV_PURGE)
+                if replaying:
+                    if gone:
+                        fresh.pop(entry.key, None)
+                    else:
+                        fresh[entry.key] = Seen(entry.value or b"", entry.revision, time.monotonic())
+                else:
+                    self._take(entry.key, None if gone else (entry.value or b""), entry.revision)
+        finally:
+            restart.cancel()
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+
+    def _take(self, key: str, value: bytes | None, revision: int) -> None:
+        current = self._entries.get(key)
+        if current is not None and current.revision > revision:
+            return
+        if value is None:
+            if key in self._entries:
+                del self._entries[key]
+        else:
+            self._entries[key] = Seen(value, revision, time.monotonic())
+        if self._on_change is not None:
+            self._on_change(key)
+
+    def _replace(self, fresh: dict[str, Seen]) -> None:
+        changed = set(fresh) ^ set(self._entries)
+        changed |= {k for k in fresh if k in self._entries and fresh[k].revision != self._entries[k].revision}
+        self._entries = fresh
+        if self._on_change is not None:
+            for key in changed:
+                self._on_change(key)

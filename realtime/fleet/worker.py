@@ -1,0 +1,489 @@
+"""One worker of a fleet: the desired set from KV, the leases it holds, and the local registry
+kept to exactly the streams it holds.
+
+Two loops: renewal (every `renew_interval_s`: renew every lease, drop those that ran out,
+publish this worker's node record, hand back leases whose runs have ended) and claiming (on
+any change seen in either bucket, and every interval: claim and shed by `claim.plan`). The
+local `StreamRegistry` stays the only place runs start and stop; this worker only writes its
+desired set (`add` / `remove`), so fencing a stream is a `remove` there plus the `FencedSink`
+that already drops its events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NatsClient
+from pydantic import ValidationError
+
+from pipelines.events import EventSink
+from pipelines.graph.counters import zero_counters
+from realtime.config import STREAM_SETTINGS, AnyStreamSettings, CameraStreamSettings, WebRtcStreamSettings
+from realtime.fleet import claim
+from realtime.fleet.buckets import FleetBuckets, open_buckets
+from realtime.fleet.fence import FencedSink
+from realtime.fleet.keeper import LeaseKeeper
+from realtime.fleet.mirror import KvMirror
+from realtime.fleet.options import FleetOptions
+from realtime.fleet.records import LEASE_PREFIX, NODE_PREFIX, LeaseRecord, NodeRecord, node_key
+from realtime.service.registry import (
+    RegistryClosed,
+    StreamExists,
+    StreamLimitReached,
+    StreamRegistry,
+    UnknownStream,
+)
+from realtime.streams.view import PENDING, StreamView, public_url
+
+log = logging.getLogger(__name__)
+
+SYNC_TIMEOUT_S = 10.0
+UNOWNED_REASON = "waiting for a worker with room to take it"
+_NATS_ERRORS = (nats.errors.Error, TimeoutError, OSError)
+
+
+class FleetUnavailable(Exception):
+    """The fleet's key-value store cannot be reached; nothing changed."""
+
+
+class FleetLimitReached(StreamLimitReached):
+    setting = "fleet.max_streams"
+
+    def __init__(self, limit: int, wanted: int) -> None:
+        Exception.__init__(self, f"stream limit reached: {limit} streams in the fleet ({self.setting})")
+        self.limit = limit
+        self.wanted = wanted
+
+
+@dataclass(slots=True)
+class FleetCounters:
+    fenced_events: int = 0  # events dropped because the lease was not valid
+    claim_rounds: int = 0
+    shed: int = 0
+
+
+class FleetWorker:
+    def __init__(
+        self,
+        options: FleetOptions,
+        registry: StreamRegistry,
+        connection: Callable[[], NatsClient | None],
+    ) -> None:
+        self.options = options
+        self.node = options.node
+        self.registry = registry
+        self._connection = connection
+        self._buckets: FleetBuckets | None = None
+        self._desired: KvMirror | None = None
+        self._leases: KvMirror | None = None
+        self._keeper: LeaseKeeper | None = None
+        self._parsed: dict[str, tuple[int, AnyStreamSettings | None]] = {}  # id -> (revision, settings)
+        self._started: dict[str, AnyStreamSettings] = {}  # what this worker put into its registry
+        self._handing_back: set[str] = set()  # leases kept until their runs have ended, then released
+        self._unowned_since: dict[str, float] = {}
+        self._wake = asyncio.Event()
+        self._draining = False
+        self._stopped = False
+        self._reconnects = 0
+        self._mirror_tasks: list[asyncio.Task[None]] = []
+        self.share = 0
+        self.counters = FleetCounters()
+
+    # -- start and stop ------------------------------------------------------------------
+
+    async def start(self, config_streams: Iterable[AnyStreamSettings]) -> None:
+        """Open the buckets, read both of them, and seed the config's streams (config wins for its ids)."""
+        try:
+            await self._join(config_streams)
+        except (*_NATS_ERRORS, nats.js.errors.Error) as exc:
+            raise FleetUnavailable(str(exc) or type(exc).__name__) from None
+
+    async def _join(self, config_streams: Iterable[AnyStreamSettings]) -> None:
+        nc = self._connection()
+        if nc is None:
+            raise FleetUnavailable("not connected to NATS")
+        js = nc.jetstream()
+        options = self.options
+        self._buckets = await open_buckets(js, options.name, lease_ttl_s=options.lease_ttl_s,
+                                           replicas=options.replicas)
+        self._desired = KvMirror(self._buckets.desired, on_change=self._changed)
+        self._leases = KvMirror(self._buckets.leases, on_change=self._lease_changed)
+        self._keeper = LeaseKeeper(self._buckets.leases, self.node, self._buckets.lease_ttl_s,
+                                   on_write=self._leases.note)
+        self._reconnects = nc.stats.get("reconnects", 0)
+        self._mirror_tasks = [
+            asyncio.create_task(self._desired.run(), name="fleet-desired-watch"),
+            asyncio.create_task(self._leases.run(), name="fleet-lease-watch"),
+        ]
+        async with asyncio.timeout(SYNC_TIMEOUT_S):
+            await self._desired.synced.wait()
+            await self._leases.synced.wait()
+        for settings in config_streams:
+            await self._seed(settings)
+        log.info("fleet joined", extra={"fleet": options.name, "node": self.node, "capacity": self.capacity,
+                                        "lease_ttl_s": self._buckets.lease_ttl_s,
+                                        "renew_interval_s": options.renew_interval_s,
+                                        "desired": len(self._desired)})
+
+    async def run(self) -> None:
+        """The renewal and claim loops, until cancelled (after `drain` and `stop`)."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._renew_loop(), name="fleet-renew")
+                group.create_task(self._claim_loop(), name="fleet-claim")
+        finally:
+            for task in self._mirror_tasks:
+                task.cancel()
+
+    def drain(self) -> None:
+        """Shutting down: claim nothing more (leases stay renewed while the streams stop)."""
+        self._draining = True
+
+    async def stop(self) -> None:
+        """After the streams have stopped: hand every lease back and leave the fleet at once."""
+        self._draining = self._stopped = True
+        keeper, buckets = self._keeper, self._buckets
+        if keeper is None or buckets is None:
+            return
+        await asyncio.gather(*(keeper.release(sid) for sid in keeper.held()), return_exceptions=True)
+        with contextlib.suppress(*_NATS_ERRORS, nats.js.errors.KeyValueError):
+            await buckets.leases.delete(node_key(self.node))
+        log.info("fleet left", extra={"fleet": self.options.name, "node": self.node})
+
+    # -- what the service asks -----------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return max(1, min(self.options.capacity, self.registry.max_streams))
+
+    @property
+    def ready(self) -> bool:
+        if self._desired is None or self._leases is None or self._stopped:
+            return False
+        alive = all(not task.done() for task in self._mirror_tasks)
+        return alive and self._desired.synced.is_set() and self._leases.synced.is_set()
+
+    @property
+    def keeper(self) -> LeaseKeeper | None:
+        return self._keeper
+
+    @property
+    def desired_count(self) -> int:
+        return len(self._desired) if self._desired is not None else 0
+
+    def live_nodes(self) -> int:
+        return len(self._other_nodes()) + 1
+
+    def sink_for(self, stream_id: str, sink: EventSink) -> EventSink:
+        keeper = self._keeper
+        assert keeper is not None
+
+        def fenced() -> None:
+            self.counters.fenced_events += 1
+
+        return FencedSink(sink, lambda: keeper.token(stream_id), fenced)
+
+    def is_fleet_stream(self, stream_id: str) -> bool:
+        return stream_id in self._started
+
+    # -- the API -------------------------------------------------------------------------
+
+    async def add(self, settings: AnyStreamSettings) -> dict[str, Any]:
+        desired = self._require_open()
+        if settings.id in self._desired_ids() or settings.id in self.registry:
+            raise StreamExists(settings.id)
+        if len(desired) + 1 > self.options.max_streams:
+            raise FleetLimitReached(self.options.max_streams, len(desired) + 1)
+        value = encode_stream(settings)
+        assert self._buckets is not None
+        try:
+            revision = await self._buckets.desired.create(settings.id, value)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            raise StreamExists(settings.id) from None
+        except _NATS_ERRORS as exc:
+            raise FleetUnavailable(str(exc) or type(exc).__name__) from None
+        desired.note(settings.id, value, revision)
+        log.info("stream desired in the fleet", extra={"stream_id": settings.id, "revision": revision})
+        return self.view(settings.id)
+
+    async def remove(self, stream_id: str) -> None:
+        desired = self._require_open()
+        seen = desired.get(stream_id)
+        if seen is None:
+            if stream_id in self.registry and stream_id not in self._started:
+                self.registry.remove(stream_id)  # a browser session: this worker's own
+                return
+            raise UnknownStream(stream_id)
+        assert self._buckets is not None
+        try:
+            await self._buckets.desired.delete(stream_id)
+        except _NATS_ERRORS as exc:
+            raise FleetUnavailable(str(exc) or type(exc).__name__) from None
+        desired.forget(stream_id, seen.revision)
+        log.info("stream removed from the fleet", extra={"stream_id": stream_id})
+
+    def views(self) -> list[dict[str, Any]]:
+        out = [self.view(sid) for sid in self._desired_ids()]
+        local = {v["id"] for v in out}
+        for view in self.registry.views():  # browser sessions live on the worker that negotiated them
+            if view.stream_id not in local and isinstance(view.settings, WebRtcStreamSettings):
+                out.append({**view.to_json(), "owner": self.node})
+        return out
+
+    def view(self, stream_id: str) -> dict[str, Any]:
+        settings = self._settings(stream_id)
+        if settings is None:
+            if stream_id in self.registry:
+                return {**self.registry.get(stream_id).to_json(), "owner": self.node}
+            raise UnknownStream(stream_id)
+        if stream_id in self._started and stream_id in self.registry:
+            return {**self.registry.get(stream_id).to_json(), "owner": self.node}
+        owner = self._owners().get(stream_id)
+        state, reason = PENDING, UNOWNED_REASON if owner is None else None
+        if owner is not None:
+            record = self._node_records().get(owner)
+            state = record.states.get(stream_id, PENDING) if record is not None else PENDING
+        shown = public_url(settings.url) if isinstance(settings, CameraStreamSettings) else None
+        view = StreamView(settings=settings, shown_url=shown, state=state, reason=reason, restarts=0,
+                          restart_in=None, counters=zero_counters())
+        return {**view.to_json(), "owner": owner}
+
+    # -- loops ---------------------------------------------------------------------------
+
+    async def _renew_loop(self) -> None:
+        keeper = self._keeper
+        assert keeper is not None
+        interval = self.options.renew_interval_s
+        while not self._stopped:
+            began = time.monotonic()
+            try:
+                await self._renew_round(keeper)
+            except Exception:  # a bug here must not stop the service; leases run out and fence the streams
+                log.exception("fleet renewal round failed")
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - began)))
+
+    async def _renew_round(self, keeper: LeaseKeeper) -> None:
+        self._watch_reconnects()
+        keeper.drop_expired()
+        await asyncio.gather(*(keeper.renew(sid) for sid in keeper.held()))
+        self._sync_registry()
+        for stream_id in list(self._handing_back):
+            if not self.registry.active(stream_id):
+                self._handing_back.discard(stream_id)
+                await keeper.release(stream_id)
+        await self._publish_node_record()
+
+    async def _claim_loop(self) -> None:
+        while not self._stopped:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.options.renew_interval_s):
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                if not self._draining:
+                    await self._claim_round()
+                self._sync_registry()
+            except Exception:
+                log.exception("fleet claim round failed")
+
+    async def _claim_round(self) -> None:
+        keeper = self._keeper
+        assert keeper is not None
+        self.counters.claim_rounds += 1
+        desired = self._desired_ids()
+        owners = self._owners()
+        now = time.monotonic()
+        for sid in list(self._unowned_since):
+            if sid not in desired or sid in owners:
+                del self._unowned_since[sid]
+        for sid in desired:
+            if sid not in owners:
+                self._unowned_since.setdefault(sid, now)
+        orphaned = [sid for sid, since in self._unowned_since.items() if now - since >= self.options.orphan_after_s]
+        nodes = self._other_nodes()
+        loads = {name: claim.NodeLoad(sum(1 for o in owners.values() if o == name), rec.capacity)
+                 for name, rec in nodes.items()}
+        decision = claim.plan(node=self.node, desired=desired, owners=owners, nodes=loads,
+                              capacity=self.capacity - len(self._handing_back), slack=self.options.slack,
+                              orphaned=orphaned)
+        self.share = decision.share
+        for stream_id in decision.claim:
+            if self._draining:
+                return
+            await keeper.acquire(stream_id)
+        for stream_id in decision.shed:
+            if stream_id in keeper and stream_id not in self._handing_back:
+                self.counters.shed += 1
+                log.info("handing a stream back to spread the load", extra={"stream_id": stream_id,
+                                                                            "share": decision.share})
+                self._handing_back.add(stream_id)
+
+    # -- keeping the registry to the leases ------------------------------------------------
+
+    def _sync_registry(self) -> None:
+        keeper = self._keeper
+        assert keeper is not None
+        held = set(keeper.held())
+        desired = self._desired_ids()
+        for stream_id in held:
+            if stream_id not in desired and stream_id not in self._handing_back:
+                self._handing_back.add(stream_id)  # deleted from the fleet: stop it, then hand the lease back
+        for stream_id, settings in list(self._started.items()):
+            wanted = self._settings(stream_id)
+            if stream_id not in held or stream_id in self._handing_back or wanted != settings:
+                del self._started[stream_id]
+                with contextlib.suppress(UnknownStream, RegistryClosed):
+                    self.registry.remove(stream_id)
+        if self.registry.closing:
+            return
+        for stream_id in held - self._handing_back - set(self._started):
+            wanted = self._settings(stream_id)
+            if wanted is None:
+                continue
+            try:
+                self.registry.add(wanted)
+            except (StreamExists, StreamLimitReached, RegistryClosed) as exc:
+                log.warning("cannot run a claimed stream; handing it back",
+                            extra={"stream_id": stream_id, "error": str(exc) or type(exc).__name__})
+                self._handing_back.add(stream_id)
+                continue
+            self._started[stream_id] = wanted
+
+    async def _publish_node_record(self) -> None:
+        buckets, leases = self._buckets, self._leases
+        assert buckets is not None and leases is not None
+        states = {}
+        for stream_id in self._started:
+            with contextlib.suppress(UnknownStream):
+                states[stream_id] = self.registry.get(stream_id).state
+        record = NodeRecord(self.node, self.capacity, self._draining, states).encode()
+        try:
+            revision = await buckets.leases.put(node_key(self.node), record)
+        except _NATS_ERRORS:
+            return  # the next round tries again; others see this worker as gone after the TTL
+        leases.note(node_key(self.node), record, revision)
+
+    # -- reading the mirrors ---------------------------------------------------------------
+
+    def _desired_ids(self) -> list[str]:
+        if self._desired is None:
+            return []
+        return [key for key, _ in self._desired.items() if self._settings(key) is not None]
+
+    def _settings(self, stream_id: str) -> AnyStreamSettings | None:
+        if self._desired is None:
+            return None
+        seen = self._desired.get(stream_id)
+        if seen is None:
+            return None
+        cached = self._parsed.get(stream_id)
+        if cached is not None and cached[0] == seen.revision:
+            return cached[1]
+        settings = decode_stream(stream_id, seen.value)
+        self._parsed[stream_id] = (seen.revision, settings)
+        return settings
+
+    def _stale_after(self) -> float:
+        keeper = self._keeper
+        ttl = keeper.ttl_s if keeper is not None else self.options.lease_ttl_s
+        return ttl + self.options.renew_interval_s  # in case an expiry marker was missed
+
+    def _owners(self) -> dict[str, str]:
+        """stream id -> the worker holding its lease (this worker's own from its keeper)."""
+        owners: dict[str, str] = {}
+        if self._leases is None or self._keeper is None:
+            return owners
+        now, stale = time.monotonic(), self._stale_after()
+        for key, seen in self._leases.items(LEASE_PREFIX):
+            record = LeaseRecord.decode(seen.value)
+            if record is None or now - seen.seen_at > stale:
+                continue
+            # A lease in this worker's name it does not hold is a previous run's: held until it expires.
+            owners[key[len(LEASE_PREFIX):]] = record.node if record.node != self.node else f"{self.node} (previous)"
+        for stream_id in self._keeper.held():
+            owners[stream_id] = self.node
+        return owners
+
+    def _node_records(self) -> dict[str, NodeRecord]:
+        records: dict[str, NodeRecord] = {}
+        if self._leases is None:
+            return records
+        now, stale = time.monotonic(), self._stale_after()
+        for _, seen in self._leases.items(NODE_PREFIX):
+            record = NodeRecord.decode(seen.value)
+            if record is not None and now - seen.seen_at <= stale:
+                records[record.node] = record
+        return records
+
+    def _other_nodes(self) -> dict[str, NodeRecord]:
+        return {name: r for name, r in self._node_records().items() if name != self.node and not r.draining}
+
+    # -- changes seen ----------------------------------------------------------------------
+
+    def _changed(self, key: str) -> None:
+        self._wake.set()
+
+    def _lease_changed(self, key: str) -> None:
+        self._wake.set()
+        if not key.startswith(LEASE_PREFIX) or self._keeper is None or self._leases is None:
+            return
+        stream_id = key[len(LEASE_PREFIX):]
+        if stream_id not in self._keeper:
+            return
+        seen = self._leases.get(key)
+        record = LeaseRecord.decode(seen.value) if seen is not None else None
+        if seen is None:
+            # Expired on the server (this worker was paused or cut off): fence at once.
+            self._keeper.forfeit(stream_id, "expired")
+            self._sync_registry()
+        elif record is not None and record.node != self.node:
+            self._keeper.forfeit(stream_id, f"now held by {record.node}")
+            self._sync_registry()
+
+    def _watch_reconnects(self) -> None:
+        nc = self._connection()
+        if nc is None or self._desired is None or self._leases is None:
+            return
+        reconnects = nc.stats.get("reconnects", 0)
+        if reconnects != self._reconnects:
+            self._reconnects = reconnects
+            self._desired.restart()
+            self._leases.restart()
+
+    async def _seed(self, settings: AnyStreamSettings) -> None:
+        assert self._buckets is not None and self._desired is not None
+        if self._settings(settings.id) == settings:
+            return
+        value = encode_stream(settings)
+        revision = await self._buckets.desired.put(settings.id, value)
+        self._desired.note(settings.id, value, revision)
+
+    def _require_open(self) -> KvMirror:
+        if self._draining or self._desired is None:
+            raise RegistryClosed("the service is shutting down")
+        return self._desired
+
+
+def encode_stream(settings: AnyStreamSettings) -> bytes:
+    """The stream object as the config and the API write it."""
+    return settings.model_dump_json().encode()
+
+
+def decode_stream(stream_id: str, raw: bytes) -> AnyStreamSettings | None:
+    try:
+        settings = STREAM_SETTINGS.validate_json(raw)
+    except ValidationError as exc:
+        log.warning("unreadable stream in the fleet's desired set; skipped",
+                    extra={"stream_id": stream_id, "error": str(exc).splitlines()[0]})
+        return None
+    if settings.id != stream_id:
+        return None
+    return settings
