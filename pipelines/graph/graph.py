@@ -78,7 +78,11 @@ class StreamGraph:
         try:
             # Built inside the try: a stage that cannot be built (rules that do not fit the model)
             # fails this stream with a reason, like any stage error.
-            self.stages = [stage for factory in self._factories if (stage := factory(context)) is not None]
+            self.stages = context.built
+            for factory in self._factories:
+                stage = factory(context)
+                if stage is not None:
+                    context.built.append(stage)
             if self._stop_requested:
                 self.stop()
             async with asyncio.TaskGroup() as group:

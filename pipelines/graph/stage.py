@@ -46,6 +46,7 @@ class StageContext:
     frame_tee: FrameTee
     audio_tee: AudioTee | None
     on_frame: FrameObserver | None = None
+    built: list[Stage] = field(default_factory=list, repr=False)  # the stages built so far, in order
     _primary_taken: bool = field(default=False, repr=False)
 
     @property
@@ -56,6 +57,10 @@ class StageContext:
     def lossless(self) -> bool:
         """The source is a file played as fast as it is processed, not in real time."""
         return self.frame_tee.lossless
+
+    def stage(self, name: str) -> Stage | None:
+        """A stage built before this one (factories run in order), e.g. to read its state."""
+        return next((s for s in self.built if s.name == name), None)
 
     def frames(self, name: str, *, primary: bool = False) -> FrameMailbox:
         """A latest-frame mailbox of this stream's video for one consumer. At most one consumer is

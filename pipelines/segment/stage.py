@@ -4,18 +4,19 @@ The stage sees every event the stream publishes (`StageContext.observe`). For a 
 event it does two things before the event goes out: each tracked object whose track has a mask
 gets it (`mask`: COCO RLE in frame pixels, `mask_frame_seq`: the frame it was made on), and the
 objects that need a new mask (see `cadence`) become the next job for the shared segmenter, on
-that event's own frame. Segmentation therefore never holds detections back: a mask arrives with
-the first `detections` event after it is made, and a slow segmenter costs masks, not frames.
-One job waits at most; a newer one replaces it (its objects counted as skipped).
+that event's own frame (the detect stage's `last_frame` while its event goes out, however far
+behind the source the detector runs; no frames are kept here). Segmentation never holds
+detections back: a mask arrives with the first `detections` event after it is made, and a slow
+segmenter costs masks, not frames. One job waits at most; a newer one replaces it (its objects
+counted as skipped).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from pipelines.events import Event, EventKind
 from pipelines.frames import VideoFrame
@@ -28,7 +29,15 @@ from pipelines.segment.engine import SegmentEngine
 log = logging.getLogger(__name__)
 
 STAGE_NAME = "segment"
-RECENT_FRAMES = 4  # frames kept so a detections event finds the picture it was made from
+
+
+@runtime_checkable
+class ProcessedFrames(Protocol):
+    """The detect stage, as seen from here: the frame whose detections event is going out."""
+
+    @property
+    def last_frame(self) -> VideoFrame | None: ...
+
 
 register_counters(
     {
@@ -48,18 +57,20 @@ class _Job:
 class SegmentStage:
     name = STAGE_NAME
 
-    def __init__(self, stream_id: str, frames: FrameMailbox, engine: SegmentEngine) -> None:
+    def __init__(
+        self, stream_id: str, frames: FrameMailbox, engine: SegmentEngine, detect: ProcessedFrames | None
+    ) -> None:
         self.stream_id = stream_id
-        self.frames = frames
+        self.frames = frames  # only to learn when the stream ends: the pictures come from `detect`
         self.engine = engine
+        self.detect = detect
         self.cadence = MaskCadence(engine.settings)
-        self._recent: deque[VideoFrame] = deque(maxlen=RECENT_FRAMES)
         self._pending: _Job | None = None
         self._wake = asyncio.Event()
         self._done = False
         self.computed = 0
         self.failed = 0
-        self.replaced = 0  # objects of a waiting job that a newer job replaced
+        self.replaced = 0  # objects of a waiting job that a newer job replaced, or whose frame was gone
 
     # -- seeing the stream's events (synchronous, before they go out) -----------------------
 
@@ -85,9 +96,10 @@ class SegmentStage:
         chosen = self.cadence.choose(tracked)
         if not chosen:
             return
-        frame = next((f for f in self._recent if f.seq == data.get("frame_seq")), None)
-        if frame is None:  # the picture already left the ring: those objects come up again later
+        frame = self.detect.last_frame if self.detect is not None else None
+        if frame is None or frame.seq != data.get("frame_seq"):  # not the event's picture: later, then
             self.cadence.release(chosen)
+            self.replaced += len(chosen)
             return
         if self._pending is not None:
             self.cadence.release(self._pending.objects)
@@ -102,7 +114,7 @@ class SegmentStage:
             group.create_task(self._work(), name=f"{self.stream_id}-segment-worker")
             try:
                 while True:
-                    self._recent.append(await self.frames.get())
+                    await self.frames.get()
             except MailboxClosed:
                 pass
             finally:
@@ -152,6 +164,9 @@ def build(ctx: StageContext) -> SegmentStage | None:
             f"segmentation.every_frame_classes: {', '.join(map(repr, unknown))} not among the model's classes "
             f"({', '.join(sorted(names))})"
         )
-    stage = SegmentStage(ctx.stream_id, ctx.frames(STAGE_NAME), engine)
+    detect = ctx.stage("detect")
+    if not isinstance(detect, ProcessedFrames):
+        raise StageFailed("segmentation needs the detect stage before it")
+    stage = SegmentStage(ctx.stream_id, ctx.frames(STAGE_NAME), engine, detect)
     ctx.observe(stage.observe)
     return stage

@@ -49,6 +49,7 @@ async def svc(
                 live = LiveService(service, service.url, session)
                 body = {"id": "plaza", "url": str(vtest_avi), "detect_fps": 4, "audio": False}
                 assert (await live.call("POST", "/api/streams", json_body=body)).status == 201
+                await live.wait_for_state("plaza", "live", min_processed=1)  # a frame.jpg to show at once
                 yield live
         finally:
             stop.set()
