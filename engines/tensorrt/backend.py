@@ -42,6 +42,7 @@ from engines.tensorrt.calibrate import (
     make_entropy_calibrator,
     video_frames,
 )
+from engines.tensorrt.fp16 import fp16_onnx, is_strongly_typed
 from engines.tensorrt.preprocess import GpuLetterbox
 from engines.tensorrt.profile import ProfileShapes, profile_shapes
 from engines.types import ModelInfo
@@ -138,7 +139,7 @@ class TensorRTBackend:
     # -- cache -----------------------------------------------------------------------------
 
     def _calibration_cache(self) -> CalibrationCache | None:
-        if self._options.precision != "int8" or self._qdq:
+        if self._options.precision != "int8" or self._qdq or is_strongly_typed(self._trt):
             return None
         path = self._options.calibration_cache or (
             (self._options.cache_dir or DEFAULT_CACHE_DIR) / f"{self._onnx.stem}-{file_sha256(self._onnx)[:12]}.calib"
@@ -190,21 +191,30 @@ class TensorRTBackend:
 
     def _build(self) -> Any:
         trt, options = self._trt, self._options
+        strongly_typed = is_strongly_typed(trt)
+        source = self._onnx
+        if strongly_typed and options.precision == "fp16":
+            source = fp16_onnx(self._onnx, self.entry.engine_path.parent)
+        if strongly_typed and options.precision == "int8" and not self._qdq:
+            raise EngineError(
+                f"TensorRT {trt.__version__} builds INT8 only from a model with Q/DQ nodes (it has no calibrator): "
+                f"quantize {self._onnx.name} first, or build fp16"
+            )
         builder = trt.Builder(self._logger)
-        network = builder.create_network(0)  # explicit batch is the only mode in TensorRT 10
+        network = builder.create_network(0)  # explicit batch is the only mode since TensorRT 10
         parser = trt.OnnxParser(network, self._logger)
-        if not parser.parse_from_file(str(self._onnx)):
+        if not parser.parse_from_file(str(source)):
             errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-            raise EngineError(f"{self._onnx}: TensorRT cannot parse it: {errors}")
+            raise EngineError(f"{source}: TensorRT cannot parse it: {errors}")
         config = builder.create_builder_config()
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_bytes)
-        if options.precision in ("fp16", "int8"):
+        if options.precision in ("fp16", "int8") and not strongly_typed:
             # INT8 engines keep FP16 for the layers INT8 cannot take.
             _set_flag(trt, config, "FP16")
         if self.profile.dynamic:
             config.add_optimization_profile(_trt_profile(builder, self.profile))
         calibrator = None  # held here: TensorRT calls back into it until the build returns
-        if options.precision == "int8":
+        if options.precision == "int8" and not strongly_typed:
             _set_flag(trt, config, "INT8")
             if self._calibration is not None:
                 calibrator = self._calibrator()
@@ -337,7 +347,7 @@ class _PushedContext:
 
 def _set_flag(trt: Any, config: Any, name: str) -> None:
     flag = getattr(trt.BuilderFlag, name, None)
-    if flag is None:  # strongly typed TensorRT releases drop the precision flags
+    if flag is None:
         raise EngineError(f"this TensorRT ({trt.__version__}) has no BuilderFlag.{name}; build with another precision")
     config.set_flag(flag)
 

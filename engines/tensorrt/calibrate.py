@@ -1,7 +1,7 @@
 """INT8: entropy calibration over sample frames, with a calibration cache file.
 
-TensorRT 10 still builds INT8 engines from a calibrator (implicit quantization; NVIDIA marks it
-deprecated in favour of Q/DQ models). Both work here: an ONNX that already holds
+TensorRT 10 still builds INT8 engines from a calibrator (implicit quantization; NVIDIA deprecated it
+and TensorRT 11 removed it, in favour of Q/DQ models). Both work on 10: an ONNX that already holds
 QuantizeLinear/DequantizeLinear nodes (e.g. a statically quantized export) is built with the INT8
 flag alone; a float ONNX is calibrated on letterboxed frames of a video, and the scales are kept
 in a calibration cache so later builds (another GPU, a new TensorRT) skip the frames.
