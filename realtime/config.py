@@ -451,8 +451,32 @@ class WebRtcSettings(_Strict):
     channel_buffer_bytes: int = Field(256 * 1024, ge=4096)
 
 
+class FleetSettings(_Strict):
+    """Workers sharing streams over NATS JetStream KV (`serve --fleet NAME`); see realtime.fleet.
+    `fleet: NAME` is short for `fleet: {name: NAME}`."""
+
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,32}$")  # None: no fleet, streams stay local
+    capacity: int | None = Field(None, ge=1)  # streams this worker runs at most; None: 2 per CPU core
+    lease_ttl_s: float = Field(9.0, ge=1.0, le=300.0)  # a dead worker's streams restart elsewhere within this
+    renew_interval_s: float | None = Field(None, gt=0)  # None: a third of lease_ttl_s
+    slack: int = Field(0, ge=0)  # streams above the even spread a worker may take before others have theirs
+    max_streams: int = Field(1024, ge=1)  # desired streams in the whole fleet (429 past it)
+
+    @model_validator(mode="after")
+    def _renewals_fit(self) -> FleetSettings:
+        if self.renew_interval_s is not None and self.renew_interval_s * 2 > self.lease_ttl_s:
+            raise ValueError("renew_interval_s: at most half of lease_ttl_s, so one lost renewal does not lose "
+                             "the lease")
+        return self
+
+    @property
+    def renew_every_s(self) -> float:
+        return self.renew_interval_s if self.renew_interval_s is not None else self.lease_ttl_s / 3
+
+
 class Config(_Strict):
     node: str = Field(default_factory=socket.gethostname)
+    fleet: FleetSettings = FleetSettings()
     nats: NatsSettings = NatsSettings()
     http: HttpSettings = HttpSettings()
     detector: DetectorSettings = DetectorSettings()
@@ -464,6 +488,11 @@ class Config(_Strict):
     vlm: VlmConfig = VlmConfig()
     segmentation: SegmentationSettings = SegmentationSettings()
     streams: list[StreamSettings] = []
+
+    @field_validator("fleet", mode="before")
+    @classmethod
+    def _fleet_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
 
     @field_validator("streams")
     @classmethod

@@ -89,5 +89,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--vlm-url", help="vLLM (OpenAI-compatible) base URL for scene descriptions, "
                         "e.g. http://vllm:8000/v1 (overrides vlm.endpoints)")
+    parser.add_argument("--fleet", help="share streams with every worker started with this fleet name on the same "
+                        "NATS (A-Z a-z 0-9 _ -, at most 32; default: fleet.name, else no fleet)")
+    parser.add_argument("--node", help="this worker's name in events and the fleet (default: node, the host name)")
 
 

@@ -33,6 +33,8 @@ from realtime.cli.bootstrap import (
 )
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
 from realtime.config import Config, ConfigError, config_class_problems, config_vlm_problems, load_config
+from realtime.fleet.options import with_flags
+from realtime.fleet.worker import FleetUnavailable
 from realtime.http import ListenError
 from realtime.service.memory import cap_malloc_arenas
 from realtime.service.service import Service
@@ -88,6 +90,10 @@ async def serve_command(args: argparse.Namespace) -> int:
         config = load_config(args.config)
     except ConfigError as exc:
         raise CommandError(str(exc)) from exc
+    try:
+        config = with_flags(config, fleet=args.fleet, node=args.node)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     plan = plan_listen(args, config, os.environ)
     vlm = with_vlm_url(config.vlm, args.vlm_url)
     problems = config_vlm_problems(config, vlm.enabled)  # a question nobody can answer never fires
@@ -139,6 +145,8 @@ async def serve_command(args: argparse.Namespace) -> int:
                     )
                 except ListenError as exc:
                     raise CommandError(str(exc), EXIT_RUNTIME) from None
+                except FleetUnavailable as exc:
+                    raise CommandError(f"cannot join fleet {config.fleet.name!r}: {exc}", EXIT_RUNTIME) from None
                 # One budget for stopping streams and flushing, so the whole drain fits the grace period.
                 spent = loop.time() - stop_requested_at[0] if stop_requested_at else 0.0
                 nats_connected = publisher.connected

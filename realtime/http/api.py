@@ -29,6 +29,7 @@ from realtime.config import (
     validation_problems,
     vlm_rule_problems,
 )
+from realtime.fleet.worker import FleetUnavailable, FleetWorker
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
 from realtime.service.registry import RegistryClosed, StreamExists, StreamLimitReached, UnknownStream
@@ -37,6 +38,8 @@ from realtime.sources.spec import InvalidSource
 
 # What URLs API clients may add; the service sets it from `sources:`. Without it, the strictest.
 SOURCE_POLICY = web.AppKey("vidsentry_source_policy", SourcePolicy)
+# Set when this worker is in a fleet: the desired set is the fleet's (NATS KV), listed with each owner.
+FLEET = web.AppKey("vidsentry_fleet", FleetWorker)
 
 ID_RULE = "use 1-64 characters from A-Z a-z 0-9 _ -"
 
@@ -73,7 +76,14 @@ async def read_json_object(
     return body
 
 
+def fleet_unavailable(exc: FleetUnavailable) -> ApiError:
+    return ApiError(503, "fleet store unavailable", str(exc), headers={"Retry-After": "2"})
+
+
 async def list_streams(request: web.Request) -> web.Response:
+    fleet = request.app.get(FLEET)
+    if fleet is not None:
+        return web.json_response({"streams": fleet.views()})
     views = context_of(request).registry.views()
     return web.json_response({"streams": [view.to_json() for view in views]})
 
@@ -112,35 +122,45 @@ async def create_stream(request: web.Request) -> web.Response:
     problems = rule_class_problems(settings, context.class_names) + vlm_rule_problems(settings, context.vlm)
     if problems:
         raise ApiError(400, f"invalid stream: {describe_problems(problems)}", problems)
+    fleet = request.app.get(FLEET)
     try:
-        view = context_of(request).registry.add(settings)
+        body = await fleet.add(settings) if fleet is not None else context_of(request).registry.add(settings).to_json()
     except StreamExists:
         raise ApiError(409, "stream exists", {"id": settings.id}) from None
     except StreamLimitReached as exc:
         raise ApiError(429, str(exc), {"limit": exc.limit, "setting": exc.setting}) from None
     except RegistryClosed:
         raise ApiError(503, "shutting down", "the service is draining", headers={"Retry-After": "5"}) from None
-    return web.json_response(view.to_json(), status=201, headers={"Location": f"/api/streams/{settings.id}"})
+    except FleetUnavailable as exc:
+        raise fleet_unavailable(exc) from None
+    return web.json_response(body, status=201, headers={"Location": f"/api/streams/{settings.id}"})
 
 
 async def get_stream(request: web.Request) -> web.Response:
     stream_id = stream_id_of(request)
+    fleet = request.app.get(FLEET)
     try:
-        view = context_of(request).registry.get(stream_id)
+        body = fleet.view(stream_id) if fleet is not None else context_of(request).registry.get(stream_id).to_json()
     except UnknownStream:
         raise unknown_stream(stream_id) from None
-    return web.json_response(view.to_json())
+    return web.json_response(body)
 
 
 async def delete_stream(request: web.Request) -> web.Response:
     """Removes the stream from the desired set; the reconciler stops it (its open tracks end)."""
     stream_id = stream_id_of(request)
+    fleet = request.app.get(FLEET)
     try:
-        context_of(request).registry.remove(stream_id)
+        if fleet is not None:
+            await fleet.remove(stream_id)  # every worker sees it; the owner stops it
+        else:
+            context_of(request).registry.remove(stream_id)
     except UnknownStream:
         raise unknown_stream(stream_id) from None
     except RegistryClosed:
         raise ApiError(503, "shutting down", "the service is draining", headers={"Retry-After": "5"}) from None
+    except FleetUnavailable as exc:
+        raise fleet_unavailable(exc) from None
     return web.Response(status=204)
 
 

@@ -23,8 +23,11 @@ from pipelines.segment.engine import SegmentEngine
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
+from realtime.fleet.metrics import FleetCollector
+from realtime.fleet.options import fleet_options
+from realtime.fleet.worker import FleetWorker
 from realtime.http import HttpContext, HttpServer, create_app, description, transcript
-from realtime.http.api import SOURCE_POLICY
+from realtime.http.api import FLEET, SOURCE_POLICY
 from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
 from realtime.http.metrics import MetricSources, ServiceMetrics
@@ -100,6 +103,9 @@ class Service:
         # Alert snapshots share the publisher's connection (the bucket is created on first use).
         self.engines = SharedEngines(batcher, NatsSnapshotStore(publisher), captions, describe, segment)
         self.registry = StreamRegistry(self._make_runner, on_gone=self._stream_gone, max_streams=http.max_streams)
+        # In a fleet the desired set lives in NATS KV and this registry runs only the streams leased here.
+        fleet = fleet_options(config)
+        self.fleet = FleetWorker(fleet, self.registry, lambda: publisher.nc) if fleet is not None else None
         self.context = HttpContext(
             registry=self.registry,
             fanout=self.fanout,
@@ -127,6 +133,9 @@ class Service:
             self.metrics.registry.register(VlmCollector(describe))
         self.app = create_app(self.context)
         self.app[SOURCE_POLICY] = config.sources.to_policy()  # what API clients may add
+        if self.fleet is not None:
+            self.app[FLEET] = self.fleet
+            self.metrics.registry.register(FleetCollector(self.fleet))
         signalling.add_routes(self.app, self.sessions)
         transcript.add_routes(self.app, self.transcripts)
         description.add_routes(self.app, self.descriptions)
@@ -139,6 +148,8 @@ class Service:
         checks = {"nats": self.publisher.connected, "publisher": self.publisher.alive, **self.engines.health()}
         if self.publisher.outbox is not None:
             checks["outbox"] = self.publisher.outbox_writable
+        if self.fleet is not None:
+            checks["fleet"] = self.fleet.ready
         return checks
 
     async def run(
@@ -150,7 +161,9 @@ class Service:
         server = HttpServer(self.app, max_connections=http.max_connections, idle_timeout_s=http.idle_timeout_s)
         self.url = await server.start(host, port)  # before any stream starts: a bad address costs nothing
         try:
-            if not stop.is_set():  # a signal during start-up: no stream needs starting only to stop
+            if self.fleet is not None:
+                await self.fleet.start(self.config.streams)  # seeds the config's streams into the fleet
+            elif not stop.is_set():  # a signal during start-up: no stream needs starting only to stop
                 self.registry.apply(self.config.streams)
             log.info(
                 "service listening",
@@ -168,11 +181,16 @@ class Service:
                     group.create_task(self.metrics.sample_rates(), name="frame-rates"),
                     group.create_task(self._report_health(), name="health-log"),
                 ]
+                fleet_task = group.create_task(self.fleet.run(), name="fleet") if self.fleet is not None else None
                 try:
                     await stop.wait()
                 finally:
+                    if self.fleet is not None:
+                        self.fleet.drain()  # claim nothing more; leases stay renewed while streams stop
                     await self._stop_streams(reconciler)
-                    for task in helpers:
+                    if self.fleet is not None:
+                        await self.fleet.stop()  # hand the leases back: other workers take over at once
+                    for task in [*helpers, *([fleet_task] if fleet_task is not None else [])]:
                         task.cancel()
         finally:
             self.fanout.close()
@@ -196,12 +214,16 @@ class Service:
     def _make_runner(self, settings: AnyStreamSettings) -> StreamRunner:
         config = self.config
         # The config file's streams are trusted; one an API client added gives generic failure reasons.
-        trusted = any(settings is stream for stream in config.streams)
+        # (A fleet stream is read back from KV: the same settings as the config's count.)
+        fleet = self.fleet is not None and self.fleet.is_fleet_stream(settings.id)
+        trusted = any(settings is stream or (fleet and settings == stream) for stream in config.streams)
         source = self.sessions.source(settings.id) if isinstance(settings, WebRtcStreamSettings) else None
+        # A fleet stream publishes only while this worker's lease on it is valid, with its fencing token.
+        sink = self.fleet.sink_for(settings.id, self.fanout) if fleet and self.fleet is not None else self.fanout
         return StreamRunner(
             stream_spec(settings, tracker=config.tracker, supervisor=config.supervisor, trusted=trusted),
             self.engines,
-            self.fanout,
+            sink,
             on_frame=self.metrics.frame_observer(settings.id),
             source=source,
         )
