@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,13 +41,14 @@ def cuda_ep_available() -> tuple[bool, str]:
 
 
 class OnnxRuntimeBackend:
-    """`sessions` InferenceSessions of one model; `infer` is thread-safe and up to `parallel`
-    calls run side by side, each on a session of its own.
+    """One model on ONNX Runtime; `infer` is thread-safe and up to `parallel` calls run side by side.
 
-    Several sessions exist for small CPUs: ONNX Runtime spreads one small model's operators
-    over two threads poorly (320n on 2 cores: 41 fps with one thread, 48 with two), while two
-    frames each on one thread run at 78 fps together. Each session has its own thread pool, so
-    concurrent calls never queue inside one pool.
+    With `sessions` above 1 (CPU only) a call that runs alone uses a session with every thread,
+    and calls that overlap each use one of `sessions` narrow sessions that split the threads: ONNX
+    Runtime spreads one small model's operators over two threads poorly (320n on 2 cores: 41 fps
+    with one thread, 48 with two), while two frames on one thread each run at 78 fps together.
+    Every session has its own thread pool, so overlapping calls never queue inside one pool, and a
+    caller that sends one frame at a time (a test, `doctor --parity`) keeps every core.
     """
 
     max_batch: int | None = None
@@ -81,30 +83,17 @@ class OnnxRuntimeBackend:
         if sessions < 1:
             raise ValueError(f"sessions must be >= 1, got {sessions}")
 
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        # One model, one operator at a time: intra-op threads do the work, inter-op would oversubscribe.
-        # `threads` is the whole engine's budget, shared by its sessions.
-        options.intra_op_num_threads = max(1, (threads or os.cpu_count() or 1) // sessions)
-        options.inter_op_num_threads = 1
-        # Idle intra-op threads normally spin; in a pipeline that decodes, tracks and publishes
-        # on the same cores the spinning steals CPU from that work. Measured on 2 cores with a
-        # decoder thread beside it: 320n ran at ~62 fps without spinning vs ~48 fps with it.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3  # errors only; a CUDA fallback is detected below, not logged
-        try:
-            self._session = ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
-            extra = [
-                ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
-                for _ in range(sessions - 1)
-            ]
-        except Exception as exc:  # ORT raises its own exception types per failure
-            raise ModelLoadError(f"{model_path}: onnxruntime cannot load it: {exc}".splitlines()[0]) from None
+        threads = threads or os.cpu_count() or 1
+        if device == "cuda" or threads < 2:
+            sessions = 1  # a GPU takes one call at a time; one thread cannot be split
+        self._session = _new_session(ort, model_path, providers, threads)  # for a call that runs alone
+        self._narrow: queue.SimpleQueue[Any] = queue.SimpleQueue()  # for calls side by side
+        for _ in range(sessions if sessions > 1 else 0):
+            self._narrow.put(_new_session(ort, model_path, providers, max(1, threads // sessions)))
         self.parallel = sessions
-        self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        for session in (self._session, *extra):
-            self._free.put(session)
+        self._lock = threading.Lock()
+        self._running = 0
+        self._wide_busy = False
         if device == "cuda" and self._session.get_providers()[0] != CUDA_EP:
             raise EngineUnavailable(
                 f"onnx-cuda: {CUDA_EP} failed to initialise (CUDA 12 / cuDNN 9 libraries missing, or no GPU); "
@@ -124,14 +113,46 @@ class OnnxRuntimeBackend:
         if self._session is None:
             raise EngineError("onnxruntime session is closed")
         feed = batch if batch.dtype == self._input_dtype else batch.astype(self._input_dtype)
-        session = self._free.get()  # blocks only when more than `parallel` calls run at once
+        with self._lock:
+            self._running += 1
+            wide = self._running == 1 and not self._wide_busy
+            if wide:
+                self._wide_busy = True
         try:
-            (raw,) = session.run([self._output_name], {self.input_name: feed})
+            if wide or self.parallel == 1:
+                (raw,) = self._session.run([self._output_name], {self.input_name: feed})
+            else:
+                session = self._narrow.get()  # blocks only past `parallel` calls at once
+                try:
+                    (raw,) = session.run([self._output_name], {self.input_name: feed})
+                finally:
+                    self._narrow.put(session)
         finally:
-            self._free.put(session)
+            with self._lock:
+                self._running -= 1
+                if wide:
+                    self._wide_busy = False
         return np.asarray(raw)
 
     def close(self) -> None:
         # Dropping the sessions frees their arenas; ONNX Runtime has no explicit close.
         self._session = None
-        self._free = queue.SimpleQueue()  # a call still running puts its session back here, unused
+        self._narrow = queue.SimpleQueue()  # a call still running puts its session back here, unused
+
+
+def _new_session(ort: Any, model_path: str | Path, providers: list[Any], threads: int) -> Any:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # One model, one operator at a time: intra-op threads do the work, inter-op would oversubscribe.
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # Idle intra-op threads normally spin; in a pipeline that decodes, tracks and publishes
+    # on the same cores the spinning steals CPU from that work. Measured on 2 cores with a
+    # decoder thread beside it: 320n ran at ~62 fps without spinning vs ~48 fps with it.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3  # errors only; a CUDA fallback is detected below, not logged
+    try:
+        return ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
+    except Exception as exc:  # ORT raises its own exception types per failure
+        raise ModelLoadError(f"{model_path}: onnxruntime cannot load it: {exc}".splitlines()[0]) from None
