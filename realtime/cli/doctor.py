@@ -24,7 +24,9 @@ def doctor_command(args: argparse.Namespace | None = None) -> int:
         raise CommandError(f"{flags} only apply with --parity", EXIT_USAGE)
     checks = doctor()
     vlm_checks = _vlm_checks(args)
-    rows = checks + vlm_checks
+    from realtime.sources.decode import nvdec_status  # PyAV: only now, --help stays instant
+
+    rows = [*checks, EngineCheck("nvdec-decode", *nvdec_status()), *vlm_checks]  # informative: CPU decode works
     width = max(len(c.name) for c in rows)
     for check in rows:
         mark = "yes" if check.available else "no "

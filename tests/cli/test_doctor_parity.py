@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from engines.cuda_probe import cuda_device_count
 from engines.registry import doctor
 from realtime.cli.args import build_parser
 from realtime.cli.doctor import doctor_command
@@ -85,3 +86,12 @@ def test_bad_usage(sample_clip: Path, tmp_path: Path) -> None:
         with pytest.raises(CommandError, match=message) as caught:
             doctor_in_process("--parity", *argv)
         assert caught.value.code == 2
+
+
+def test_plain_doctor_reports_nvdec(capsys: pytest.CaptureFixture[str]) -> None:
+    doctor_in_process()
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("nvdec-decode")]
+    mark = row.split()[1]
+    assert mark in ("yes", "no") and "NVDEC" in row
+    if cuda_device_count()[0] == 0:
+        assert mark == "no" and "no NVIDIA driver" in row or "without the CUDA hwdevice" in row
