@@ -89,6 +89,7 @@ class FleetWorker:
         self._started: dict[str, AnyStreamSettings] = {}  # what this worker put into its registry
         self._handing_back: set[str] = set()  # leases kept until their runs have ended, then released
         self._unowned_since: dict[str, float] = {}
+        self._lease_owners: dict[str, tuple[int, str | None]] = {}  # lease key -> (revision, node), as in the mirror
         self._wake = asyncio.Event()
         self._draining = False
         self._stopped = False
@@ -231,7 +232,8 @@ class FleetWorker:
         log.info("stream removed from the fleet", extra={"stream_id": stream_id})
 
     def views(self) -> list[dict[str, Any]]:
-        out = [self.view(sid) for sid in self._desired_ids()]
+        owners, records = self._owners(), self._node_records()  # once for the whole listing
+        out = [self._view(sid, owners, records) for sid in self._desired_ids()]
         local = {v["id"] for v in out}
         for view in self.registry.views():  # browser sessions live on the worker that negotiated them
             if view.stream_id not in local and isinstance(view.settings, WebRtcStreamSettings):
@@ -239,6 +241,9 @@ class FleetWorker:
         return out
 
     def view(self, stream_id: str) -> dict[str, Any]:
+        return self._view(stream_id, self._owners(), self._node_records())
+
+    def _view(self, stream_id: str, owners: dict[str, str], records: dict[str, NodeRecord]) -> dict[str, Any]:
         settings = self._settings(stream_id)
         if settings is None:
             if stream_id in self.registry:
@@ -246,10 +251,10 @@ class FleetWorker:
             raise UnknownStream(stream_id)
         if stream_id in self._started and stream_id in self.registry:
             return {**self.registry.get(stream_id).to_json(), "owner": self.node}
-        owner = self._owners().get(stream_id)
+        owner = owners.get(stream_id)
         state, reason = PENDING, UNOWNED_REASON if owner is None else None
         if owner is not None:
-            record = self._node_records().get(owner)
+            record = records.get(owner)
             state = record.states.get(stream_id, PENDING) if record is not None else PENDING
         shown = public_url(settings.url) if isinstance(settings, CameraStreamSettings) else None
         view = StreamView(settings=settings, shown_url=shown, state=state, reason=reason, restarts=0,
@@ -282,6 +287,8 @@ class FleetWorker:
         await self._publish_node_record()
 
     async def _claim_loop(self) -> None:
+        # Workers starting together first see each other's node records, so the first claims spread.
+        await asyncio.sleep(self.options.renew_interval_s)
         while not self._stopped:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.options.renew_interval_s):
@@ -403,14 +410,24 @@ class FleetWorker:
             return owners
         now, stale = time.monotonic(), self._stale_after()
         for key, seen in self._leases.items(LEASE_PREFIX):
-            record = LeaseRecord.decode(seen.value)
-            if record is None or now - seen.seen_at > stale:
+            node = self._lease_owner(key, seen.revision, seen.value)
+            if node is None or now - seen.seen_at > stale:
                 continue
             # A lease in this worker's name it does not hold is a previous run's: held until it expires.
-            owners[key[len(LEASE_PREFIX):]] = record.node if record.node != self.node else f"{self.node} (previous)"
+            owners[key[len(LEASE_PREFIX):]] = node if node != self.node else f"{self.node} (previous)"
         for stream_id in self._keeper.held():
             owners[stream_id] = self.node
         return owners
+
+    def _lease_owner(self, key: str, revision: int, value: bytes) -> str | None:
+        """The node named in a lease record, decoded once per revision (renewals rewrite them often)."""
+        cached = self._lease_owners.get(key)
+        if cached is not None and cached[0] == revision:
+            return cached[1]
+        record = LeaseRecord.decode(value)
+        node = record.node if record is not None else None
+        self._lease_owners[key] = (revision, node)
+        return node
 
     def _node_records(self) -> dict[str, NodeRecord]:
         records: dict[str, NodeRecord] = {}
@@ -432,13 +449,21 @@ class FleetWorker:
         self._wake.set()
 
     def _lease_changed(self, key: str) -> None:
-        self._wake.set()
         if not key.startswith(LEASE_PREFIX) or self._keeper is None or self._leases is None:
+            self._wake.set()  # a node record: the spread may have changed
             return
+        seen = self._leases.get(key)
+        before = self._lease_owners.get(key)
+        if seen is None:
+            self._lease_owners.pop(key, None)
+            node = None
+        else:
+            node = self._lease_owner(key, seen.revision, seen.value)
+        if before is None or before[1] != node:
+            self._wake.set()  # a renewal by the same owner changes nothing worth a claim round
         stream_id = key[len(LEASE_PREFIX):]
         if stream_id not in self._keeper:
             return
-        seen = self._leases.get(key)
         record = LeaseRecord.decode(seen.value) if seen is not None else None
         if seen is None:
             # Expired on the server (this worker was paused or cut off): fence at once.
