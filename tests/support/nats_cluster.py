@@ -10,6 +10,8 @@ cluster has elected a meta leader, i.e. once a stream with replicas 3 can be cre
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import urllib.error
@@ -19,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nats.errors
 import pytest
+from nats.aio.client import Client as NatsClient
 
 from realtime.bus.embedded import EmbeddedNatsServer, free_port
 
@@ -104,6 +108,24 @@ class NatsCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.server.stop()
+
+
+async def move_stream_leader(nc: NatsClient, stream: str, to: str, within_s: float = 10.0) -> int:
+    """Make server `to` the leader of JetStream stream `stream` (a KV bucket is stream KV_<bucket>),
+    e.g. so that killing that server also loses the leader; returns the stream's replica count."""
+    js = nc.jetstream()
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(nats.errors.Error):  # no leader for a moment during a hand-over
+            info = await js.stream_info(stream)
+            leader = info.cluster.leader if info.cluster is not None else None
+            if leader == to:
+                return int(info.config.num_replicas or 1)
+            if leader is not None:
+                request = json.dumps({"placement": {"preferred": to}}).encode()
+                await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", request, timeout=5)
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the leader of {stream} did not move to {to} within {within_s:g} s")
 
 
 def start_cluster(base_dir: Path, size: int = 3) -> NatsCluster:

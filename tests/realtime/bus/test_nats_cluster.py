@@ -10,12 +10,9 @@ event is stored exactly once, in order. The killed node then comes back and catc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import json
 from pathlib import Path
 
-import nats.errors
 import pytest
 from nats.js.client import JetStreamContext
 
@@ -24,7 +21,7 @@ from realtime.bus.delivery import WireMessage
 from realtime.bus.jetstream import STREAM_NAME
 from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import NatsEventPublisher
-from tests.support.nats_cluster import NatsCluster, nats_cluster  # noqa: F401
+from tests.support.nats_cluster import NatsCluster, move_stream_leader, nats_cluster  # noqa: F401
 
 from .jetstream_log import assert_exactly_once_in_order, stored_events
 from .util import event, wait_until
@@ -75,22 +72,6 @@ async def stream_leader(js: JetStreamContext) -> str | None:
     return info.cluster.leader if info.cluster is not None else None
 
 
-async def move_leader(pub: NatsEventPublisher, js: JetStreamContext, to: str) -> None:
-    """Make `to` the stream's leader, so killing it also loses the leader (the harder case)."""
-    if await stream_leader(js) == to:
-        return
-    assert pub.nc is not None
-    request = json.dumps({"placement": {"preferred": to}}).encode()
-    reply = await pub.nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{STREAM_NAME}", request, timeout=5)
-    assert json.loads(reply.data).get("success"), reply.data
-    for _ in range(200):
-        with contextlib.suppress(nats.errors.Error):  # no leader for a moment during the hand-over
-            if await stream_leader(js) == to:
-                return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"stream leader did not move to {to}")
-
-
 async def test_losing_a_nats_node_loses_and_duplicates_no_durable_event(
     nats_cluster: NatsCluster,  # noqa: F811
     tmp_path: Path,
@@ -115,7 +96,7 @@ async def test_losing_a_nats_node_loses_and_duplicates_no_durable_event(
         assert info.config.num_replicas == 3
         assert info.cluster is not None and len(info.cluster.replicas or []) == 2
         victim = nats_cluster.node_on_port(pub.nc.connected_url.port or 0)
-        await move_leader(pub, js, victim.name)
+        await move_stream_leader(pub.nc, STREAM_NAME, victim.name)
 
         async with asyncio.TaskGroup() as tg:
             for stream in STREAMS:
