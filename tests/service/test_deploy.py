@@ -224,5 +224,8 @@ def test_nats_is_a_three_node_jetstream_cluster(tmp_path: Path) -> None:
     client = nats[("Service", "nats")]["spec"]
     assert client["ports"][0]["port"] == 4222 and client["selector"] == statefulset["selector"]["matchLabels"]
     (tmp_path / "k8s.yaml").write_text(k8s_objects()["ConfigMap"]["data"]["vidsentry.yaml"])
-    settings = load_config(tmp_path / "k8s.yaml", environ={}).nats
-    assert settings.url == "nats://nats:4222" and settings.replicas == statefulset["replicas"]
+    config = load_config(tmp_path / "k8s.yaml", environ={})
+    assert config.nats.url == "nats://nats:4222" and config.nats.replicas == statefulset["replicas"]
+    # Capacity follows the pod's CPU request (the default would count the node's cores), and a lease
+    # outlasts the leader election that losing a NATS node causes.
+    assert config.fleet.capacity is not None and config.fleet.lease_ttl_s >= 15
