@@ -19,6 +19,7 @@ from engines.types import ModelInfo
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "tensorrt", "onnx-cuda", "onnx-cpu")
+PRECISIONS = ("fp32", "int8")  # int8: ONNX Runtime static quantization, CPU only (engines.quantize)
 
 
 def create_detector(
@@ -32,6 +33,8 @@ def create_detector(
     max_batch: int | None = None,
     fp16: bool = True,
     workers: int | None = None,
+    precision: str = "fp32",
+    calibration: str | Path | None = None,
 ) -> Detector:
     """Load an Ultralytics detect ONNX export on the requested runtime.
 
@@ -40,13 +43,22 @@ def create_detector(
     `threads` sizes ONNX Runtime's CPU pool (default: all cores); `fp16` applies to TensorRT.
     `workers` is how many calls the CPU engine runs side by side, sharing `threads` (default:
     `default_cpu_workers`); GPU engines take one call at a time and batch instead.
+    `precision="int8"` runs a statically quantized copy on the CPU (built once, calibrated on
+    frames of `calibration`, default the sample clip; see engines.quantize).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown detector backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
     check_settings(conf=conf, iou=iou, max_det=max_det, max_batch=max_batch)
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown detector precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    if precision == "int8" and backend not in ("auto", "onnx-cpu"):
+        raise ValueError(f"precision int8 runs on onnx-cpu only for now, not on {backend}")
     info = read_model_info(model_path)  # a bad file fails here, before any runtime starts
+    if precision == "int8":
+        return _int8_detector(info, calibration, conf=conf, iou=iou, max_det=max_det, max_batch=max_batch,
+                              threads=threads, workers=workers)
     candidates = _auto_order() if backend == "auto" else [backend]
     reasons: list[str] = []
     for name in candidates:
@@ -60,6 +72,25 @@ def create_detector(
             continue
         return YoloDetector(runtime, info, conf=conf, iou=iou, max_det=max_det, max_batch=max_batch)
     raise EngineUnavailable("no detector backend can run here: " + "; ".join(reasons))
+
+
+def _int8_detector(
+    info: ModelInfo,
+    calibration: str | Path | None,
+    *,
+    conf: float,
+    iou: float,
+    max_det: int,
+    max_batch: int | None,
+    threads: int | None,
+    workers: int | None,
+) -> Detector:
+    from engines.onnx_backend import OnnxRuntimeBackend
+    from engines.quantize import int8_model
+
+    quantized = int8_model(info.path, calibration_video=calibration)
+    runtime = OnnxRuntimeBackend(quantized, "cpu", threads=threads, sessions=workers or default_cpu_workers(threads))
+    return YoloDetector(runtime, info, conf=conf, iou=iou, max_det=max_det, max_batch=max_batch)
 
 
 def _auto_order() -> list[str]:

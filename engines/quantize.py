@@ -1,0 +1,280 @@
+"""INT8 on CPU: ONNX Runtime static quantization (QDQ) of a YOLO detect export, cached on disk.
+
+Weights are quantized per output channel, activations with scales calibrated on frames of a
+video letterboxed exactly as the detector feeds the model. The box-decode tail of the detect head
+(DFL softmax, anchor arithmetic, the final concats) stays in float: it turns small integer
+errors into pixel offsets, and it costs next to nothing. The result is cached under
+~/.cache/vidsentry/int8, keyed by the source model, the calibration clip, the settings and the
+onnxruntime version, so it is built once (a progress line says so) and reused after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from onnxruntime.quantization import CalibrationDataReader
+
+from engines.detector import PAD_VALUE, Letterbox, letterbox_image
+from engines.errors import ModelLoadError
+from engines.model_info import read_model_info
+from engines.models import ModelNotFound
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vidsentry" / "int8"
+# The sample clip deploy/setup.sh builds (samples/make_sample.py); users may calibrate on their own.
+SAMPLE_VIDEO = Path(__file__).resolve().parents[1] / ".cache" / "samples" / "vtest.avi"
+FORMAT_VERSION = 1  # bump when the way a model is quantized changes, so old cache entries go stale
+Calibration = Literal["minmax", "entropy", "percentile"]
+HeadPolicy = Literal["quantize", "keep-decode", "keep-outputs"]
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizeSettings:
+    """How a model is quantized; every field is part of the cache key."""
+
+    calibration: Calibration = "percentile"
+    frames: int = 32  # calibration frames, spread evenly over the clip
+    per_channel: bool = True
+    # "keep-decode": the head's box decode stays float; "keep-outputs": the last convs too.
+    head: HeadPolicy = "keep-decode"
+    percentile: float = 99.999  # only for calibration="percentile"
+
+    def __post_init__(self) -> None:
+        if self.calibration not in ("minmax", "entropy", "percentile"):
+            raise ValueError(f"calibration must be minmax, entropy or percentile, got {self.calibration!r}")
+        if self.head not in ("quantize", "keep-decode", "keep-outputs"):
+            raise ValueError(f"head must be quantize, keep-decode or keep-outputs, got {self.head!r}")
+        if not 1 <= self.frames <= 10_000:
+            raise ValueError(f"calibration frames must be in [1, 10000], got {self.frames}")
+        if not 90.0 <= self.percentile <= 100.0:
+            raise ValueError(f"percentile must be in [90, 100], got {self.percentile}")
+
+
+DEFAULT_SETTINGS = QuantizeSettings()
+
+
+def default_calibration_video() -> Path:
+    if not SAMPLE_VIDEO.is_file():
+        raise ModelNotFound(
+            f"{SAMPLE_VIDEO} is missing: run samples/make_sample.py, or give a video of your own scenes "
+            "to calibrate INT8 on (detector.calibration)"
+        )
+    return SAMPLE_VIDEO
+
+
+def int8_model(
+    model_path: str | Path,
+    *,
+    calibration_video: str | Path | None = None,
+    settings: QuantizeSettings | None = None,
+    cache_dir: str | Path | None = None,
+) -> Path:
+    """The statically quantized (QDQ) copy of `model_path`, built on first use and cached."""
+    settings = settings or DEFAULT_SETTINGS
+    source = Path(model_path)
+    video = Path(calibration_video) if calibration_video is not None else default_calibration_video()
+    if not video.is_file():
+        raise ModelNotFound(f"{video}: no such calibration video")
+    entry = cache_path(source, video, settings, cache_dir)
+    if entry.is_file():
+        log.debug("int8 model from the cache: %s", entry)
+        return entry
+    info = read_model_info(source)  # a bad model fails before any frame is decoded
+    started = time.monotonic()
+    log.warning(
+        "building the INT8 model of %s (%d calibration frames of %s, %s); once, cached at %s",
+        source.name, settings.frames, video.name, settings.calibration, entry,
+    )
+    frames = spread_frames(video, settings.frames)
+    if not frames:
+        raise ModelNotFound(f"{video}: no video frames to calibrate on")
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=entry.parent, prefix=".build-") as tmp:
+        built = Path(tmp) / "model.onnx"
+        quantize(source, built, calibration_tensors(frames, info.imgsz), settings)
+        os.replace(built, entry)  # atomic: a reader never sees half a file
+    log.warning("INT8 model of %s built in %.0f s: %s", source.name, time.monotonic() - started, entry)
+    return entry
+
+
+def cache_path(source: Path, video: Path, settings: QuantizeSettings, cache_dir: str | Path | None = None) -> Path:
+    import onnxruntime
+
+    key = {
+        "model": file_sha256(source),
+        "calibration_video": file_sha256(video),
+        "settings": asdict(settings),
+        "onnxruntime": onnxruntime.__version__,
+        "format": FORMAT_VERSION,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return Path(cache_dir or DEFAULT_CACHE_DIR) / f"{source.stem}-int8-{digest}.onnx"
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def spread_frames(video: Path, count: int) -> list[np.ndarray]:
+    """`count` RGB frames taken at an even stride over the whole clip (every frame if shorter)."""
+    import av
+
+    with av.open(str(video)) as container:
+        total = container.streams.video[0].frames or 0
+        stride = max(1, total // count) if total else 1
+        frames: list[np.ndarray] = []
+        for index, frame in enumerate(container.decode(video=0)):
+            if index % stride == 0:
+                frames.append(frame.to_ndarray(format="rgb24"))
+                if len(frames) >= count:
+                    break
+    return frames
+
+
+def letterbox_tensor(image: np.ndarray, imgsz: tuple[int, int]) -> np.ndarray:
+    """(1, 3, H, W) float32, the same bytes YoloDetector.preprocess feeds the model."""
+    canvas = np.full((*imgsz, 3), PAD_VALUE, np.uint8)
+    letterbox_image(image, Letterbox.fit(image.shape[:2], imgsz), canvas)
+    return (canvas.transpose(2, 0, 1)[None].astype(np.float32) * np.float32(1 / 255)).astype(np.float32)
+
+
+def calibration_tensors(frames: Sequence[np.ndarray], imgsz: tuple[int, int]) -> list[np.ndarray]:
+    return [letterbox_tensor(frame, imgsz) for frame in frames]
+
+
+class _Frames(CalibrationDataReader):
+    """The CalibrationDataReader protocol (get_next / rewind) over prepared tensors."""
+
+    def __init__(self, input_name: str, tensors: Sequence[np.ndarray]) -> None:
+        self._input_name = input_name
+        self._tensors = tensors
+        self._it: Iterator[np.ndarray] = iter(tensors)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        tensor = next(self._it, None)
+        return None if tensor is None else {self._input_name: tensor}
+
+    def rewind(self) -> None:
+        self._it = iter(self._tensors)
+
+
+def quantize(source: Path, target: Path, tensors: Sequence[np.ndarray], settings: QuantizeSettings) -> None:
+    """Quantize `source` into `target` (QDQ, signed int8 weights and activations)."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    work = target.parent
+    model = onnx.load(str(source))
+    if _has_float16(model):
+        model = _to_float32(model)
+    input_name = read_model_info(source).input_name
+    float_copy, prepared = work / "float32.onnx", work / "prepared.onnx"
+    onnx.save(model, str(float_copy))  # the pre-processor mishandles in-memory models (external data)
+    try:
+        # Fold and fuse first (conv+bias, constant shapes) so quantization sees the graph ORT runs.
+        # Symbolic shape inference needs sympy; ONNX's own inference covers these exports.
+        quant_pre_process(str(float_copy), str(prepared), skip_symbolic_shape=True)
+    except Exception as exc:  # the pre-processor raises whatever its passes raise
+        raise ModelLoadError(f"{source}: cannot prepare it for quantization: {exc}".splitlines()[0]) from None
+    method = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }[settings.calibration]
+    extra: dict[str, Any] = {"CalibMovingAverage": False}
+    if settings.calibration == "percentile":
+        extra["CalibPercentile"] = settings.percentile
+    quantize_static(
+        str(prepared),
+        str(target),
+        _Frames(input_name, tensors),
+        quant_format=QuantFormat.QDQ,
+        per_channel=settings.per_channel,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+        nodes_to_exclude=head_nodes(onnx.load(str(prepared)), settings.head),
+        calibrate_method=method,
+        extra_options=extra,
+    )
+    _copy_metadata(model, target)
+
+
+def head_nodes(model: Any, policy: HeadPolicy) -> list[str]:
+    """Names of the detect head's nodes to keep in float under `policy`.
+
+    The head is the module that produces the first output (`/model.22/...` in an Ultralytics
+    export); its `cv2`/`cv3` branches are the box and class convs, the rest is the decode.
+    """
+    if policy == "quantize":
+        return []
+    producer = next((n for n in model.graph.node if model.graph.output[0].name in n.output), None)
+    if producer is None or producer.name.count("/") < 2:
+        return []
+    prefix = "/" + producer.name.split("/")[1] + "/"
+    keep: list[str] = []
+    for node in model.graph.node:
+        if not node.name.startswith(prefix):
+            continue
+        branch = node.name[len(prefix) :]
+        in_branch = branch.startswith("cv")
+        if not in_branch:
+            keep.append(node.name)
+        elif policy == "keep-outputs" and node.op_type == "Conv" and branch.count("/") == 2:
+            keep.append(node.name)  # `/model.22/cv2.0/cv2.0.2/Conv`: the branch's last, bare conv
+    return keep
+
+
+def _has_float16(model: Any) -> bool:
+    from onnx import TensorProto
+
+    return any(init.data_type == TensorProto.FLOAT16 for init in model.graph.initializer)
+
+
+def _to_float32(model: Any) -> Any:
+    """A half-precision export as float32: weights, constants, casts and typed values."""
+    from onnx import TensorProto, numpy_helper
+
+    graph = model.graph
+    for index, init in enumerate(graph.initializer):
+        if init.data_type == TensorProto.FLOAT16:
+            as_float = numpy_helper.to_array(init).astype(np.float32)
+            graph.initializer[index].CopyFrom(numpy_helper.from_array(as_float, init.name))
+    for node in graph.node:
+        for attr in node.attribute:
+            if node.op_type == "Cast" and attr.name == "to" and attr.i == TensorProto.FLOAT16:
+                attr.i = TensorProto.FLOAT
+            elif attr.t and attr.t.data_type == TensorProto.FLOAT16:
+                attr.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attr.t).astype(np.float32), attr.t.name))
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.type.tensor_type.elem_type == TensorProto.FLOAT16:
+            value.type.tensor_type.elem_type = TensorProto.FLOAT
+    return model
+
+
+def _copy_metadata(source: Any, target: Path) -> None:
+    """Keep the Ultralytics metadata (names, imgsz, stride) so the quantized file reads the same."""
+    import onnx
+
+    model = onnx.load(str(target))
+    have = {p.key for p in model.metadata_props}
+    for prop in source.metadata_props:
+        if prop.key not in have:
+            model.metadata_props.add(key=prop.key, value=prop.value)
+    model.metadata_props.add(key="vidsentry_quantized", value="int8-qdq")
+    onnx.save(model, str(target))
