@@ -31,6 +31,7 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -113,6 +114,18 @@ class DetectorSettings(_Strict):
     threads: int | None = Field(None, ge=1)  # CPU threads in all (default: every core)
     # CPU: model calls side by side, sharing `threads` (default: 2 with 2 or more threads).
     workers: int | None = Field(None, ge=1, le=16)
+    # int8: a statically quantized copy run by ONNX Runtime on the CPU (engine onnx-cpu, or auto,
+    # which then means the CPU), built once and cached; calibrated on `calibration` frames.
+    precision: Literal["fp32", "int8"] = "fp32"
+    calibration: Path | None = None  # a video of the scenes to calibrate on (default: the sample clip)
+
+    @field_validator("precision")
+    @classmethod
+    def _precision(cls, value: str, info: ValidationInfo) -> str:
+        engine = info.data.get("engine", "auto")
+        if value == "int8" and engine not in ("auto", "onnx-cpu"):
+            raise ValueError(f"int8 runs on the CPU only for now (engine onnx-cpu or auto), not on {engine}")
+        return value
 
 
 def _tracker(name: str) -> Any:

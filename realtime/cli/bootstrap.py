@@ -47,7 +47,12 @@ log = logging.getLogger(__name__)
 
 
 async def load_configured_detector(
-    settings: DetectorSettings, *, model: str | None = None, engine: str | None = None, conf: float | None = None
+    settings: DetectorSettings,
+    *,
+    model: str | None = None,
+    engine: str | None = None,
+    conf: float | None = None,
+    precision: str | None = None,
 ) -> Any:
     """The detector the settings describe (arguments win); a bad model or engine is a CommandError."""
     try:
@@ -60,6 +65,8 @@ async def load_configured_detector(
             iou=settings.iou,
             threads=settings.threads,
             workers=settings.workers,
+            precision=precision or settings.precision,
+            calibration=settings.calibration,
         )
     except (ValueError, ModelNotFound, EngineUnavailable) as exc:  # ModelLoadError is a ValueError
         raise CommandError(str(exc)) from exc

@@ -82,7 +82,9 @@ def build_spec(args: argparse.Namespace, config: Config) -> StreamSpec:
 
 
 async def load_detector(args: argparse.Namespace, settings: DetectorSettings) -> Any:
-    return await load_configured_detector(settings, model=args.model, engine=args.engine, conf=args.conf)
+    return await load_configured_detector(
+        settings, model=args.model, engine=args.engine, conf=args.conf, precision=args.precision
+    )
 
 
 class CaptionPrinter:

@@ -141,3 +141,18 @@ def _matched(pred: Detections, truth: Detections) -> int:
             free[int(np.argmax(iou))] = False
             count += 1
     return count
+
+
+def test_the_config_takes_int8_for_the_cpu_only_and_names_the_key() -> None:
+    from pydantic import ValidationError
+
+    from realtime.config import DetectorSettings, validation_problems
+
+    assert DetectorSettings(precision="int8").precision == "int8"
+    assert DetectorSettings().precision == "fp32"
+    with pytest.raises(ValidationError) as caught:
+        DetectorSettings(engine="tensorrt", precision="int8")
+    (problem,) = validation_problems(caught.value)
+    assert problem["field"] == "precision" and "CPU only" in problem["message"]
+    with pytest.raises(ValidationError):
+        DetectorSettings(precision="int4")  # type: ignore[arg-type]
