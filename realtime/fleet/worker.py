@@ -446,6 +446,8 @@ class FleetWorker:
     # -- changes seen ----------------------------------------------------------------------
 
     def _changed(self, key: str) -> None:
+        if self._desired is not None and self._desired.get(key) is None:
+            self._parsed.pop(key, None)  # the cache holds only what the bucket holds
         self._wake.set()
 
     def _lease_changed(self, key: str) -> None:
