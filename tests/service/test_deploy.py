@@ -90,7 +90,10 @@ def test_compose() -> None:
     assert services["nats"]["image"] == "nats:2" and "-js" in services["nats"]["command"]
     workers = compose_workers(compose)
     assert len(workers) >= 2  # a fleet, not one process
-    fleets, nodes, host_ports, outboxes = set(), set(), set(), set()
+    fleets: set[str] = set()
+    nodes: set[str] = set()
+    host_ports: set[str] = set()
+    outboxes: set[str] = set()
     for app in workers.values():
         assert app["build"]["dockerfile"] == "deploy/Dockerfile"
         assert app["environment"]["VIDSENTRY_NATS__URL"] == "nats://nats:4222"
