@@ -58,6 +58,7 @@ class LeaseKeeper:
         ttl_s: float,
         *,
         on_write: Callable[[str, bytes | None, int], None] | None = None,
+        tombstone: Callable[[str], int | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kv = kv
@@ -66,6 +67,7 @@ class LeaseKeeper:
         self.margin_s = max(0.2, ttl_s * 0.1)  # clock-rate differences and the server's expiry timer
         self._clock = clock
         self._on_write = on_write  # the local mirror learns of this worker's own writes at once
+        self._tombstone = tombstone  # revision of the marker an expired lease left, from the mirror
         self._leases: dict[str, Lease] = {}
         self.counters = LeaseCounters()
 
@@ -98,7 +100,7 @@ class LeaseKeeper:
         sent = self._clock()
         value = LeaseRecord(self.node, stream_id).encode()
         try:
-            revision = await self._kv.create(lease_key(stream_id), value)
+            revision = await self._create(lease_key(stream_id), value)
         except nats.js.errors.KeyWrongLastSequenceError:
             self.counters.contended += 1
             return None
@@ -111,6 +113,17 @@ class LeaseKeeper:
         self._wrote(stream_id, value, revision)
         log.info("lease acquired", extra={"stream_id": stream_id, "token": revision})
         return lease
+
+    async def _create(self, key: str, value: bytes) -> int:
+        try:
+            return await self._kv.create(key, value)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            # An expired lease leaves the server's expiry marker (Nats-Marker-Reason: MaxAge) for a
+            # second; `create` sees a value there. Writing on the marker's revision is just as atomic.
+            marker = self._tombstone(key) if self._tombstone is not None else None
+            if marker is None:
+                raise
+            return await self._kv.update(key, value, last=marker)
 
     async def renew(self, stream_id: str) -> bool:
         """Extend one lease. False when it is lost (and it is then dropped); a failed request

@@ -20,6 +20,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 log = logging.getLogger(__name__)
 
 RESTART_DELAY_S = 1.0
+TOMBSTONE_KEEP_S = 60.0  # markers of gone keys are remembered this long (they expire sooner on the server)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,7 @@ class KvMirror:
     def __init__(self, kv: KeyValue, *, on_change: Callable[[str], None] | None = None) -> None:
         self._kv = kv
         self._entries: dict[str, Seen] = {}
+        self._gone: dict[str, tuple[int, float]] = {}  # key -> (revision of its delete/expiry marker, seen at)
         self._on_change = on_change
         self.synced = asyncio.Event()  # set once the first full replay has arrived
         self._restart = asyncio.Event()
@@ -43,6 +45,18 @@ class KvMirror:
 
     def items(self, prefix: str = "") -> list[tuple[str, Seen]]:
         return [(k, v) for k, v in self._entries.items() if k.startswith(prefix)]
+
+    def tombstone(self, key: str) -> int | None:
+        """Revision of the marker that removed `key`, if one was seen: a server-placed expiry
+        marker is not a KV delete to nats-py's `create`, which then needs this revision."""
+        gone = self._gone.get(key)
+        return gone[0] if gone is not None else None
+
+    def _bury(self, key: str, revision: int) -> None:
+        now = time.monotonic()
+        if len(self._gone) >= 2 * max(16, len(self._entries)):
+            self._gone = {k: v for k, v in self._gone.items() if now - v[1] < TOMBSTONE_KEEP_S}
+        self._gone[key] = (revision, now)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -103,6 +117,10 @@ class KvMirror:
                         self.synced.set()
                     continue
                 gone = entry.operation in (KV_DEL, KV_PURGE)
+                if gone:
+                    self._bury(entry.key, entry.revision)
+                else:
+                    self._gone.pop(entry.key, None)
                 if replaying:
                     if gone:
                         fresh.pop(entry.key, None)

@@ -46,6 +46,7 @@ from realtime.streams.view import PENDING, StreamView, public_url
 log = logging.getLogger(__name__)
 
 SYNC_TIMEOUT_S = 10.0
+STATE_CHECK_S = 0.25  # how often stream states are compared with the last node record
 UNOWNED_REASON = "waiting for a worker with room to take it"
 _NATS_ERRORS = (nats.errors.Error, TimeoutError, OSError)
 
@@ -95,6 +96,7 @@ class FleetWorker:
         self._stopped = False
         self._reconnects = 0
         self._mirror_tasks: list[asyncio.Task[None]] = []
+        self._published_states: dict[str, str] = {}
         self.share = 0
         self.counters = FleetCounters()
 
@@ -118,7 +120,7 @@ class FleetWorker:
         self._desired = KvMirror(self._buckets.desired, on_change=self._changed)
         self._leases = KvMirror(self._buckets.leases, on_change=self._lease_changed)
         self._keeper = LeaseKeeper(self._buckets.leases, self.node, self._buckets.lease_ttl_s,
-                                   on_write=self._leases.note)
+                                   on_write=self._leases.note, tombstone=self._leases.tombstone)
         self._reconnects = nc.stats.get("reconnects", 0)
         self._mirror_tasks = [
             asyncio.create_task(self._desired.run(), name="fleet-desired-watch"),
@@ -140,6 +142,7 @@ class FleetWorker:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._renew_loop(), name="fleet-renew")
                 group.create_task(self._claim_loop(), name="fleet-claim")
+                group.create_task(self._state_loop(), name="fleet-states")
         finally:
             for task in self._mirror_tasks:
                 task.cancel()
@@ -364,13 +367,26 @@ class FleetWorker:
                 continue
             self._started[stream_id] = wanted
 
-    async def _publish_node_record(self) -> None:
-        buckets, leases = self._buckets, self._leases
-        assert buckets is not None and leases is not None
+    async def _state_loop(self) -> None:
+        """Between renewals, a change of a stream's state (live, stalled, ...) is published at once,
+        so other workers' listings follow within a fraction of a second."""
+        while not self._stopped:
+            await asyncio.sleep(STATE_CHECK_S)
+            if self._buckets is not None and self._states() != self._published_states:
+                await self._publish_node_record()
+
+    def _states(self) -> dict[str, str]:
         states = {}
         for stream_id in self._started:
             with contextlib.suppress(UnknownStream):
                 states[stream_id] = self.registry.get(stream_id).state
+        return states
+
+    async def _publish_node_record(self) -> None:
+        buckets, leases = self._buckets, self._leases
+        assert buckets is not None and leases is not None
+        states = self._states()
+        self._published_states = states
         record = NodeRecord(self.node, self.capacity, self._draining, states).encode()
         try:
             revision = await buckets.leases.put(node_key(self.node), record)

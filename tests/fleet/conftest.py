@@ -33,3 +33,29 @@ def live_rtsp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RtspServer]:
 @pytest.fixture(scope="module")
 def fleet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fleet")
+
+
+def write_small_clip(path: Path, seconds: int = 120, fps: int = 10) -> Path:
+    """A 320x240 H.264 clip of a moving block: cheap to decode six times over on two cores."""
+    import av
+    import numpy as np
+
+    with av.open(str(path), "w") as container:
+        video = container.add_stream("libx264", rate=fps, options={"preset": "ultrafast", "g": str(fps)})
+        video.width, video.height, video.pix_fmt = 320, 240, "yuv420p"
+        for index in range(seconds * fps):
+            frame = np.full((240, 320, 3), 40, np.uint8)
+            x = (index * 4) % 280
+            frame[90:150, x:x + 40] = (200, 180, 60)
+            for packet in video.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in video.encode():
+            container.mux(packet)
+    return path
+
+
+@pytest.fixture(scope="module")
+def small_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Streams read files: each worker decodes on its own, so pausing one worker stalls nobody
+    else (a shared RTSP media waits for its slowest client)."""
+    return write_small_clip(tmp_path_factory.mktemp("clips") / "blocks.mp4")

@@ -79,7 +79,7 @@ class Fleet:
     """Workers w0, w1, ... in fleet `name`, each with its own log directory."""
 
     def __init__(self, nats_url: str, model: Path, root: Path, *, name: str = "t", fleet: dict[str, Any] | None = None,
-                 capacity: int = 8) -> None:
+                 capacity: int = 8, local_dirs: list[Path] | None = None) -> None:
         self.nats_url = nats_url
         self.root = root
         self.name = name
@@ -87,7 +87,7 @@ class Fleet:
             "detector": {"model": str(model), "engine": "onnx-cpu", "threads": 1},
             "supervisor": FAST_SUPERVISOR,
             "captions": {"enabled": False},
-            "sources": {"allow_private_hosts": True},
+            "sources": {"allow_private_hosts": True, "local_dirs": [str(d) for d in local_dirs or []]},
             "http": {"max_streams": 600, "shutdown_timeout_s": 5},
             "fleet": {"name": name, "capacity": capacity, **(fleet or TEST_FLEET)},
         })

@@ -1,4 +1,5 @@
-"""Three `vidsentry serve --fleet` workers on one real nats-server, sharing six live RTSP streams.
+"""Three `vidsentry serve --fleet` workers on one real nats-server, sharing six streams (a small
+clip each worker reads at its own pace, like a camera).
 
 The tests run in order on one fleet (starting workers costs most of the time): spread and
 agreement, SIGKILL fail-over, SIGSTOP past the TTL, then a restart of the whole fleet.
@@ -17,17 +18,16 @@ import pytest
 
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.fleet.fleet_support import TEST_FLEET, EventRecorder, Fleet, Worker, http, poll, stored_ce_ids
-from tests.support.rtsp import RtspServer
 
 TTL = TEST_FLEET["lease_ttl_s"]
 RENEW = TEST_FLEET["renew_interval_s"]
 STREAMS = [f"cam{i}" for i in range(6)]
-START_S = 6.0  # an RTSP stream opening and going live on a busy 2-core box
+START_S = 6.0  # a stream opening and going live on a busy 2-core box
 
 
 @pytest.fixture(scope="module")
-def fleet(fleet_nats: EmbeddedNatsServer, nudenet_model: Path, fleet_dir: Path) -> Iterator[Fleet]:
-    fleet = Fleet(fleet_nats.url, nudenet_model, fleet_dir)
+def fleet(fleet_nats: EmbeddedNatsServer, nudenet_model: Path, fleet_dir: Path, small_clip: Path) -> Iterator[Fleet]:
+    fleet = Fleet(fleet_nats.url, nudenet_model, fleet_dir, local_dirs=[small_clip.parent])
     try:
         fleet.start("w0", "w1", "w2")
         yield fleet
@@ -61,14 +61,14 @@ def balanced(worker: Worker, nodes: int) -> bool:
 
 
 def test_streams_added_on_one_worker_run_once_spread_and_every_worker_lists_the_same(
-    fleet: Fleet, live_rtsp: RtspServer, recorder: EventRecorder
+    fleet: Fleet, small_clip: Path, recorder: EventRecorder
 ) -> None:
     w0 = fleet.workers["w0"]
     for sid in STREAMS:
         status, body = http("POST", f"{w0.url}/api/streams",
-                            {"id": sid, "url": live_rtsp.url("/test"), "audio": False, "detect_fps": 1})
+                            {"id": sid, "url": str(small_clip), "audio": False, "detect_fps": 1})
         assert status == 201, body
-    assert http("POST", f"{w0.url}/api/streams", {"id": "cam0", "url": live_rtsp.url("/test")})[0] == 409
+    assert http("POST", f"{w0.url}/api/streams", {"id": "cam0", "url": str(small_clip)})[0] == 409
     poll(lambda: all_live(fleet.workers["w2"]), 30, "every stream live")
     listings = [owners(w) for w in fleet.live()]
     assert all(set(listing) == set(STREAMS) for listing in listings)
