@@ -14,7 +14,7 @@ import pytest
 from engines import quantize
 from engines.detector import YoloDetector
 from engines.models import ModelNotFound
-from engines.quantize import QuantizeSettings, cache_path, head_nodes, int8_model
+from engines.quantize import QuantizeSettings, cache_path, head_nodes, int8_model, letterbox_tensor
 from engines.registry import create_detector
 from engines.types import Detections
 
@@ -98,6 +98,8 @@ def test_int8_finds_the_boxes_fp32_finds(
     assert int8_detector.backend == "onnxruntime-cpu"
     assert int8_detector.info.names == nudenet_detector.info.names
     images = [*people_crops, vtest_frames[0], vtest_frames[50]]
+    # Calibrated on exactly what the detector feeds the model.
+    assert np.array_equal(letterbox_tensor(images[0], (320, 320)), nudenet_detector.preprocess(images[:1]).tensor)
     reference = nudenet_detector.detect(images)
     found = int8_detector.detect(images)
     labels = sum(len(d) for d in reference)
@@ -155,4 +157,42 @@ def test_the_config_takes_int8_for_the_cpu_only_and_names_the_key() -> None:
     (problem,) = validation_problems(caught.value)
     assert problem["field"] == "precision" and "CPU only" in problem["message"]
     with pytest.raises(ValidationError):
-        DetectorSettings(precision="int4")  # type: ignore[arg-type]
+        DetectorSettings(precision="int4")
+
+
+def test_a_half_precision_graph_is_made_float32_before_quantizing() -> None:
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.full((2, 3, 1, 1), 0.5, np.float16), "w")
+    scale = helper.make_tensor("s", TensorProto.FLOAT16, [], [2.0])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["xh"], to=TensorProto.FLOAT16),
+            helper.make_node("Conv", ["xh", "w"], ["c"]),
+            helper.make_node("Constant", [], ["k"], value=scale),
+            helper.make_node("Mul", ["c", "k"], ["y"]),
+        ],
+        "half",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 2, 4, 4])],
+        [weight],
+    )
+    model = quantize.to_float32(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    assert not quantize.has_float16(model)
+    onnx.checker.check_model(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {"x": np.ones((1, 3, 4, 4), np.float32)})
+    assert out.dtype == np.float32 and np.allclose(out, 3.0)  # 3 channels x 0.5, times 2
+
+
+def test_onnx_runtime_fuses_the_pairs_into_integer_kernels(int8_path: Path, tmp_path: Path) -> None:
+    """Unfused Q/DQ pairs run float kernels between (de)quantizations: slower than FP32."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(int8_path), options, providers=["CPUExecutionProvider"])
+    ops = [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
+    assert ops.count("QLinearConv") >= 60 and "Conv" in ops  # all but the DFL's conv (kept float)
