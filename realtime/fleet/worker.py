@@ -160,6 +160,8 @@ class FleetWorker:
         await asyncio.gather(*(keeper.release(sid) for sid in keeper.held()), return_exceptions=True)
         with contextlib.suppress(*_NATS_ERRORS, nats.js.errors.KeyValueError):
             await buckets.leases.delete(node_key(self.node))
+        for task in self._mirror_tasks:
+            task.cancel()
         log.info("fleet left", extra={"fleet": self.options.name, "node": self.node})
 
     # -- what the service asks -----------------------------------------------------------

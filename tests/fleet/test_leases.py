@@ -1,15 +1,22 @@
-"""Lease keeping against a real nats-server: atomic create, compare-and-set renewals, expiry by
-the bucket's max age, and the local validity that fences a paused owner."""
+"""Against a real nats-server: lease keeping (atomic create, compare-and-set renewals, expiry by
+the bucket's max age, the local validity that fences a paused owner) and the desired set."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import nats
+import pytest
 
 from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.config import CameraStreamSettings
 from realtime.fleet.buckets import open_buckets
 from realtime.fleet.keeper import LeaseKeeper
+from realtime.fleet.options import FleetOptions
+from realtime.fleet.records import desired_bucket
+from realtime.fleet.worker import FleetWorker, decode_stream
+from realtime.service.registry import StreamExists, StreamRegistry, UnknownStream
 
 
 def test_one_owner_at_a_time_and_a_paused_owner_is_fenced_before_another_can_take_over(
@@ -46,6 +53,40 @@ def test_one_owner_at_a_time_and_a_paused_owner_is_fenced_before_another_can_tak
             # Handing back on purpose lets the next owner in at once.
             await b.release("cam")
             assert await a.acquire("cam") is not None
+        finally:
+            await nc.close()
+
+    asyncio.run(scenario())
+
+
+def test_config_streams_are_seeded_and_win_for_their_ids_while_api_streams_stay(
+    fleet_nats: EmbeddedNatsServer, small_clip: Path
+) -> None:
+    async def scenario() -> None:
+        nc = await nats.connect(fleet_nats.url)
+        try:
+            options = FleetOptions(name="seed", node="n1", capacity=2, lease_ttl_s=3.0, renew_interval_s=1.0)
+            registry = StreamRegistry(lambda settings: None)  # type: ignore[arg-type, return-value]
+            api_worker = FleetWorker(options, registry, lambda: nc)
+            await api_worker.start([])
+            await api_worker.add(CameraStreamSettings(id="cam", url=str(small_clip), detect_fps=5))
+            await api_worker.add(CameraStreamSettings(id="api", url=str(small_clip)))
+            with pytest.raises(StreamExists):
+                await api_worker.add(CameraStreamSettings(id="api", url=str(small_clip)))
+            configured = CameraStreamSettings(id="cam", url=str(small_clip), detect_fps=1)
+            restarted = FleetWorker(options, StreamRegistry(lambda s: None), lambda: nc)  # type: ignore[arg-type, return-value]
+            await restarted.start([configured])
+            views = {v["id"]: v for v in restarted.views()}
+            assert set(views) == {"cam", "api"}  # the API's stream survived the restart
+            assert views["cam"]["detect_fps"] == 1  # the config won for its id
+            assert views["api"]["owner"] is None and views["api"]["state"] == "pending"
+            stored = await (await nc.jetstream().key_value(desired_bucket("seed"))).get("cam")
+            assert decode_stream("cam", stored.value or b"") == configured
+            await restarted.remove("api")
+            with pytest.raises(UnknownStream):
+                restarted.view("api")
+            await api_worker.stop()
+            await restarted.stop()
         finally:
             await nc.close()
 
