@@ -311,10 +311,11 @@ class FleetWorker:
         assert keeper is not None
         self.counters.claim_rounds += 1
         desired = self._desired_ids()
+        wanted = set(desired)
         owners = self._owners()
         now = time.monotonic()
         for sid in list(self._unowned_since):
-            if sid not in desired or sid in owners:
+            if sid not in wanted or sid in owners:
                 del self._unowned_since[sid]
         for sid in desired:
             if sid not in owners:
@@ -332,7 +333,8 @@ class FleetWorker:
                 return
             await keeper.acquire(stream_id)
         for stream_id in decision.shed:
-            if stream_id in keeper and stream_id not in self._handing_back:
+            # One hand-back at a time: until it is done this worker still counts the stream as its own.
+            if stream_id in keeper and not self._handing_back:
                 self.counters.shed += 1
                 log.info("handing a stream back to spread the load", extra={"stream_id": stream_id,
                                                                             "share": decision.share})
@@ -344,7 +346,7 @@ class FleetWorker:
         keeper = self._keeper
         assert keeper is not None
         held = set(keeper.held())
-        desired = self._desired_ids()
+        desired = set(self._desired_ids())
         for stream_id in held:
             if stream_id not in desired and stream_id not in self._handing_back:
                 self._handing_back.add(stream_id)  # deleted from the fleet: stop it, then hand the lease back
