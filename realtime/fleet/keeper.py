@@ -134,7 +134,12 @@ class LeaseKeeper:
         sent = self._clock()
         value = LeaseRecord(self.node, stream_id).encode()
         try:
-            revision = await self._kv.update(lease_key(stream_id), value, last=lease.revision)
+            try:
+                revision = await self._kv.update(lease_key(stream_id), value, last=lease.revision)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                if not await self._stored_late(stream_id, lease, value):
+                    raise
+                revision = await self._kv.update(lease_key(stream_id), value, last=lease.revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             self._lose(stream_id, "another revision was written (expired, or another worker holds it)")
             return False
@@ -156,6 +161,20 @@ class LeaseKeeper:
         lease.valid_until = sent + self.ttl_s - self.margin_s
         self.counters.renewed += 1
         self._wrote(stream_id, value, revision)
+        return True
+
+    async def _stored_late(self, stream_id: str, lease: Lease, value: bytes) -> bool:
+        """Whether the newer revision is this worker's own renewal that timed out here but was
+        stored (a slow leader election, say); then it becomes the lease's revision. Node names are
+        unique in a fleet, so no other worker writes this value."""
+        try:
+            entry = await self._kv.get(lease_key(stream_id))
+        except (nats.errors.Error, nats.js.errors.KeyNotFoundError, TimeoutError, OSError):
+            return False
+        revision = entry.revision or 0
+        if entry.operation is not None or entry.value != value or revision <= lease.revision:
+            return False
+        lease.revision = revision
         return True
 
     def forfeit(self, stream_id: str, why: str) -> None:

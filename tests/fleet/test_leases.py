@@ -14,7 +14,7 @@ from realtime.config import CameraStreamSettings
 from realtime.fleet.buckets import open_buckets
 from realtime.fleet.keeper import LeaseKeeper
 from realtime.fleet.options import FleetOptions
-from realtime.fleet.records import desired_bucket
+from realtime.fleet.records import LeaseRecord, desired_bucket, lease_key
 from realtime.fleet.worker import FleetWorker, decode_stream
 from realtime.service.registry import StreamExists, StreamRegistry, UnknownStream
 
@@ -53,6 +53,27 @@ def test_one_owner_at_a_time_and_a_paused_owner_is_fenced_before_another_can_tak
             # Handing back on purpose lets the next owner in at once.
             await b.release("cam")
             assert await a.acquire("cam") is not None
+        finally:
+            await nc.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_renewal_that_timed_out_but_was_stored_does_not_lose_the_lease(fleet_nats: EmbeddedNatsServer) -> None:
+    async def scenario() -> None:
+        nc = await nats.connect(fleet_nats.url)
+        try:
+            buckets = await open_buckets(nc.jetstream(), "leases-late", lease_ttl_s=5.0, replicas=1)
+            a = LeaseKeeper(buckets.leases, "a", buckets.lease_ttl_s)
+            lease = await a.acquire("cam")
+            assert lease is not None
+            # The renewal the worker gave up on (its answer lost in a leader election) was stored.
+            await buckets.leases.update(lease_key("cam"), LeaseRecord("a", "cam").encode(), last=lease.revision)
+            assert await a.renew("cam") and a.token("cam") == lease.token and a.counters.lost == 0
+            # Another node's write is not taken for one's own.
+            current = a._leases["cam"].revision
+            await buckets.leases.update(lease_key("cam"), LeaseRecord("b", "cam").encode(), last=current)
+            assert not await a.renew("cam") and a.counters.lost == 1
         finally:
             await nc.close()
 
