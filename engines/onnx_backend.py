@@ -63,21 +63,7 @@ class OnnxRuntimeBackend:
         sessions: int = 1,
     ) -> None:
         ort = import_onnxruntime()
-        if device == "cuda":
-            ok, why = cuda_ep_available()
-            if not ok:
-                raise EngineUnavailable(f"onnx-cuda: {why}")
-            # onnxruntime-gpu >= 1.21 can load CUDA/cuDNN from the nvidia-* wheels; older builds
-            # rely on the system libraries.
-            if hasattr(ort, "preload_dlls"):
-                # Best effort: if it fails, session creation below reports the real problem.
-                with contextlib.suppress(Exception):
-                    ort.preload_dlls()
-            providers: list[Any] = [(CUDA_EP, {"device_id": device_id}), CPU_EP]
-        elif device == "cpu":
-            providers = [CPU_EP]
-        else:
-            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        providers = execution_providers(ort, device, device_id)
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         if sessions < 1:
@@ -86,10 +72,10 @@ class OnnxRuntimeBackend:
         threads = threads or os.cpu_count() or 1
         if device == "cuda" or threads < 2:
             sessions = 1  # a GPU takes one call at a time; one thread cannot be split
-        self._session = _new_session(ort, model_path, providers, threads)  # for a call that runs alone
+        self._session = new_session(ort, model_path, providers, threads)  # for a call that runs alone
         self._narrow: queue.SimpleQueue[Any] = queue.SimpleQueue()  # for calls side by side
         for _ in range(sessions if sessions > 1 else 0):
-            self._narrow.put(_new_session(ort, model_path, providers, max(1, threads // sessions)))
+            self._narrow.put(new_session(ort, model_path, providers, max(1, threads // sessions)))
         self.parallel = sessions
         self._lock = threading.Lock()
         self._running = 0
@@ -140,7 +126,26 @@ class OnnxRuntimeBackend:
         self._narrow = queue.SimpleQueue()  # a call still running puts its session back here, unused
 
 
-def _new_session(ort: Any, model_path: str | Path, providers: list[Any], threads: int) -> Any:
+def execution_providers(ort: Any, device: str, device_id: int = 0) -> list[Any]:
+    """ONNX Runtime's providers for `device`; EngineUnavailable when CUDA cannot run here."""
+    if device == "cpu":
+        return [CPU_EP]
+    if device != "cuda":
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    ok, why = cuda_ep_available()
+    if not ok:
+        raise EngineUnavailable(f"onnx-cuda: {why}")
+    # onnxruntime-gpu >= 1.21 can load CUDA/cuDNN from the nvidia-* wheels; older builds rely on
+    # the system libraries. Best effort: if it fails, session creation reports the real problem.
+    if hasattr(ort, "preload_dlls"):
+        with contextlib.suppress(Exception):
+            ort.preload_dlls()
+    return [(CUDA_EP, {"device_id": device_id}), CPU_EP]
+
+
+def new_session(ort: Any, model_path: str | Path, providers: list[Any], threads: int) -> Any:
+    """One InferenceSession on `threads` intra-op threads that sleep when idle; ModelLoadError
+    when ONNX Runtime cannot load the file."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

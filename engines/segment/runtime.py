@@ -8,7 +8,7 @@ check a model before any runtime starts; the runners execute it (ONNX Runtime he
 
 from __future__ import annotations
 
-import contextlib
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +16,9 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from engines.errors import EngineError, EngineUnavailable, ModelLoadError
+from engines.errors import EngineError, EngineUnavailable
 from engines.model_info import _load_onnx
-from engines.onnx_backend import CPU_EP, CUDA_EP, cuda_ep_available, import_onnxruntime
+from engines.onnx_backend import CUDA_EP, execution_providers, import_onnxruntime, new_session
 
 _ONNX_DTYPES = {1: np.float32, 10: np.float16, 6: np.int32, 7: np.int64, 9: np.bool_}
 
@@ -80,30 +80,8 @@ class OnnxRunner:
 
     def __init__(self, path: str | Path, device: Literal["cpu", "cuda"] = "cpu", *, threads: int | None = None) -> None:
         ort = import_onnxruntime()
-        if device == "cuda":
-            ok, why = cuda_ep_available()
-            if not ok:
-                raise EngineUnavailable(f"onnx-cuda: {why}")
-            if hasattr(ort, "preload_dlls"):
-                with contextlib.suppress(Exception):  # best effort; session creation says what is wrong
-                    ort.preload_dlls()
-            providers: list[Any] = [CUDA_EP, CPU_EP]
-        elif device == "cpu":
-            providers = [CPU_EP]
-        else:
-            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.inter_op_num_threads = 1
-        if threads:
-            options.intra_op_num_threads = threads
-        # Segmentation runs beside the detector: idle threads must not spin on its cores.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3
-        try:
-            self._session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
-        except Exception as exc:  # ORT raises its own exception types per failure
-            raise ModelLoadError(f"{path}: onnxruntime cannot load it: {exc}".splitlines()[0]) from None
+        # Segmentation runs beside the detector: its idle threads sleep too (see new_session).
+        self._session = new_session(ort, path, execution_providers(ort, device), threads or os.cpu_count() or 1)
         if device == "cuda" and self._session.get_providers()[0] != CUDA_EP:
             raise EngineUnavailable(f"onnx-cuda: {CUDA_EP} failed to initialise for {path}")
         self.name = f"onnxruntime-{device}"
