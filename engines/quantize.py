@@ -29,7 +29,7 @@ import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
 
 from engines.detector import PAD_VALUE, Letterbox, letterbox_image
-from engines.errors import ModelLoadError
+from engines.errors import EngineUnavailable, ModelLoadError
 from engines.model_info import read_model_info
 from engines.models import ModelNotFound
 
@@ -39,6 +39,7 @@ DEFAULT_CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cac
 # The sample clip deploy/setup.sh builds (samples/make_sample.py); users may calibrate on their own.
 SAMPLE_VIDEO = Path(__file__).resolve().parents[1] / ".cache" / "samples" / "vtest.avi"
 FORMAT_VERSION = 1  # bump when the way a model is quantized changes, so old cache entries go stale
+MAX_CACHED = 8  # quantized models kept; the least recently used go first (a few 3-45 MB files)
 Calibration = Literal["minmax", "entropy", "percentile"]
 HeadPolicy = Literal["quantize", "keep-decode", "keep-outputs"]
 Activations = Literal["uint8", "int8"]
@@ -104,26 +105,45 @@ def int8_model(
     entry = cache_path(source, video, settings, cache_dir)
     if entry.is_file():
         log.debug("int8 model from the cache: %s", entry)
+        with contextlib.suppress(OSError):  # a read-only cache still serves
+            entry.touch()  # recently used: pruning takes the others first
         return entry
     info = read_model_info(source)  # a bad model fails before any frame is decoded
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        workspace = tempfile.TemporaryDirectory(dir=entry.parent, prefix=".build-")
+    except OSError as exc:
+        raise EngineUnavailable(
+            f"cannot write the INT8 model cache at {entry.parent} ({exc.strerror}): set XDG_CACHE_HOME"
+        ) from None
     started = time.monotonic()
     log.warning(
         "building the INT8 model of %s (%d calibration frames of %s, %s); once, cached at %s",
         source.name, settings.frames, video.name, settings.calibration, entry,
     )
-    frames = spread_frames(video, settings.frames)
-    if not frames:
-        raise ModelNotFound(f"{video}: no video frames to calibrate on")
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=entry.parent, prefix=".build-") as tmp:
+    with workspace as tmp:
+        frames = spread_frames(video, settings.frames)
+        if not frames:
+            raise ModelNotFound(f"{video}: no video frames to calibrate on")
         built = Path(tmp) / "model.onnx"
         try:
             quantize(source, built, calibration_tensors(frames, info.imgsz), settings)
         except Exception as exc:  # the quantizer's passes raise whatever they raise
             raise ModelLoadError(f"{source}: cannot quantize it: {exc}".splitlines()[0]) from exc
         os.replace(built, entry)  # atomic: a reader never sees half a file
+    prune(entry.parent, keep=MAX_CACHED)
     log.warning("INT8 model of %s built in %.0f s: %s", source.name, time.monotonic() - started, entry)
     return entry
+
+
+def prune(cache_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the `keep` most recently used models in `cache_dir`; returns those deleted."""
+    entries = sorted(cache_dir.glob("*-int8-*.onnx"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    removed = []
+    for old in entries[keep:]:
+        old.unlink(missing_ok=True)
+        removed.append(old)
+    return removed
 
 
 def cache_path(source: Path, video: Path, settings: QuantizeSettings, cache_dir: str | Path | None = None) -> Path:

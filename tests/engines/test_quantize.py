@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -13,6 +14,7 @@ import pytest
 
 from engines import quantize
 from engines.detector import YoloDetector
+from engines.errors import EngineUnavailable
 from engines.models import ModelNotFound
 from engines.quantize import QuantizeSettings, cache_path, head_nodes, int8_model, letterbox_tensor
 from engines.registry import create_detector
@@ -64,13 +66,29 @@ def test_the_model_is_quantized_in_qdq_form_with_the_box_decode_left_in_float(in
 def test_a_second_call_reuses_the_cached_file(
     nudenet_model: Path, vtest_avi: Path, int8_path: Path, int8_cache: Path
 ) -> None:
-    before = int8_path.stat().st_mtime_ns
+    before = int8_path.stat().st_ino
     started = time.monotonic()
     again = int8_model(nudenet_model, calibration_video=vtest_avi, settings=SETTINGS, cache_dir=int8_cache)
     assert again == int8_path
-    assert again.stat().st_mtime_ns == before
+    assert again.stat().st_ino == before  # a rebuild would have replaced the file
     assert time.monotonic() - started < 2.0
     assert [p.name for p in int8_cache.iterdir()] == [int8_path.name]  # no build leftovers
+
+
+def test_an_unwritable_cache_says_where_and_what_to_set(nudenet_model: Path, vtest_avi: Path, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(EngineUnavailable, match="cannot write the INT8 model cache at .*XDG_CACHE_HOME"):
+        int8_model(nudenet_model, calibration_video=vtest_avi, settings=SETTINGS, cache_dir=tmp_path / "file" / "int8")
+
+
+def test_the_cache_keeps_the_most_recently_used_models(tmp_path: Path) -> None:
+    for age, name in enumerate(["c", "b", "a"]):
+        (tmp_path / f"{name}-int8-0.onnx").write_bytes(b"x")
+        os.utime(tmp_path / f"{name}-int8-0.onnx", (1000 - age, 1000 - age))
+    (tmp_path / "notes.txt").write_text("not a model")
+    removed = quantize.prune(tmp_path, keep=2)
+    assert [p.name for p in removed] == ["a-int8-0.onnx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b-int8-0.onnx", "c-int8-0.onnx", "notes.txt"]
 
 
 def test_settings_the_model_and_the_clip_each_change_the_key(
