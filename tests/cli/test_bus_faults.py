@@ -20,8 +20,8 @@ from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import STREAM_NAME, desired_config
 from tests.realtime.bus.jetstream_log import stored_events
 from tests.service.conftest import FAST_SUPERVISOR
-from tests.service.serve_process import ServeProcess, write_config
-from tests.service.test_serve_command import http, poll, stored_bodies
+from tests.service.serve_process import ServeProcess, http, poll, write_config
+from tests.service.test_serve_command import stored_bodies
 from tests.support.cli import vidsentry
 
 pytestmark = pytest.mark.timeout(180)

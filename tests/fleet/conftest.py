@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.support.nats import running_server
-from tests.support.rtsp import RtspServer
+from tests.support.rtsp import RtspServer, running_rtsp
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +20,7 @@ def fleet_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNat
 @pytest.fixture(scope="module")
 def live_rtsp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RtspServer]:
     """/test: an endless live 320x240 source, encoded once for every client."""
-    server = RtspServer(log_path=tmp_path_factory.mktemp("rtsp") / "rtsp_server.log")
-    try:
-        server.start()
-        yield server
-    finally:
-        with contextlib.suppress(Exception):
-            server.close()
+    yield from running_rtsp(tmp_path_factory.mktemp("rtsp"))
 
 
 @pytest.fixture(scope="module")

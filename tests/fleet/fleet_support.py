@@ -9,8 +9,6 @@ import json
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,38 +16,12 @@ from typing import Any
 import nats
 
 from realtime.bus import cloudevents
-from tests.service.serve_process import ServeProcess, write_config
+from tests.service.serve_process import ServeProcess, http, poll, write_config
 
 # Short leases keep the tests quick: a dead worker's streams move within TTL + one renewal.
 TEST_FLEET = {"lease_ttl_s": 3.0, "renew_interval_s": 1.0}
 FAST_SUPERVISOR = {"backoff_initial_s": 0.2, "backoff_max_s": 1.0, "watchdog_s": 1.5, "stall_restart_s": 4.0,
                    "open_timeout_s": 3.0}
-
-
-def http(method: str, url: str, body: Any = None, timeout: float = 10) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, text = response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        status, text = error.code, error.read().decode()
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
-
-
-def poll(condition: Any, within_s: float, what: str, every_s: float = 0.1) -> float:
-    """Seconds it took for `condition()` to hold; AssertionError past `within_s`."""
-    began = time.monotonic()
-    while not condition():
-        if time.monotonic() - began > within_s:
-            raise AssertionError(f"timed out after {within_s} s waiting for {what}")
-        time.sleep(every_s)
-    return time.monotonic() - began
 
 
 @dataclass

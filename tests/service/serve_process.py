@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +109,34 @@ class ServeProcess:
 def write_config(path: Path, config: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def http(
+    method: str, url: str, body: Any = None, *, token: str | None = None, timeout: float = 10
+) -> tuple[int, Any]:
+    """(status, JSON body or text) of one request to a serve process; errors are answers too."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status, text = response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        status, text = error.code, error.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def poll(condition: Any, within_s: float, what: str, every_s: float = 0.1) -> float:
+    """Seconds it took for `condition()` to hold; AssertionError past `within_s`."""
+    began = time.monotonic()
+    while not condition():
+        if time.monotonic() - began > within_s:
+            raise AssertionError(f"timed out after {within_s} s waiting for {what}")
+        time.sleep(every_s)
+    return time.monotonic() - began

@@ -8,9 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -19,31 +16,7 @@ import nats.errors
 
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.service.conftest import FAST_SUPERVISOR
-from tests.service.serve_process import ROOT, ServeProcess, write_config
-
-
-def http(method: str, url: str, *, token: str | None = None, body: Any = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            status, text = response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        status, text = error.code, error.read().decode()
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
-
-
-def poll(condition: Any, within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+from tests.service.serve_process import ROOT, ServeProcess, http, poll, write_config
 
 
 def stored_bodies(url: str, subject: str) -> list[dict[str, Any]]:

@@ -127,13 +127,19 @@ class RtspServer:
         self.close()
 
 
-@pytest.fixture
-def rtsp_server(sample_clip: Path, tmp_path: Path) -> Iterator[RtspServer]:
-    """A started server: /test (endless live) and /vtest (the sample clip, once)."""
-    server = RtspServer(clip=sample_clip, log_path=tmp_path / "rtsp_server.log")
+def running_rtsp(log_dir: Path, clip: Path | None = None) -> Iterator[RtspServer]:
+    """A started server for a fixture to yield from: /test (endless live), plus /vtest (`clip`,
+    once) when given; closed afterwards whatever happened."""
+    server = RtspServer(clip=clip, log_path=log_dir / "rtsp_server.log")
     try:
         server.start()
         yield server
     finally:
         with contextlib.suppress(Exception):
             server.close()
+
+
+@pytest.fixture
+def rtsp_server(sample_clip: Path, tmp_path: Path) -> Iterator[RtspServer]:
+    """A started server: /test (endless live) and /vtest (the sample clip, once)."""
+    yield from running_rtsp(tmp_path, sample_clip)

@@ -10,7 +10,6 @@ event is stored exactly once, in order. The killed node then comes back and catc
 from __future__ import annotations
 
 import asyncio
-import itertools
 from pathlib import Path
 
 import nats.errors
@@ -26,7 +25,7 @@ from realtime.bus.publisher import NatsEventPublisher
 from tests.support.nats_cluster import NatsCluster, move_stream_leader, nats_cluster  # noqa: F401
 
 from .jetstream_log import Stored, assert_exactly_once_in_order, stored_events
-from .util import event, wait_until
+from .util import camera, event, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,19 +53,6 @@ def next_event(stream: str, i: int) -> Event:
     if i % 10 == 0:
         return event(EventKind.ALERTS, stream, rule="loiter", phase="start", severity="warning")
     return event(EventKind.TRACKS, stream, track_id=i % 7, phase="update")
-
-
-async def camera(pub: NatsEventPublisher, stream: str, stop: asyncio.Event, produced: list[str]) -> None:
-    loop = asyncio.get_running_loop()
-    due = loop.time()
-    for i in itertools.count():
-        if stop.is_set():
-            return
-        ev = next_event(stream, i)
-        await pub.publish(ev)
-        produced.append(ev.id)
-        due += 1 / RATE_PER_STREAM
-        await asyncio.sleep(max(0.0, due - loop.time()))
 
 
 async def stream_leader(js: JetStreamContext) -> str | None:
@@ -102,7 +88,10 @@ async def test_losing_a_nats_node_loses_and_duplicates_no_durable_event(
 
         async with asyncio.TaskGroup() as tg:
             for stream in STREAMS:
-                tg.create_task(camera(pub, stream, stop, produced[stream]), name=f"camera-{stream}")
+                paced = camera(
+                    pub, stream, stop, produced[stream], rate=RATE_PER_STREAM, next_event=next_event
+                )
+                tg.create_task(paced, name=f"camera-{stream}")
             await wait_until(lambda: len(acks.acked) >= 60, limit_s=10, what="events acked before the kill")
             victim.server.kill()
             await wait_until(lambda: pub.stats.reconnects >= 1, limit_s=15, what="publisher reconnected")

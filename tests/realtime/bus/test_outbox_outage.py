@@ -15,7 +15,7 @@ from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import NatsEventPublisher
 
 from .jetstream_log import assert_exactly_once_in_order, stored_events
-from .util import event, wait_until
+from .util import camera, event, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -33,21 +33,6 @@ def next_event(stream: str, i: int) -> Event:
     return event(EventKind.TRACKS, stream, track_id=i % 12, phase="update")
 
 
-async def camera(pub: NatsEventPublisher, stream: str, stop: asyncio.Event, produced: list[str]) -> None:
-    """One stream's pipeline: publishes in order, paced, plus the live detections."""
-    loop = asyncio.get_running_loop()
-    due = loop.time()
-    for i in itertools.count():
-        if stop.is_set():
-            return
-        ev = next_event(stream, i)
-        await pub.publish(ev)
-        produced.append(ev.id)
-        await pub.publish(event(EventKind.DETECTIONS, stream))
-        due += 1 / RATE_PER_STREAM
-        await asyncio.sleep(max(0.0, due - loop.time()))
-
-
 async def test_thirty_second_outage_loses_and_duplicates_nothing(
     nats_server: EmbeddedNatsServer, tmp_path: Path
 ) -> None:
@@ -60,7 +45,11 @@ async def test_thirty_second_outage_loses_and_duplicates_nothing(
     try:
         async with asyncio.TaskGroup() as tg:
             for stream in STREAMS:
-                tg.create_task(camera(pub, stream, stop, produced[stream]), name=f"camera-{stream}")
+                paced = camera(
+                    pub, stream, stop, produced[stream],
+                    rate=RATE_PER_STREAM, next_event=next_event, with_detections=True,
+                )
+                tg.create_task(paced, name=f"camera-{stream}")
             await asyncio.sleep(2.0)
             nats_server.kill()
             await asyncio.sleep(OUTAGE_S)

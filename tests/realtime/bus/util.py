@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -15,7 +16,7 @@ from nats.js.api import RawStreamMsg
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from pipelines.events import Event, EventKind
+from pipelines.events import Event, EventKind, EventSink
 from realtime.bus.jetstream import STREAM_NAME
 
 
@@ -75,3 +76,29 @@ async def wait_until(
                 await asyncio.sleep(0.02)
     except TimeoutError:
         raise AssertionError(f"gave up waiting for: {what() if callable(what) else what}") from None
+
+
+async def camera(
+    pub: EventSink,
+    stream: str,
+    stop: asyncio.Event,
+    produced: list[str],
+    *,
+    rate: float,
+    next_event: Callable[[str, int], Event],
+    with_detections: bool = False,
+) -> None:
+    """One stream's pipeline: durable events in order at `rate` a second (their ids appended to
+    `produced`), each followed by a live detections event when asked, until `stop` is set."""
+    loop = asyncio.get_running_loop()
+    due = loop.time()
+    for i in itertools.count():
+        if stop.is_set():
+            return
+        ev = next_event(stream, i)
+        await pub.publish(ev)
+        produced.append(ev.id)
+        if with_detections:
+            await pub.publish(event(EventKind.DETECTIONS, stream))
+        due += 1 / rate
+        await asyncio.sleep(max(0.0, due - loop.time()))
