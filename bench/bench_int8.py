@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 from _common import ROOT, table, write_results
 
-from engines.detector import YoloDetector
+from engines.detector import YoloDetector, box_iou
 from engines.models import fall_model_path, nudenet_model_path
 from engines.onnx_backend import OnnxRuntimeBackend
 from engines.quantize import QuantizeSettings, int8_model
@@ -50,18 +50,6 @@ EVAL_CONF = 0.001  # COCO evaluation keeps low-score detections so the whole PR 
 
 
 # -- mAP50 -----------------------------------------------------------------------------------
-
-
-def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Pairwise IoU of xyxy boxes, (len(a), len(b))."""
-    if len(a) == 0 or len(b) == 0:
-        return np.zeros((len(a), len(b)))
-    tl = np.maximum(a[:, None, :2], b[None, :, :2])
-    br = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(br - tl, 0, None), axis=2)
-    area_a = np.prod(np.clip(a[:, 2:] - a[:, :2], 0, None), axis=1)
-    area_b = np.prod(np.clip(b[:, 2:] - b[:, :2], 0, None), axis=1)
-    return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-9)
 
 
 def average_precision(scores: np.ndarray, hits: np.ndarray, labels: int) -> float:

@@ -13,24 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engines.detector import box_iou
 from engines.types import Detections
 
 MATCH_IOU = 0.5
 AGREE_MATCHED = 0.95  # matched boxes / all boxes either side
 AGREE_SCORE_DIFF = 0.02  # mean |score difference| of matched boxes
-
-
-def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Pairwise IoU of xyxy boxes: (len(a), len(b))."""
-    if len(a) == 0 or len(b) == 0:
-        return np.zeros((len(a), len(b)), np.float64)
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.clip(rb - lt, 0, None).prod(axis=2)
-    area_a = np.clip(a[:, 2:] - a[:, :2], 0, None).prod(axis=1)
-    area_b = np.clip(b[:, 2:] - b[:, :2], 0, None).prod(axis=1)
-    return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-12)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from engines.detector import PAD_VALUE, Letterbox, check_settings, letterbox_image, nms
+from engines.detector import PAD_VALUE, Letterbox, box_iou, check_settings, letterbox_image, nms
 from engines.errors import EngineError, ModelLoadError
 from engines.model_info import read_model_info
 from engines.segment.runtime import ShapeRange, TensorRunner, open_runner
@@ -25,16 +25,6 @@ from engines.segment.types import clip_to_box
 from engines.types import Detections, ModelInfo
 
 MASK_THRESHOLD = 0.5
-
-
-def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU of every box in `a` (N, 4) with every box in `b` (M, 4), xyxy."""
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.clip(rb - lt, 0, None).prod(axis=2)
-    area_a = np.clip(a[:, 2:] - a[:, :2], 0, None).prod(axis=1)
-    area_b = np.clip(b[:, 2:] - b[:, :2], 0, None).prod(axis=1)
-    return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-9)
 
 
 def proto_mask(coeffs: np.ndarray, protos: np.ndarray, box: Letterbox) -> np.ndarray:

@@ -7,18 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engines.detector import box_iou
 from engines.errors import EngineUnavailable
 from engines.registry import create_detector
 from engines.types import Detections
-
-
-def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.clip(rb - lt, 0, None).prod(axis=2)
-    area_a = (a[:, 2:] - a[:, :2]).prod(axis=1)
-    area_b = (b[:, 2:] - b[:, :2]).prod(axis=1)
-    return inter / (area_a[:, None] + area_b[None, :] - inter)
 
 
 def assert_matches(reference: Detections, candidate: Detections, conf: float) -> None:
