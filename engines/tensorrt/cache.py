@@ -104,6 +104,11 @@ def cache_state(entry: CacheEntry) -> tuple[CacheState, str]:
 
 def _previous_keys(entry: CacheEntry) -> list[dict[str, Any]]:
     """Keys of other engines cached for the same ONNX file."""
+    return [key for _, key in _other_sidecars(entry)]
+
+
+def _other_sidecars(entry: CacheEntry) -> list[tuple[Path, dict[str, Any]]]:
+    """(sidecar path, key) of the other engines cached for the same ONNX file; unreadable ones skipped."""
     found = []
     for sidecar in entry.engine_path.parent.glob(f"{entry.onnx_path.stem}-*.json"):
         if sidecar == entry.sidecar:
@@ -113,7 +118,7 @@ def _previous_keys(entry: CacheEntry) -> list[dict[str, Any]]:
         except (OSError, ValueError):
             continue
         if recorded.get("onnx") == str(entry.onnx_path.resolve()) and isinstance(recorded.get("key"), dict):
-            found.append(recorded["key"])
+            found.append((sidecar, recorded["key"]))
     return found
 
 
@@ -123,16 +128,9 @@ def store_engine(entry: CacheEntry, serialized: bytes | memoryview) -> None:
     _atomic_write(entry.engine_path, bytes(serialized))
     sidecar = {"onnx": str(entry.onnx_path.resolve()), "key": entry.key.to_json(), "built_at": time.time()}
     _atomic_write(entry.sidecar, json.dumps(sidecar, indent=1).encode())
-    for old in entry.engine_path.parent.glob(f"{entry.onnx_path.stem}-*.json"):
-        if old == entry.sidecar:
-            continue
-        try:
-            recorded = json.loads(old.read_text())
-        except (OSError, ValueError):
-            continue
-        same_gpu = recorded.get("key", {}).get("gpu_name") == entry.key.gpu_name
+    for old, key in _other_sidecars(entry):
         # Engines of other GPUs stay: a shared cache directory may serve several kinds of host.
-        if recorded.get("onnx") == str(entry.onnx_path.resolve()) and same_gpu:
+        if key.get("gpu_name") == entry.key.gpu_name:
             old.with_suffix(".engine").unlink(missing_ok=True)
             old.unlink(missing_ok=True)
             log.info("removed replaced TensorRT engine %s", old.with_suffix(".engine"))
