@@ -79,7 +79,6 @@ class OnnxRuntimeBackend:
         self.parallel = sessions
         self._lock = threading.Lock()
         self._running = 0
-        self._wide_busy = False
         if device == "cuda" and self._session.get_providers()[0] != CUDA_EP:
             raise EngineUnavailable(
                 f"onnx-cuda: {CUDA_EP} failed to initialise (CUDA 12 / cuDNN 9 libraries missing, or no GPU); "
@@ -101,9 +100,7 @@ class OnnxRuntimeBackend:
         feed = batch if batch.dtype == self._input_dtype else batch.astype(self._input_dtype)
         with self._lock:
             self._running += 1
-            wide = self._running == 1 and not self._wide_busy
-            if wide:
-                self._wide_busy = True
+            wide = self._running == 1  # nothing else runs, so the wide session is free too
         try:
             if wide or self.parallel == 1:
                 (raw,) = self._session.run([self._output_name], {self.input_name: feed})
@@ -116,8 +113,6 @@ class OnnxRuntimeBackend:
         finally:
             with self._lock:
                 self._running -= 1
-                if wide:
-                    self._wide_busy = False
         return np.asarray(raw)
 
     def close(self) -> None:

@@ -144,7 +144,7 @@ class FrameLoop:
 
     async def _pipeline(self) -> None:
         """Submit frames up to `in_flight` ahead and handle their results in order."""
-        slots = asyncio.Semaphore(max(1, getattr(self.batcher, "in_flight", 1)))
+        slots = asyncio.Semaphore(self.batcher.in_flight)
         submitted: asyncio.Queue[_InFlight | None] = asyncio.Queue()
         async with asyncio.TaskGroup() as detections:
             detections.create_task(self._submit(slots, submitted, detections), name=f"{self.stream_id}-submit")
