@@ -30,8 +30,8 @@ Parts (--parts, default all):
             (default 2): which words get committed depends on when the decodes land, so it varies.
   wer       streaming WER - offline WER on the speech set (bench/_speech_set.py: the narration and
             nine espeak-ng clips of six texts in other voices and speeds, ~1,300 words), the stage
-            fed in file mode (its decodes land where a live stream's do while the recognizer keeps up). Target: <= +2
-            points over the whole set.
+            fed in file mode (its decodes land where a live stream's do while the recognizer keeps
+            up). Target: <= +2 points over the whole set.
   streams   N streams at once (--streams), each a different --stream-seconds slice of the narration
             cut at pauses, one SpeechBatcher with max_batch 8 (cross-stream batching) and 1 (none).
             Real-time: no audio dropped, finals p90 <= 3 s, and a backlog (audio waiting in the

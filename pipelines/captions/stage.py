@@ -352,7 +352,8 @@ class CaptionStage:
 
     def _trim_committed(self, kept_s: float = COMMITTED_KEPT_S) -> None:
         """Cut the window before a committed word so that about TRIM_CONTEXT_S of committed
-        speech stays ahead of what is still pending; the cut lies in the gap before that word."""
+        speech stays ahead of what is still pending; the cut lies in the gap before that word.
+        Nothing is cut while the window holds no more than `kept_s` of committed speech."""
         end = self.agreement.committed_end
         if end - self.window.start <= kept_s:
             return
