@@ -710,7 +710,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     audio = load_pcm16k(NARRATION)
     vad = VadModel.load()
     started = time.monotonic()
-    offline = create_recognizer(device="cpu", window="padded")
+    offline = create_recognizer(args.model, device="cpu", compute_type=args.compute_type, window="padded")
     offline_texts: dict[str, str] = {}
     clips_for_wer: list[SpeechClip] = []
     try:
@@ -733,7 +733,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     whole = last >= length - 0.5
     clip = make_clip("narration", audio, ref, 0.0, last)
 
-    recognizer = create_recognizer(device="cpu")  # as the service: window "audio", CTranslate2's threads
+    # as the service: window "audio", CTranslate2's threads
+    recognizer = create_recognizer(args.model, device="cpu", compute_type=args.compute_type)
     result: dict[str, Any] = {
         "model": recognizer.info.name,
         "compute_type": recognizer.info.compute_type,
@@ -741,7 +742,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "clip_s": round(last, 2),
         "stream_seconds": args.stream_seconds,
         "reference": {
-            "method": "offline tiny.en, padded window, pieces <= 28 s cut at VAD pauses, DTW word ends",
+            "method": "offline, same model, padded window, pieces <= 28 s cut at VAD pauses, DTW word ends",
             "words": len(ref.words),
             "alignment_error_s": ref.alignment_error,
         },
@@ -826,6 +827,8 @@ def main() -> None:
     parser.add_argument("--batches", default="8,1", help="SpeechBatcher max_batch values")
     parser.add_argument("--repeat", type=int, default=2, help="runs of the one-stream latency/WER part")
     parser.add_argument("--step-s", type=float, default=None, help="CaptionSettings.step_s (default: the service's)")
+    parser.add_argument("--model", type=Path, default=None, help="CTranslate2 Whisper dir (default: bundled tiny.en)")
+    parser.add_argument("--compute-type", default="int8", help="CTranslate2 compute type of both recognizers")
     parser.add_argument("--quick", action="store_true", help="15 s clips, streams 1,2,4")
     args = parser.parse_args()
     args.parts = args.parts.split(",")
