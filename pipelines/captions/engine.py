@@ -34,7 +34,7 @@ class CaptionSettings:
     edge_s: float = 0.3  # words ending this close to the newest audio are never final yet (maybe cut short)
     vad_threshold: float = 0.5  # speech probability from which a 32 ms window counts as speech
     pre_roll_s: float = 0.3  # audio kept before the detected start of speech
-    max_window_s: float = 12.0  # continuous speech longer than this is cut at its committed words
+    max_window_s: float = 28.0  # continuous speech longer than this is cut at its committed words
     max_lag_s: float = 6.0  # audio waiting past this is dropped, oldest first (counted)
     prompt_chars: int = 200  # committed text before the window given to Whisper as context
     # Guards against Whisper's known failure modes (a result that trips one is not used).

@@ -7,10 +7,12 @@ the utterance's audio is decoded again every `step_s` of new audio through the s
 turns successive decodes into finals that never change (`captions`) and a tentative tail
 (`partials`, replaced by a higher `revision` of the same `segment_id`, and finally by the
 `captions` event with that id). A pause of `endpoint_s` ends the utterance: one last decode,
-everything pending becomes final. Continuous speech longer than `max_window_s` is cut at its
-committed words so no decode grows past that. Committed text before the window is Whisper's
-prompt. Decodes that look like Whisper's failure modes (a repetition loop, speech-free audio)
-are not used.
+everything pending becomes final. A recognizer with room decodes the whole utterance, so each word
+is heard with the speech before it; continuous speech longer than `max_window_s` is cut at its
+committed words so no decode grows past that. A loaded recognizer gets short windows instead (cut
+after each sentence and mid-sentence, the committed words forced as the decode's prefix). Committed
+text before the window is Whisper's prompt. Decodes that look like Whisper's failure modes (a
+repetition loop, speech-free audio) are not used.
 
 Audio waiting longer than `max_lag_s` (the recognizer cannot keep up) is dropped, oldest first,
 and counted. If the shared recognizer dies, this stream's captions stop (counted, logged once)
@@ -52,13 +54,19 @@ MIN_DECODE_S = 0.3
 COMMITTED_KEPT = 256  # committed words remembered for the prompt
 SENTENCE_END = re.compile(r"[.?!][\"')\]]*$")
 TRAILING_PUNCTUATION = re.compile(r"[^\w\s']+$")
-MIN_TRIM_S = 2.5  # a window this long is cut after its committed sentence
+# A recognizer with room decodes the whole utterance up to max_window_s: Whisper hears each word
+# with the speech before it, as an offline transcription does. On the speech set (bench_captions.py,
+# wer part) the policy of cutting the window after each committed sentence (at most 12 s) and forcing
+# the committed words still in it as the decode's prefix was 3.3 WER points worse with tiny.en and
+# 5.5 with a Whisper base; the prefix alone cost 1.3 and 0.9 (a forced error steers the words after
+# it) and saved no decode time.
+# While the shared recognizer is loaded, windows are kept short for the streams' sake: cut after
+# each committed sentence (MIN_TRIM_S, SENTENCE_CONTEXT_S) and mid-sentence once committed words
+# fill more than COMMITTED_KEPT_S of it (a second of them stays as sound, the rest is prompt and
+# prefix): every decode re-reads the whole window, so committed audio left in it is paid for again
+# at every step. That halves a decode's cost, which doubled the streams kept in real time.
+MIN_TRIM_S = 2.5  # a window this long is cut after its committed sentence (loaded)
 SENTENCE_CONTEXT_S = 1.0  # of the committed sentence, kept as sound before the next one
-# While the shared recognizer is loaded, committed words are also cut away mid-sentence once they
-# fill more than COMMITTED_KEPT_S of the window (a second of them stays as sound, the rest is
-# prompt and prefix): every decode re-reads the whole window, so committed audio left in it is
-# paid for again at every step. It halves a decode's cost, which doubled the streams kept in real
-# time, but costs accuracy (bench_captions.py, wer part), so a recognizer with room keeps it.
 COMMITTED_KEPT_S = 2.0
 TRIM_CONTEXT_S = 1.0  # committed speech kept as sound by such a cut
 LOADED_MAX_WINDOW_S = 6.0  # max_window_s while the recognizer is that loaded
@@ -246,7 +254,8 @@ class CaptionStage:
             return
         start = self.window.start
         self._decoded_to = self.window.end
-        request = AsrRequest(self.window.audio(), prompt=self._prompt(start), prefix=self._prefix(start))
+        prefix = self._prefix(start) if self._loaded() else ""
+        request = AsrRequest(self.window.audio(), prompt=self._prompt(start), prefix=prefix)
         result = await self._recognize(request)
         if result is None:
             committed, tentative = (self.agreement.flush(), []) if final else ([], self.agreement.pending)
@@ -305,20 +314,26 @@ class CaptionStage:
         before = [w for w in self._committed if w.end <= window_start]
         return join_words(before)[-self.settings.prompt_chars :]
 
+    def _loaded(self) -> bool:
+        """Windows are kept short (and forced to begin with their committed words) for other
+        streams' sake; a file read ahead has no deadline."""
+        return self.live and self.engine.batcher.load() >= TRIM_LOAD
+
     def _prefix(self, window_start: float) -> str:
-        """The committed words still in the window: the decode must begin with them. Without it,
-        a window that starts inside a sentence (or a word) is often heard as something else,
-        and the decodes after it disagree until the utterance ends."""
+        """The committed words still in a window cut short under load: the decode must begin with
+        them. Without it, a window that starts inside a sentence (or a word) is often heard as
+        something else, and the decodes after it disagree until the utterance ends."""
         # The last word's punctuation is the decoder's to choose again: it was committed before the
         # pause after it was heard, and a forced comma makes the next sentence's start a guess.
         return TRAILING_PUNCTUATION.sub("", join_words([w for w in self._committed if w.end > window_start]))
 
     async def _bound_window(self) -> None:
-        """Keep decodes short: cut the window after a committed sentence, and never let continuous
-        speech grow it past max_window_s. Speakers pause between sentences for less than an
-        endpoint, so without the first cut every step would decode the whole monologue again."""
+        """Keep decodes within max_window_s of continuous speech and, while the recognizer is
+        loaded, short: cut after each committed sentence. Speakers pause between sentences for less
+        than an endpoint, so without that cut every step would decode the whole monologue again."""
+        loaded = self._loaded()
         last = self._committed[-1] if self._committed else None
-        if last is not None and SENTENCE_END.search(last.text) and last.end > self._sentence_cut:
+        if loaded and last is not None and SENTENCE_END.search(last.text) and last.end > self._sentence_cut:
             pending = self.agreement.pending
             if not pending:
                 cut = last.end
@@ -333,7 +348,7 @@ class CaptionStage:
                 self.window.trim_before(cut - SENTENCE_CONTEXT_S)
                 self._sentence_cut = cut
         limit = self.settings.max_window_s
-        if self.live and self.engine.batcher.load() >= TRIM_LOAD:  # a file read ahead has no deadline
+        if loaded:
             self._trim_committed()
             # Decodes that keep disagreeing grow the window, which makes every decode dearer and
             # slower: on a saturated recognizer that spirals. Give up on them sooner.

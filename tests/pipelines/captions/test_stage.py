@@ -126,9 +126,11 @@ class Recording:
     def __init__(self, inner: SpeechRecognizer) -> None:
         self.inner, self.info, self.workers = inner, inner.info, inner.workers
         self.seconds: list[float] = []
+        self.prefixed = 0  # requests whose decode was forced to begin with committed words
 
     def transcribe_batch(self, requests: Sequence[AsrRequest]) -> list[AsrResult]:
         self.seconds += [r.audio.shape[0] / 16_000 for r in requests]
+        self.prefixed += sum(1 for r in requests if r.prefix)
         return self.inner.transcribe_batch(requests)
 
     def close(self) -> None:
@@ -150,14 +152,18 @@ async def test_a_loaded_recognizer_gets_shorter_windows_and_fewer_decodes(
     caption_models: tuple[SpeechRecognizer, VadModel], narration: np.ndarray
 ) -> None:
     recognizer, vad = caption_models
-    runs = {}
+    runs, longest, prefixed = {}, {}, {}
     for load in (0.0, 0.9):
         recording = Recording(recognizer)
         async with Loaded(recording, load) as batcher:
             sink = await caption(CaptionEngine(batcher, vad, CaptionSettings()), narration)
         text = " ".join(str(f["text"]) for f in sink.of(EventKind.CAPTIONS))
         runs[load] = (float(np.mean(recording.seconds)), len(recording.seconds), script_prefix_wer(text))
+        longest[load], prefixed[load] = max(recording.seconds), recording.prefixed
     (idle_s, idle_decodes, idle_wer), (busy_s, busy_decodes, busy_wer) = runs[0.0], runs[0.9]
+    # With room, the window keeps the utterance past its sentences, and nothing is forced on the decoder.
+    assert longest[0.0] > 12.0 and prefixed[0.0] == 0, (longest, prefixed)
+    assert longest[0.9] <= 7.0 and prefixed[0.9] > 0, (longest, prefixed)
     assert busy_s < 0.8 * idle_s, runs  # committed speech is cut out of the window mid-sentence
     assert busy_decodes < 0.85 * idle_decodes, runs  # each stream waits for a longer step
     assert idle_wer <= 0.25 and busy_wer <= 0.3, runs
