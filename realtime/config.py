@@ -282,6 +282,9 @@ class CaptionsSettings(_Strict):
     # The latency/accuracy knob: audio is decoded again each time this much more has arrived.
     step_s: float = Field(0.5, ge=0.1, le=10.0)
     endpoint_s: float = Field(0.6, ge=0.1, le=10.0)  # a pause this long finalizes what was said
+    # Continuous speech decoded as one window: longer reads more accurately (each word heard with the
+    # speech before it) and costs more per decode. Whisper hears at most 30 s.
+    max_window_s: float = Field(28.0, ge=3.0, le=28.0)
     # When set, the detector and the recognizer take turns at the CPU (both on it) and, when both want
     # it, the recognizer gets this part. Off by default: measured on 2 cores, turns made both slower
     # than letting them run at once (the OS shares the cores and fills each one's idle cycles).
@@ -293,6 +296,7 @@ class CaptionsSettings(_Strict):
         return CaptionSettings(
             step_s=self.step_s,
             endpoint_s=self.endpoint_s,
+            max_window_s=self.max_window_s,
             vad_threshold=self.vad_threshold,
             max_lag_s=self.max_lag_s,
         )

@@ -29,6 +29,12 @@ def test_empty_config_is_valid(tmp_path: Path) -> None:
     assert config.streams == []
 
 
+def test_caption_settings_reach_the_stage(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, "captions:\n  max_window_s: 12\n  step_s: 0.4\n"), environ={})
+    settings = config.captions.to_settings()
+    assert settings.max_window_s == 12.0 and settings.step_s == 0.4
+
+
 def test_env_overrides_nested_keys(tmp_path: Path) -> None:
     path = write(tmp_path, "detector:\n  conf: 0.3\n")
     config = load_config(path, environ={"VIDSENTRY_DETECTOR__CONF": "0.5", "VIDSENTRY_NATS__URL": "nats://bus:4222"})
@@ -46,6 +52,7 @@ def test_env_overrides_nested_keys(tmp_path: Path) -> None:
         ("streams:\n  - id: a\n", "streams.0.url"),
         ("streams:\n  - {id: a, url: rtsp://c/1}\n  - {id: a, url: rtsp://c/2}\n", "duplicate stream id"),
         ("nats:\n  url: http://bus\n", "nats.url"),
+        ("captions:\n  max_window_s: 40\n", "captions.max_window_s"),
         (
             "streams:\n  - id: a\n    url: rtsp://c/1\n    rules:\n"
             "      - {id: r, type: fall}\n      - {id: r, type: fall}\n",
