@@ -267,6 +267,10 @@ class SourceSettings(_Strict):
         return SourcePolicy(local_dirs=dirs, allow_private_hosts=self.allow_private_hosts)
 
 
+def _captions(name: str) -> Any:
+    return default_of(CaptionSettings, name)
+
+
 class CaptionsSettings(_Strict):
     """Live captions: one faster-whisper model shared by every stream with audio."""
 
@@ -278,18 +282,19 @@ class CaptionsSettings(_Strict):
     beam_size: int = Field(1, ge=1, le=10)
     # CTranslate2 threads in all (on a CPU two calls run at once, half each); 0: the cores, at most 4
     threads: int = Field(0, ge=0, le=64)
-    vad_threshold: float = Field(0.5, gt=0, lt=1)  # speech probability above which audio counts as speech
+    # speech probability above which audio counts as speech
+    vad_threshold: float = Field(_captions("vad_threshold"), gt=0, lt=1)
     # The latency/accuracy knob: audio is decoded again each time this much more has arrived.
-    step_s: float = Field(0.5, ge=0.1, le=10.0)
-    endpoint_s: float = Field(0.6, ge=0.1, le=10.0)  # a pause this long finalizes what was said
+    step_s: float = Field(_captions("step_s"), ge=0.1, le=10.0)
+    endpoint_s: float = Field(_captions("endpoint_s"), ge=0.1, le=10.0)  # a pause this long finalizes what was said
     # Continuous speech decoded as one window: longer reads more accurately (each word heard with the
     # speech before it) and costs more per decode. Whisper hears at most 30 s.
-    max_window_s: float = Field(28.0, ge=3.0, le=28.0)
+    max_window_s: float = Field(_captions("max_window_s"), ge=3.0, le=28.0)
     # When set, the detector and the recognizer take turns at the CPU (both on it) and, when both want
     # it, the recognizer gets this part. Off by default: measured on 2 cores, turns made both slower
     # than letting them run at once (the OS shares the cores and fills each one's idle cycles).
     cpu_share: float | None = Field(None, ge=0.0, le=1.0)
-    max_lag_s: float = Field(6.0, ge=1.0, le=120.0)  # audio waiting longer is dropped, oldest first
+    max_lag_s: float = Field(_captions("max_lag_s"), ge=1.0, le=120.0)  # audio waiting longer is dropped, oldest first
     max_batch: int = Field(8, ge=1, le=64)  # streams decoded in one recognizer call
 
     def to_settings(self) -> CaptionSettings:

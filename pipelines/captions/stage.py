@@ -320,9 +320,10 @@ class CaptionStage:
         return self.live and self.engine.batcher.load() >= TRIM_LOAD
 
     def _prefix(self, window_start: float) -> str:
-        """The committed words still in a window cut short under load: the decode must begin with
-        them. Without it, a window that starts inside a sentence (or a word) is often heard as
-        something else, and the decodes after it disagree until the utterance ends."""
+        """The committed words still in the window, used while the recognizer is loaded (its
+        windows are then cut short, often mid-sentence): the decode must begin with them. Without
+        it, such a window is often heard as something else, and the decodes after it disagree
+        until the utterance ends."""
         # The last word's punctuation is the decoder's to choose again: it was committed before the
         # pause after it was heard, and a forced comma makes the next sentence's start a guess.
         return TRAILING_PUNCTUATION.sub("", join_words([w for w in self._committed if w.end > window_start]))
