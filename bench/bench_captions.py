@@ -41,7 +41,7 @@ Parts (--parts, default all):
             speech_per_decode_s: speech seconds per decode (step_s while the recognizer keeps up).
   detector  one stream's latency (the latency part's audio) while the default detector runs on
             vtest frames at the camera's 10 fps (latest frame wins) through a DetectionBatcher in the
-            same process, without and with ComputeShares (cpu_share 0.5); detector fps in each, and
+            same process, without and with ComputeBudget (cpu_share 0.5); detector fps in each, and
             alone.
 Single runs on a shared 2-core machine: compare rows within one run.
 
@@ -76,7 +76,7 @@ from engines.models import default_detector_model
 from engines.registry import create_detector
 from pipelines.captions.engine import RECOGNIZER, CaptionEngine, CaptionSettings, SpeechBatcher
 from pipelines.captions.stage import CaptionStage
-from pipelines.compute import ComputeShares
+from pipelines.compute import ComputeBudget
 from pipelines.detect import DETECTOR, DetectionBatcher
 from pipelines.events import Event, EventKind
 from pipelines.frames import AudioChunk, VideoFrame
@@ -267,7 +267,7 @@ class Run:
     asr_busy_s: float
     detector_fps: float | None = None
     detector_dropped: int | None = None
-    turns: dict[str, dict[str, float]] | None = None  # ComputeShares over the feeding time, per model
+    turns: dict[str, dict[str, float]] | None = None  # ComputeBudget over the feeding time, per model
     stages_ms: dict[str, float] | None = None  # the recognizer's time per call, by stage (features, encode, ...)
     unfinished: int = 0  # stages still running after the drain timeout
 
@@ -304,7 +304,7 @@ async def run_streams(
     clips: Sequence[Clip],
     *,
     max_batch: int,
-    compute: ComputeShares | None = None,
+    compute: ComputeBudget | None = None,
     load: CameraLoad | None = None,
 ) -> Run:
     settings = SETTINGS
@@ -396,7 +396,7 @@ class ProfiledRecognizer:
         return {k: round(v / max(1, self.calls), 1) for k, v in self.totals.items()}
 
 
-def _turn_stats(compute: ComputeShares | None) -> dict[str, tuple[float, float, int]]:
+def _turn_stats(compute: ComputeBudget | None) -> dict[str, tuple[float, float, int]]:
     if compute is None:
         return {}
     return {name: (st.busy_s, st.wait_s, st.turns) for name, st in compute.stats.items()}
@@ -686,7 +686,7 @@ async def part_detector(recognizer: SpeechRecognizer, vad: VadModel, clip: Clip)
                 await task
         rows.append({"case": "detector alone", "detector_fps": round(fps, 2)})
         for shared in (False, True):
-            compute = ComputeShares({DETECTOR: 1 - CPU_SHARE, RECOGNIZER: CPU_SHARE}) if shared else None
+            compute = ComputeBudget({DETECTOR: 1 - CPU_SHARE, RECOGNIZER: CPU_SHARE}) if shared else None
             async with DetectionBatcher(detector, compute=compute) as batcher:
                 load = CameraLoad(batcher, frames)
                 run = await run_streams(recognizer, vad, [clip], max_batch=8, compute=compute, load=load)

@@ -174,6 +174,7 @@ class YoloDetector:
         self.conf, self.iou, self.max_det = conf, iou, max_det
         self._runtime = backend
         self.workers = max(1, int(getattr(backend, "parallel", 1)))
+        self.threads = int(getattr(backend, "threads", 0))  # CPU threads of a call alone (0: not a CPU pool)
         if info.fixed_batch is not None:
             # A fixed batch-N model always runs N images; fewer are padded in preprocess().
             self.max_batch = info.fixed_batch

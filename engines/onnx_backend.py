@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from engines.cpu_grant import granted_threads
 from engines.errors import EngineError, EngineUnavailable, ModelLoadError
 
 CUDA_EP = "CUDAExecutionProvider"
@@ -77,6 +78,7 @@ class OnnxRuntimeBackend:
         for _ in range(sessions if sessions > 1 else 0):
             self._narrow.put(new_session(ort, model_path, providers, max(1, threads // sessions)))
         self.parallel = sessions
+        self.threads = threads  # the wide session's; a narrow one has threads // sessions
         self._lock = threading.Lock()
         self._running = 0
         if device == "cuda" and self._session.get_providers()[0] != CUDA_EP:
@@ -100,7 +102,10 @@ class OnnxRuntimeBackend:
         feed = batch if batch.dtype == self._input_dtype else batch.astype(self._input_dtype)
         with self._lock:
             self._running += 1
-            wide = self._running == 1  # nothing else runs, so the wide session is free too
+            # Nothing else of this model runs, so the wide session is free too; under a CPU
+            # scheduler (engines.cpu_grant) only when the call was granted all its threads.
+            grant = granted_threads()
+            wide = self._running == 1 and (grant is None or grant >= self.threads)
         try:
             if wide or self.parallel == 1:
                 (raw,) = self._session.run([self._output_name], {self.input_name: feed})

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, Self, TypeVar
 
-from pipelines.compute import ComputeShares
+from pipelines.compute import ComputeBudget
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class ModelBatcher(Generic[In, Out]):
         failed_error: type[ModelFailed] = ModelFailed,
         full_error: type[QueueFull] = QueueFull,
         thread_name: str | None = None,
-        compute: ComputeShares | None = None,
+        compute: ComputeBudget | None = None,
         workers: int = 1,
     ) -> None:
         if max_pending < 1:

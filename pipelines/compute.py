@@ -1,104 +1,272 @@
-"""Turns at a CPU that shared models would otherwise fight over.
+"""One budget for the machine's cores, shared by every model that runs on them.
 
-On a small CPU machine the detector and the speech recognizer each use every core; run at the
-same time, both get slower than either alone (oversubscribed threads that spin while they wait),
-and the detector, which always has a frame ready, crowds the recognizer out. So each model call
-takes a turn: a model alone never waits; when several wait, the one that has used least of its
-share of recent compute time goes first. The detector is latest-frame-wins, so frames that
-arrive while the recognizer has its turn are dropped and counted as usual; audio waits in its
-bounded buffers. Shares are fractions (`captions.cpu_share` for the recognizer, the rest for the
-detector); usage decays with a half-life, so a burst long ago does not count against a model now.
-A model whose calls run side by side (several workers) may start another call during its own
-turn, unless another model waits and is due first.
+On a small CPU the detector, the speech recognizer and the segmenter each could use every core;
+run side by side unscheduled, their threads oversubscribe the cores, and the detector, which always
+has a frame ready, crowds out the recognizer, whose words are lost if they are late. So every model
+call asks this budget for threads (`turn`) and runs only when they are free:
+
+- The budget hands out `cores` thread slots. A call needs `threads` slots and may take up to
+  `max_threads` when they are free (the detector's wide ONNX Runtime session); the grant is told to
+  the engine through engines.cpu_grant, so no engine ever runs more threads than it was given.
+- Priorities. A CRITICAL model (the recognizer: cheap, latency-bound, its misses unrecoverable) goes
+  first, always, and while it has been active within `reserve_hold_s` one slot is kept free for it,
+  so its next call never waits for a long detector call to end. BULK models (the detector, the
+  segmenter) share what is left by their weights. BACKGROUND work (the describer's frame encoding)
+  runs when nobody else waits, or once it has waited `background_patience_s`.
+- The starvation bound. Once the critical models have used more than `critical_max_share` of the
+  cores' recent time and a bulk model waits, the bulk model goes first and nothing is reserved:
+  detection slows under a flood of speech but never stops.
+- Usage decays with a half-life, so a burst long ago does not count against a model now. Calls
+  still running count as used so far.
+
+When slots are short the detector simply gets fewer turns: its loop predicts boxes for the frames it
+could not measure (pipelines.frame_loop), and the describer samples fewer frames (`short`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import IntEnum
 
-MIN_SHARE = 0.01
+from engines.cpu_grant import granted
+
+
+class Priority(IntEnum):
+    CRITICAL = 0
+    BULK = 1
+    BACKGROUND = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ModelClaim:
+    """How one model uses the cores."""
+
+    priority: Priority = Priority.BULK
+    share: float = 1.0  # weight among the models of its priority
+    threads: int = 1  # threads one call needs
+    max_threads: int | None = None  # a call may use up to this many when they are free (default: threads)
+
+    def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise ValueError(f"a model call needs at least one thread, not {self.threads}")
+        if self.share <= 0:
+            raise ValueError(f"a model's share must be above 0, not {self.share}")
+        if self.max_threads is not None and self.max_threads < self.threads:
+            raise ValueError(f"max_threads {self.max_threads} is below threads {self.threads}")
 
 
 @dataclass(slots=True)
 class TurnStats:
     turns: int = 0
-    waited: int = 0  # turns that had to wait for another model
+    waited: int = 0  # turns that had to wait for threads
     wait_s: float = 0.0
-    busy_s: float = 0.0
+    busy_s: float = 0.0  # wall time of its calls
+    thread_s: float = 0.0  # the same, times the threads each call held
+    wide: int = 0  # calls granted more than `threads`
 
 
-class ComputeShares:
-    def __init__(self, shares: Mapping[str, float], *, half_life_s: float = 2.0) -> None:
-        if not shares:
-            raise ValueError("at least one model needs a share")
-        self._shares = {name: max(MIN_SHARE, share) for name, share in shares.items()}
+@dataclass(slots=True, eq=False)
+class _Waiter:
+    name: str
+    asked_at: float
+
+
+@dataclass(slots=True)
+class _Running:
+    name: str
+    threads: int
+    started: float
+
+
+@dataclass(slots=True)
+class _Usage:
+    """Thread-seconds per model and offered thread-seconds, both decayed by the same half-life."""
+
+    used: dict[str, float] = field(default_factory=dict)
+    offered: float = 0.0
+    at: float = field(default_factory=time.perf_counter)
+
+
+class ComputeBudget:
+    def __init__(
+        self,
+        cores: int,
+        models: Mapping[str, ModelClaim] | None = None,
+        *,
+        critical_max_share: float = 0.75,
+        half_life_s: float = 2.0,
+        reserve_hold_s: float = 0.6,
+        background_patience_s: float = 0.5,
+    ) -> None:
+        if cores < 1:
+            raise ValueError(f"a compute budget needs at least one core, not {cores}")
+        if not 0.0 < critical_max_share <= 1.0:
+            raise ValueError(f"critical_max_share must be in (0, 1], not {critical_max_share}")
+        self.cores = cores
+        self.critical_max_share = critical_max_share
         self._half_life_s = half_life_s
-        self._usage = dict.fromkeys(self._shares, 0.0)
-        self._usage_at = time.perf_counter()
+        self._reserve_hold_s = reserve_hold_s
+        self._patience_s = background_patience_s
+        self._claims: dict[str, ModelClaim] = {}
         self._cond = threading.Condition()
-        self._waiting: Counter[str] = Counter()  # calls waiting, per model (a model may have several)
-        self._running: str | None = None
-        self._calls: dict[int, float] = {}  # the running model's calls in progress: token -> started
+        self._waiting: list[_Waiter] = []
+        self._running: dict[int, _Running] = {}
         self._tokens = 0
-        self.stats = {name: TurnStats() for name in self._shares}
+        self._critical_seen = float("-inf")  # when a critical call last ran or waited
+        # Offered thread-seconds start where a long idle history leaves them (cores * tau), so the
+        # first seconds' usage is not read as a large share.
+        self._usage = _Usage(offered=cores * half_life_s / math.log(2))
+        self.stats: dict[str, TurnStats] = {}
+        for name, claim in (models or {}).items():
+            self.add(name, claim)
+
+    def add(self, name: str, claim: ModelClaim) -> None:
+        """Register a model (before its first call); its threads are capped to the budget's cores."""
+        threads = min(claim.threads, self.cores)
+        widest = min(claim.max_threads or claim.threads, self.cores)
+        with self._cond:
+            self._claims[name] = ModelClaim(claim.priority, claim.share, threads, max(threads, widest))
+            self._usage.used.setdefault(name, 0.0)
+            self.stats.setdefault(name, TurnStats())
+
+    @property
+    def models(self) -> dict[str, ModelClaim]:
+        return dict(self._claims)
 
     @contextlib.contextmanager
-    def turn(self, name: str) -> Iterator[None]:
-        """Hold the CPU for one model call (blocking: called on the model's own thread)."""
-        if name not in self._shares:
-            raise KeyError(f"no compute share for {name!r}")
+    def turn(self, name: str) -> Iterator[int]:
+        """Hold threads for one model call (blocking: called on the model's own thread); yields how
+        many were granted, which engines.cpu_grant also tells the engine."""
+        claim = self._claims.get(name)
+        if claim is None:
+            raise KeyError(f"no compute claim for {name!r}")
         stats = self.stats[name]
-        asked = time.perf_counter()
+        waiter = _Waiter(name, time.perf_counter())
         with self._cond:
-            self._waiting[name] += 1
+            self._waiting.append(waiter)
             try:
-                self._cond.wait_for(lambda: self._running in (None, name) and self._next() == name)
+                while (threads := self._grant(waiter, claim)) == 0:
+                    # Woken when a call ends or a waiter arrives; the timeout lets a reservation
+                    # lapse and a background waiter's patience run out without either.
+                    self._cond.wait(0.05)
             finally:
-                self._waiting[name] -= 1
-                if not self._waiting[name]:
-                    del self._waiting[name]
-            self._running = name
+                self._waiting.remove(waiter)
             started = time.perf_counter()
             self._tokens += 1
             token = self._tokens
-            self._calls[token] = started
+            self._running[token] = _Running(name, threads, started)
+            if claim.priority is Priority.CRITICAL:
+                self._critical_seen = started
+            self._cond.notify_all()  # another waiter may fit beside this call
         stats.turns += 1
-        if started - asked > 0.001:
+        stats.wide += threads > claim.threads
+        if started - waiter.asked_at > 0.001:
             stats.waited += 1
-            stats.wait_s += started - asked
+            stats.wait_s += started - waiter.asked_at
         try:
-            yield
+            with granted(threads):
+                yield threads
         finally:
-            used = time.perf_counter() - started
+            ended = time.perf_counter()
             with self._cond:
-                self._decay()
-                self._usage[name] += used
-                stats.busy_s += used
-                del self._calls[token]
-                if not self._calls:
-                    self._running = None
+                self._decay(ended)
+                self._usage.used[name] += (ended - started) * threads
+                del self._running[token]
+                if claim.priority is Priority.CRITICAL:
+                    self._critical_seen = ended
                 self._cond.notify_all()
+            stats.busy_s += ended - started
+            stats.thread_s += (ended - started) * threads
 
-    def _next(self) -> str:
-        self._decay()
+    # -- decisions (under the lock) ------------------------------------------------------------------
+
+    def _grant(self, waiter: _Waiter, claim: ModelClaim) -> int:
+        """Threads this waiter may start with now, or 0 if it must wait."""
         now = time.perf_counter()
-        # Calls still running count as used so far: otherwise a model with several workers
-        # looks idle to the others until its calls end, and keeps starting new ones.
-        running = sum(now - started for started in self._calls.values())
+        if claim.priority is Priority.CRITICAL:
+            self._critical_seen = now
+        nxt = self._next(now)
+        if nxt is None or nxt.name != waiter.name:
+            return 0
+        free = self.cores - sum(r.threads for r in self._running.values())
+        if self._rank(waiter.name, now)[0] > Priority.CRITICAL:
+            free -= self._reserved(now)
+        if free < claim.threads:
+            return 0
+        return min(free, claim.max_threads or claim.threads)
 
-        def used(name: str) -> float:
-            return (self._usage[name] + (running if name == self._running else 0.0)) / self._shares[name]
+    def _next(self, now: float) -> _Waiter | None:
+        """The waiter that goes next: by priority (see _rank), then the least used for its share,
+        then the longest waiting."""
+        if not self._waiting:
+            return None
+        return min(self._waiting, key=lambda w: (*self._rank(w.name, now), w.asked_at))
 
-        return min(self._waiting, key=used)
+    def _rank(self, name: str, now: float) -> tuple[int, float]:
+        claim = self._claims[name]
+        priority = claim.priority
+        # Critical work past its bound queues with the bulk work it would otherwise starve;
+        # background work that has waited its patience joins it too.
+        past_bound = priority is Priority.CRITICAL and self._critical_over_bound(now) and self._bulk_waiting()
+        impatient = priority is Priority.BACKGROUND and any(
+            w.name == name and now - w.asked_at >= self._patience_s for w in self._waiting
+        )
+        if past_bound or impatient:
+            priority = Priority.BULK
+        return priority, self._used(name, now) / claim.share
 
-    def _decay(self) -> None:
-        now = time.perf_counter()
-        factor = 0.5 ** ((now - self._usage_at) / self._half_life_s)
-        self._usage_at = now
-        for name in self._usage:
-            self._usage[name] *= factor
+    def _reserved(self, now: float) -> int:
+        """Slots bulk work may not take: one for a critical model active within reserve_hold_s,
+        unless it is past its bound (or the budget has a single core, which it cannot split)."""
+        if self.cores < 2 or now - self._critical_seen > self._reserve_hold_s:
+            return 0
+        return 0 if self._critical_over_bound(now) else 1
+
+    def _bulk_waiting(self) -> bool:
+        return any(self._claims[w.name].priority is not Priority.CRITICAL for w in self._waiting)
+
+    def _critical_over_bound(self, now: float) -> bool:
+        critical = sum(self._used(name, now) for name, c in self._claims.items() if c.priority is Priority.CRITICAL)
+        return critical > self.critical_max_share * self._usage.offered
+
+    def _used(self, name: str, now: float) -> float:
+        self._decay(now)
+        running = sum((now - r.started) * r.threads for r in self._running.values() if r.name == name)
+        return self._usage.used[name] + running
+
+    def _decay(self, now: float) -> None:
+        usage = self._usage
+        elapsed = now - usage.at
+        if elapsed <= 0:
+            return
+        factor = 0.5 ** (elapsed / self._half_life_s)
+        usage.at = now
+        for name in usage.used:
+            usage.used[name] *= factor
+        # Offered capacity decays the same way: after a few half-lives it is cores * tau.
+        tau = self._half_life_s / math.log(2)
+        usage.offered = usage.offered * factor + self.cores * tau * (1 - factor)
+
+    # -- what it decided --------------------------------------------------------------------------
+
+    def busy_shares(self) -> dict[str, float]:
+        """Per model, its part of the cores' recent time (decayed; 0..1 over all models together)."""
+        with self._cond:
+            now = time.perf_counter()
+            self._decay(now)
+            offered = self._usage.offered
+            return {name: (self._used(name, now) / offered if offered > 0 else 0.0) for name in self._claims}
+
+    def short(self) -> bool:
+        """A model call waits for threads now: optional work (another sampled frame) should wait too."""
+        with self._cond:
+            return bool(self._waiting)
+
+    def threads_in_use(self) -> int:
+        with self._cond:
+            return sum(r.threads for r in self._running.values())

@@ -22,7 +22,7 @@ from pipelines.batching import (
     ModelFailed,
     QueueFull,
 )
-from pipelines.compute import ComputeShares
+from pipelines.compute import ComputeBudget
 
 __all__ = ["BatchDetector", "BatcherFull", "BatcherStats", "DetectionBatcher", "DetectionOutcome", "DetectorFailed"]
 
@@ -65,7 +65,7 @@ class DetectionBatcher(ModelBatcher[np.ndarray, Detections]):
         gather_window_s: float = DEFAULT_GATHER_WINDOW_S,
         max_pending: int = DEFAULT_MAX_PENDING,
         max_consecutive_failures: int = DEFAULT_MAX_CONSECUTIVE_FAILURES,
-        compute: ComputeShares | None = None,
+        compute: ComputeBudget | None = None,
         workers: int | None = None,
         in_flight: int | None = None,
     ) -> None:

@@ -290,10 +290,9 @@ class CaptionsSettings(_Strict):
     # Continuous speech decoded as one window: longer reads more accurately (each word heard with the
     # speech before it) and costs more per decode. Whisper hears at most 30 s.
     max_window_s: float = Field(_captions("max_window_s"), ge=3.0, le=28.0)
-    # When set, the detector and the recognizer take turns at the CPU (both on it) and, when both want
-    # it, the recognizer gets this part. Off by default: measured on 2 cores, turns made both slower
-    # than letting them run at once (the OS shares the cores and fills each one's idle cycles).
-    cpu_share: float | None = Field(None, ge=0.0, le=1.0)
+    # Under the compute budget (`compute:`), the most of the recent CPU time the recognizer takes
+    # first while detection waits (None: compute.captions_max_share).
+    cpu_share: float | None = Field(None, gt=0.0, le=1.0)
     max_lag_s: float = Field(_captions("max_lag_s"), ge=1.0, le=120.0)  # audio waiting longer is dropped, oldest first
     max_batch: int = Field(8, ge=1, le=64)  # streams decoded in one recognizer call
 
@@ -496,6 +495,16 @@ class FleetSettings(_Strict):
         return self.renew_interval_s if self.renew_interval_s is not None else self.lease_ttl_s / 3
 
 
+class ComputeSettings(_Strict):
+    """One budget for the CPU's cores across the models on it (pipelines.compute): captions first,
+    detection with what is left (boxes predicted on the frames it skips), descriptions sample less."""
+
+    scheduler: bool = True  # false: every model uses the cores as it likes (they oversubscribe)
+    cores: int | None = Field(None, ge=1, le=1024)  # the budget's thread slots; None: the machine's cores
+    # The most of the recent CPU time captions take first while detection waits (the starvation bound).
+    captions_max_share: float = Field(0.75, gt=0.0, le=1.0)
+
+
 class Config(_Strict):
     node: str = Field(default_factory=socket.gethostname)
     fleet: FleetSettings = FleetSettings()
@@ -507,6 +516,7 @@ class Config(_Strict):
     sources: SourceSettings = SourceSettings()
     webrtc: WebRtcSettings = WebRtcSettings()
     captions: CaptionsSettings = CaptionsSettings()
+    compute: ComputeSettings = ComputeSettings()
     vlm: VlmConfig = VlmConfig()
     segmentation: SegmentationSettings = SegmentationSettings()
     streams: list[StreamSettings] = []

@@ -198,6 +198,7 @@ class WhisperRecognizer:
         threads = threads or max(1, min(4, os.cpu_count() or 1))  # CTranslate2's own default is 4 anywhere
         self.workers = workers or default_workers(resolved, threads)
         per_worker = max(1, threads // self.workers)
+        self.threads_per_call = per_worker
         try:
             self._model = ct2.models.Whisper(
                 str(path),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from engines.asr.types import AsrRequest, AsrResult, SpeechRecognizer
 from engines.asr.vad import VadModel
 from pipelines.batching import ModelBatcher, ModelFailed, QueueFull
-from pipelines.compute import ComputeShares
+from pipelines.compute import ComputeBudget
 
 # Streams whose decodes may ride in one CTranslate2 call. Each stream has at most one request in
 # flight, so this is also how many streams are served per call.
@@ -45,7 +45,7 @@ class CaptionSettings:
 
 class SpeechBatcher(ModelBatcher[AsrRequest, AsrResult]):
     def __init__(
-        self, recognizer: SpeechRecognizer, *, max_batch: int = DEFAULT_MAX_BATCH, compute: ComputeShares | None = None
+        self, recognizer: SpeechRecognizer, *, max_batch: int = DEFAULT_MAX_BATCH, compute: ComputeBudget | None = None
     ) -> None:
         self.recognizer = recognizer
         super().__init__(

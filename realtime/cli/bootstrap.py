@@ -25,7 +25,7 @@ from engines.models import ModelNotFound, default_detector_model
 from engines.registry import create_detector
 from engines.vlm.client import create_vlm_client
 from pipelines.captions.engine import RECOGNIZER, CaptionEngine, SpeechBatcher
-from pipelines.compute import ComputeShares
+from pipelines.compute import ComputeBudget, ModelClaim, Priority
 from pipelines.describe.settings import DescribeEngine
 from pipelines.detect import DETECTOR
 from pipelines.segment.engine import SegmentEngine
@@ -36,6 +36,7 @@ from realtime.bus.publisher import BusUnavailable, NatsEventPublisher
 from realtime.cli.errors import EXIT_RUNTIME, EXIT_USAGE, CommandError
 from realtime.config import (
     CaptionsSettings,
+    ComputeSettings,
     DetectorSettings,
     NatsSettings,
     SegmentationSettings,
@@ -77,20 +78,34 @@ def asr_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def compute_shares(settings: CaptionsSettings, detector_backend: str, *, enabled: bool = True) -> ComputeShares | None:
-    """Turns at the CPU for the detector and the recognizer when both would run on it (see
-    pipelines.compute); None when captions are off or a model has a GPU of its own."""
-    share = settings.cpu_share
-    if share is None or not (enabled and settings.enabled):
+def compute_budget(
+    settings: ComputeSettings, captions: CaptionsSettings, detector: Any, *, captions_on: bool = True
+) -> ComputeBudget | None:
+    """One budget for the cores when the detector and the recognizer would both run on them (see
+    pipelines.compute), with the detector's claim; the recognizer adds its own once loaded
+    (open_captions). None when the scheduler is off, captions are off, or a model has a GPU."""
+    if not (settings.scheduler and captions_on and captions.enabled):
         return None
-    if not detector_backend.endswith("-cpu") or settings.device == "cuda":
+    if not str(detector.backend).endswith("-cpu") or captions.device == "cuda":
         return None
-    return ComputeShares({DETECTOR: 1.0 - share, RECOGNIZER: share})
+    cores = settings.cores or os.cpu_count() or 1
+    share = captions.cpu_share or settings.captions_max_share
+    budget = ComputeBudget(cores, critical_max_share=share)
+    # A call alone may use the wide session (every thread); calls side by side use one narrow each.
+    wide = int(getattr(detector, "threads", 0) or cores)
+    workers = max(1, int(getattr(detector, "workers", 1)))
+    narrow = max(1, wide // workers) if workers > 1 else wide
+    budget.add(DETECTOR, ModelClaim(Priority.BULK, threads=narrow, max_threads=wide))
+    log.info(
+        "compute budget on",
+        extra={"cores": cores, "detector_threads": [narrow, wide], "captions_max_share": share},
+    )
+    return budget
 
 
 @contextlib.asynccontextmanager
 async def open_captions(
-    settings: CaptionsSettings, *, enabled: bool = True, compute: ComputeShares | None = None
+    settings: CaptionsSettings, *, enabled: bool = True, compute: ComputeBudget | None = None
 ) -> AsyncIterator[CaptionEngine | None]:
     """The shared speech recognizer and voice detector the settings describe, serving for the
     duration (None when captions are off); a bad model or device is a CommandError."""
@@ -105,11 +120,14 @@ async def open_captions(
             compute_type=settings.compute_type,
             language=settings.language,
             beam_size=settings.beam_size,
-            threads=settings.threads or asr_threads(),
+            threads=settings.threads or (compute.cores if compute is not None else asr_threads()),
         )
         vad = await asyncio.to_thread(VadModel.load)
     except (AsrUnavailable, ValueError, OSError) as exc:
         raise CommandError(f"captions: {exc} (or turn them off: captions.enabled: false)") from exc
+    if compute is not None:
+        # Captions go first: their words are lost when late, a detection frame is bridged by the tracker.
+        compute.add(RECOGNIZER, ModelClaim(Priority.CRITICAL, threads=int(getattr(recognizer, "threads_per_call", 1))))
     try:
         async with SpeechBatcher(recognizer, max_batch=settings.max_batch, compute=compute) as batcher:
             yield CaptionEngine(batcher, vad, settings.to_settings())

@@ -19,7 +19,7 @@ from pipelines.frames import StatusChange, StreamState
 from pipelines.graph import SharedEngines
 from realtime.cli import checks
 from realtime.cli.bootstrap import (
-    compute_shares,
+    compute_budget,
     load_configured_detector,
     open_bus,
     open_captions,
@@ -167,7 +167,7 @@ async def run_command(args: argparse.Namespace) -> int:
 
     try:
         nats_url = args.nats_url or config.nats.url
-        compute = compute_shares(config.captions, detector.backend, enabled=not args.no_audio)
+        compute = compute_budget(config.compute, config.captions, detector, captions_on=not args.no_audio)
         async with (
             open_bus(nats_url, config.nats, config.node) as publisher,
             DetectionBatcher(detector, compute=compute) as batcher,

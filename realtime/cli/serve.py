@@ -23,7 +23,7 @@ from pipelines.detect import DetectionBatcher
 from realtime.cli import checks
 from realtime.cli.args import TOKEN_ENV
 from realtime.cli.bootstrap import (
-    compute_shares,
+    compute_budget,
     load_configured_detector,
     open_bus,
     open_captions,
@@ -122,7 +122,7 @@ async def serve_command(args: argparse.Namespace) -> int:
             if problems:
                 raise CommandError(f"{args.config or 'environment'}: {problems}")
             log.info("detector loaded", extra={"model": detector.info.path, "backend": detector.backend})
-            compute = compute_shares(config.captions, detector.backend)
+            compute = compute_budget(config.compute, config.captions, detector)
             async with (
                 open_bus(args.nats_url or config.nats.url, config.nats, config.node) as publisher,
                 DetectionBatcher(detector, compute=compute) as batcher,

@@ -1,4 +1,4 @@
-"""Service-wide metrics of the shared speech recognizer, the CPU turns between models and the VLM client."""
+"""Service-wide metrics of the shared speech recognizer, the compute budget between models and the VLM client."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pipelines.captions.engine import CaptionEngine
-from pipelines.compute import ComputeShares
+from pipelines.compute import ComputeBudget
 from pipelines.describe.settings import DescribeEngine
 
 
@@ -32,21 +32,38 @@ class RecognizerCollector(Collector):
 
 
 class ComputeCollector(Collector):
-    def __init__(self, shares: ComputeShares) -> None:
-        self.shares = shares
+    """The compute budget's decisions: each model's part of the cores, its waits and wide calls."""
+
+    def __init__(self, budget: ComputeBudget) -> None:
+        self.budget = budget
 
     def collect(self) -> Iterable[Metric]:
-        waited = CounterMetricFamily(
-            "vidsentry_compute_waits", "Model calls that waited for another model's turn at the CPU", labels=["model"]
+        yield GaugeMetricFamily("vidsentry_compute_cores", "Thread slots the compute budget hands out",
+                                value=self.budget.cores)
+        yield GaugeMetricFamily("vidsentry_compute_threads_in_use", "Thread slots held by model calls now",
+                                value=self.budget.threads_in_use())
+        share = GaugeMetricFamily(
+            "vidsentry_compute_busy_share", "A model's part of the cores' recent time (decayed, 0-1)", labels=["model"]
         )
-        wait_s = CounterMetricFamily(
-            "vidsentry_compute_wait_seconds", "Time model calls waited for their turn at the CPU", labels=["model"]
-        )
-        for name, stats in self.shares.stats.items():
-            waited.add_metric([name], stats.waited)
-            wait_s.add_metric([name], stats.wait_s)
-        yield waited
-        yield wait_s
+        for name, value in self.budget.busy_shares().items():
+            share.add_metric([name], value)
+        yield share
+        families = {
+            "turns": CounterMetricFamily("vidsentry_compute_turns", "Model calls the budget let run", labels=["model"]),
+            "waited": CounterMetricFamily(
+                "vidsentry_compute_waits", "Model calls that waited for threads", labels=["model"]
+            ),
+            "wait_s": CounterMetricFamily(
+                "vidsentry_compute_wait_seconds", "Time model calls waited for threads", labels=["model"]
+            ),
+            "thread_s": CounterMetricFamily(
+                "vidsentry_compute_thread_seconds", "Thread-seconds model calls held", labels=["model"]
+            ),
+        }
+        for name, stats in self.budget.stats.items():
+            for key, family in families.items():
+                family.add_metric([name], getattr(stats, key))
+        yield from families.values()
 
 
 class VlmCollector(Collector):

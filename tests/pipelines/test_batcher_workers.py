@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pipelines.batching import ModelBatcher, ModelFailed
-from pipelines.compute import ComputeShares
+from pipelines.compute import ComputeBudget, ModelClaim
 
 PROMPT_S = 5.0
 
@@ -106,7 +106,7 @@ async def test_close_waits_for_every_call_in_flight() -> None:
 
 def test_turns_at_the_cpu_keep_the_workers() -> None:
     # A model's turn admits its own calls side by side (tests/pipelines/test_compute.py).
-    shares = ComputeShares({"model": 0.5, "other": 0.5})
+    shares = ComputeBudget(2, {"model": ModelClaim(), "other": ModelClaim()})
     assert batcher(list, compute=shares).workers == 2
     with pytest.raises(ValueError, match="workers"):
         batcher(list, workers=0)
