@@ -41,7 +41,7 @@ Parts (--parts, default all):
             speech_per_decode_s: speech seconds per decode (step_s while the recognizer keeps up).
   detector  one stream's latency (the latency part's audio) while the default detector runs on
             vtest frames at the camera's 10 fps (latest frame wins) through a DetectionBatcher in the
-            same process, without and with ComputeBudget (cpu_share 0.5); detector fps in each, and
+            same process, without and with the compute budget (pipelines.compute); detector fps in each, and
             alone.
 Single runs on a shared 2-core machine: compare rows within one run.
 
@@ -55,6 +55,7 @@ import argparse
 import asyncio
 import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -74,10 +75,10 @@ from engines.asr.vad import StreamVad, VadModel
 from engines.asr.whisper import create_recognizer
 from engines.models import default_detector_model
 from engines.registry import create_detector
-from pipelines.captions.engine import RECOGNIZER, CaptionEngine, CaptionSettings, SpeechBatcher
+from pipelines.captions.engine import RECOGNIZER, CaptionEngine, CaptionSettings, SpeechBatcher, recognizer_claim
 from pipelines.captions.stage import CaptionStage
 from pipelines.compute import ComputeBudget
-from pipelines.detect import DETECTOR, DetectionBatcher
+from pipelines.detect import DETECTOR, DetectionBatcher, detector_claim
 from pipelines.events import Event, EventKind
 from pipelines.frames import AudioChunk, VideoFrame
 from pipelines.mailbox import AudioBuffer, FrameMailbox
@@ -99,7 +100,7 @@ REALTIME_FINAL_P90_S = 3.0
 BACKLOG_GROWTH_S = 0.5
 SAMPLE_EVERY_S = 0.1
 CAMERA_FPS = 10.0  # vtest.avi's rate
-CPU_SHARE = 0.5
+CPU_SHARE = 0.75  # the compute budget's bound on captions (compute.captions_max_share)
 DETECTOR_ALONE_S = 8.0
 SETTINGS = CaptionSettings()  # the service's defaults; --step-s changes the latency/accuracy knob
 
@@ -686,12 +687,17 @@ async def part_detector(recognizer: SpeechRecognizer, vad: VadModel, clip: Clip)
                 await task
         rows.append({"case": "detector alone", "detector_fps": round(fps, 2)})
         for shared in (False, True):
-            compute = ComputeBudget({DETECTOR: 1 - CPU_SHARE, RECOGNIZER: CPU_SHARE}) if shared else None
+            compute = None
+            if shared:
+                cores = os.cpu_count() or 1
+                compute = ComputeBudget(cores, critical_max_share=CPU_SHARE)
+                compute.add(DETECTOR, detector_claim(detector, cores))
+                compute.add(RECOGNIZER, recognizer_claim(recognizer))
             async with DetectionBatcher(detector, compute=compute) as batcher:
                 load = CameraLoad(batcher, frames)
                 run = await run_streams(recognizer, vad, [clip], max_batch=8, compute=compute, load=load)
             _, row = summarise(run)
-            case = f"+ detector, cpu_share {CPU_SHARE}" if shared else "+ detector, no shares"
+            case = f"+ detector, compute budget (bound {CPU_SHARE})" if shared else "+ detector, no budget"
             row = {"case": case, **row, "detector_fps": run.detector_fps, "detector_dropped": run.detector_dropped}
             for name, key in ((RECOGNIZER, "asr"), (DETECTOR, "det")):
                 turn = (run.turns or {}).get(name, {})

@@ -22,7 +22,7 @@ from pipelines.batching import (
     ModelFailed,
     QueueFull,
 )
-from pipelines.compute import ComputeBudget
+from pipelines.compute import ComputeBudget, ModelClaim, Priority
 
 __all__ = ["BatchDetector", "BatcherFull", "BatcherStats", "DetectionBatcher", "DetectionOutcome", "DetectorFailed"]
 
@@ -46,6 +46,16 @@ class DetectionOutcome:
     inference_ms: float  # wall time of the model call this frame rode in (pre/post-processing included)
     batch_size: int
     started_at: float  # wall clock when that model call began
+
+
+def detector_claim(detector: BatchDetector, cores: int) -> ModelClaim:
+    """The detector's place in a compute budget: bulk work that a frame skipped costs little (the
+    tracker predicts it). A call alone may use the wide session (every thread); calls side by side
+    use one narrow session each."""
+    wide = int(getattr(detector, "threads", 0) or cores)
+    workers = max(1, int(getattr(detector, "workers", 1)))
+    narrow = max(1, wide // workers) if workers > 1 else wide
+    return ModelClaim(Priority.BULK, threads=narrow, max_threads=wide)
 
 
 class DetectorFailed(ModelFailed):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from engines.asr.types import AsrRequest, AsrResult, SpeechRecognizer
 from engines.asr.vad import VadModel
 from pipelines.batching import ModelBatcher, ModelFailed, QueueFull
-from pipelines.compute import ComputeBudget
+from pipelines.compute import ComputeBudget, ModelClaim, Priority
 
 # Streams whose decodes may ride in one CTranslate2 call. Each stream has at most one request in
 # flight, so this is also how many streams are served per call.
@@ -15,6 +15,13 @@ DEFAULT_MAX_BATCH = 8
 
 
 RECOGNIZER = "speech recognizer"  # the batcher's name: in reasons, logs and compute shares
+
+
+def recognizer_claim(recognizer: SpeechRecognizer) -> ModelClaim:
+    """The recognizer's place in a compute budget: first, always (up to the budget's bound), since a
+    word decoded late is read late and audio that waits too long is lost, where a detection frame
+    skipped is bridged by the tracker."""
+    return ModelClaim(Priority.CRITICAL, threads=int(getattr(recognizer, "threads_per_call", 1)))
 
 
 class RecognizerFailed(ModelFailed):

@@ -24,10 +24,10 @@ from engines.errors import EngineError, EngineUnavailable
 from engines.models import ModelNotFound, default_detector_model
 from engines.registry import create_detector
 from engines.vlm.client import create_vlm_client
-from pipelines.captions.engine import RECOGNIZER, CaptionEngine, SpeechBatcher
-from pipelines.compute import ComputeBudget, ModelClaim, Priority
+from pipelines.captions.engine import RECOGNIZER, CaptionEngine, SpeechBatcher, recognizer_claim
+from pipelines.compute import ComputeBudget
 from pipelines.describe.settings import DescribeEngine
-from pipelines.detect import DETECTOR
+from pipelines.detect import DETECTOR, detector_claim
 from pipelines.segment.engine import SegmentEngine
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import StreamConflictError, StreamSetupError
@@ -91,14 +91,10 @@ def compute_budget(
     cores = settings.cores or os.cpu_count() or 1
     share = captions.cpu_share or settings.captions_max_share
     budget = ComputeBudget(cores, critical_max_share=share)
-    # A call alone may use the wide session (every thread); calls side by side use one narrow each.
-    wide = int(getattr(detector, "threads", 0) or cores)
-    workers = max(1, int(getattr(detector, "workers", 1)))
-    narrow = max(1, wide // workers) if workers > 1 else wide
-    budget.add(DETECTOR, ModelClaim(Priority.BULK, threads=narrow, max_threads=wide))
+    budget.add(DETECTOR, detector_claim(detector, cores))
     log.info(
         "compute budget on",
-        extra={"cores": cores, "detector_threads": [narrow, wide], "captions_max_share": share},
+        extra={"cores": cores, "captions_max_share": share},
     )
     return budget
 
@@ -126,8 +122,7 @@ async def open_captions(
     except (AsrUnavailable, ValueError, OSError) as exc:
         raise CommandError(f"captions: {exc} (or turn them off: captions.enabled: false)") from exc
     if compute is not None:
-        # Captions go first: their words are lost when late, a detection frame is bridged by the tracker.
-        compute.add(RECOGNIZER, ModelClaim(Priority.CRITICAL, threads=int(getattr(recognizer, "threads_per_call", 1))))
+        compute.add(RECOGNIZER, recognizer_claim(recognizer))
     try:
         async with SpeechBatcher(recognizer, max_batch=settings.max_batch, compute=compute) as batcher:
             yield CaptionEngine(batcher, vad, settings.to_settings())

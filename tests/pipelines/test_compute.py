@@ -16,7 +16,7 @@ RECOGNIZER = ModelClaim(Priority.CRITICAL, threads=1)
 
 
 def budget(**kwargs: float) -> ComputeBudget:
-    return ComputeBudget(2, {"detector": DETECTOR, "recognizer": RECOGNIZER}, **kwargs)  # type: ignore[arg-type]
+    return ComputeBudget(2, {"detector": DETECTOR, "recognizer": RECOGNIZER}, **kwargs)
 
 
 def busy(budget: ComputeBudget, name: str, seconds: float, until: float, peak: list[int] | None = None) -> None:
@@ -103,7 +103,7 @@ def test_an_active_recognizer_keeps_a_core_free_and_the_detector_gets_it_back() 
         assert threads == 1
         got: list[int] = []
         started = time.perf_counter()
-        other = threading.Thread(target=lambda: got.append(next(iter([_one_turn(shares, "detector")]))))
+        other = threading.Thread(target=lambda: got.append(_one_turn(shares, "detector")))
         other.start()
         time.sleep(0.05)
         assert not got  # the second detector call may not take the reserved core
@@ -111,7 +111,7 @@ def test_an_active_recognizer_keeps_a_core_free_and_the_detector_gets_it_back() 
             assert recognizer_threads == 1
             assert time.perf_counter() - started < 0.2
     other.join(5.0)
-    assert got == [1] or got == [2]
+    assert got == [1]  # the recognizer was active a moment ago: narrow still
     time.sleep(0.35)  # the recognizer has been quiet for longer than the hold
     with shares.turn("detector") as threads:
         assert threads == 2
