@@ -30,7 +30,7 @@ def detections_event(
     batch_size: int,
 ) -> Event:
     dets: Detections = result.detections
-    objects = [
+    objects: list[dict[str, Any]] = [
         {
             "class": class_name(names, int(dets.class_ids[i])),
             "class_id": int(dets.class_ids[i]),
@@ -40,6 +40,9 @@ def detections_event(
         }
         for i in range(len(dets))
     ]
+    if result.predicted:  # a frame the model skipped: every box is the tracker's prediction
+        for obj in objects:
+            obj["predicted"] = True
     return Event(
         kind=EventKind.DETECTIONS,
         stream_id=result.stream_id,
@@ -53,6 +56,7 @@ def detections_event(
             "backend": backend,
             "inference_ms": round(result.inference_ms, 2),
             "batch_size": batch_size,
+            "inference": "predicted" if result.predicted else "measured",
             "objects": objects,
         },
     )

@@ -1,14 +1,20 @@
-"""The detection stage: newest frame → detector → tracker → rules → events.
+"""The detection stage: every frame → detector or tracker prediction → rules → events.
 
-The loop takes the newest frame from its mailbox (the graph's primary frame consumer) whenever
-it has fewer than the batcher's `in_flight` frames submitted, so detection runs on every frame
-the hardware allows; `detect_fps` caps it lower when asked. Results are handled strictly in
-frame order: while the tracker, the rules and the publisher work on one frame, the next ones
-are already in the model (on a small CPU one frame at a time left the model idle for that
-part, and the event loop idle while the model ran). Each frame's moment on the stream's
-timeline is computed once and the same value goes to the tracker, the rules and the result
-handed on; the capture time travels into every event the frame produces. A detector that is
-dead (`DetectorFailed`) fails the stream with its reason rather than leaving it waiting.
+A live stream's loop takes every frame as it comes. It goes to the model when the stream has a
+slot free (fewer than the batcher's `in_flight` frames submitted); when the model is busy, the
+compute budget is short (pipelines.compute) or `detect_fps` caps it, the frame still goes out, with
+the boxes the tracker predicts for it (`inference: predicted`, each object `predicted: true`), and
+the rules run on those boxes. So the detection rate follows what the model can give each stream,
+continuously, and every frame has boxes. A file read as fast as it goes is different: the model
+paces the reader and sees every frame.
+
+Results are handled strictly in frame order: while the tracker, the rules and the publisher work
+on one frame, the next ones are already in the model (on a small CPU one frame at a time left the
+model idle for that part, and the event loop idle while the model ran); a predicted frame waits
+for the measured frames before it. Each frame's moment on the stream's timeline is computed once
+and the same value goes to the tracker, the rules and the result handed on; the capture time
+travels into every event the frame produces. A detector that is dead (`DetectorFailed`) fails the
+stream with its reason rather than leaving it waiting.
 """
 
 from __future__ import annotations
@@ -18,8 +24,11 @@ import logging
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+import numpy as np
+
+from engines.types import Detections
 from pipelines.clock import Moment, StreamClock
 from pipelines.detect import DetectionBatcher, DetectionOutcome, DetectorFailed
 from pipelines.event_bodies import detections_event, track_event
@@ -39,16 +48,20 @@ from pipelines.tracker import ByteTracker, LifecycleKind, TrackerConfig, TrackEv
 log = logging.getLogger(__name__)
 
 LATENCY_WINDOW = 4096  # samples kept for percentiles; older ones fall off
+# Frames waiting behind a model call to be handled in order (most are predicted ones). A live
+# camera adds one per frame interval, so this is seconds of a stuck call; past it frames are dropped.
+MAX_WAITING_FRAMES = 64
 
 STAGE_NAME = "detect"
 
-_InFlight = tuple[VideoFrame, "asyncio.Task[DetectionOutcome | Exception]"]
+_InFlight = tuple[VideoFrame, "asyncio.Task[DetectionOutcome | Exception] | None"]  # None: predicted
 
 register_counters(
     {
         "frames_processed": frame_stage("processed"),
         "frames_dropped": frame_stage("dropped"),
         "frames_skipped": frame_stage("skipped"),
+        "frames_predicted": frame_stage("predicted"),
         "frames_failed": frame_stage("failed"),
         "mailbox_depth": queue_depth("mailbox"),
         "detections": counter("Objects detected"),
@@ -67,6 +80,8 @@ class FrameLoopStats:
     frames_processed: int = 0
     frames_skipped: int = 0  # left out on purpose by the detect_fps cap
     frames_failed: int = 0  # the detector raised on them
+    frames_predicted: int = 0  # published with the tracker's predicted boxes: the model skipped them
+    frames_dropped: int = 0  # left out while a model call was stuck with MAX_WAITING_FRAMES behind it
     detections: int = 0
     track_events: int = 0
     tracks_started: int = 0
@@ -76,6 +91,7 @@ class FrameLoopStats:
     latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     wait_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     inference_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+    predicted_latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     alerts: AlertStats = field(default_factory=AlertStats)  # alert events and their snapshots
 
 
@@ -158,6 +174,9 @@ class FrameLoop:
                 if entry is None:
                     break
                 frame, detection = entry
+                if detection is None:
+                    await self._process_predicted(frame)
+                    continue
                 try:
                     outcome = await detection
                 finally:
@@ -168,21 +187,49 @@ class FrameLoop:
         self, slots: asyncio.Semaphore, submitted: asyncio.Queue[_InFlight | None], group: asyncio.TaskGroup
     ) -> None:
         try:
-            while True:
-                # A slot first, the frame second: the frame taken is the newest at the time the
-                # model can have it, and the mailbox keeps dropping older ones meanwhile.
-                await slots.acquire()
-                try:
-                    frame = await self.mailbox.get()
-                except MailboxClosed:
-                    return
-                if self._skip_for_cap(frame):
-                    slots.release()
-                    continue
-                self._last_submitted_at = frame.captured_at
-                submitted.put_nowait((frame, group.create_task(self._detect(frame))))
+            if self.mailbox.blocking:
+                await self._submit_every_frame(slots, submitted, group)
+            else:
+                await self._submit_live(slots, submitted, group)
         finally:
             submitted.put_nowait(None)
+
+    async def _submit_every_frame(
+        self, slots: asyncio.Semaphore, submitted: asyncio.Queue[_InFlight | None], group: asyncio.TaskGroup
+    ) -> None:
+        """A file read as fast as it goes: the model paces the reader and sees every frame."""
+        while True:
+            await slots.acquire()
+            try:
+                frame = await self.mailbox.get()
+            except MailboxClosed:
+                return
+            if self._skip_for_cap(frame):
+                slots.release()
+                continue
+            self._last_submitted_at = frame.captured_at
+            submitted.put_nowait((frame, group.create_task(self._detect(frame))))
+
+    async def _submit_live(
+        self, slots: asyncio.Semaphore, submitted: asyncio.Queue[_InFlight | None], group: asyncio.TaskGroup
+    ) -> None:
+        """A live source: every frame is taken as it comes. The model gets it when a slot is free;
+        otherwise (the model is busy, the compute budget is short, or detect_fps says so) the frame
+        goes out with the tracker's predicted boxes, in order behind the frames still in the model.
+        So the detection rate follows what the model can do, per stream, frame by frame."""
+        while True:
+            try:
+                frame = await self.mailbox.get()
+            except MailboxClosed:
+                return
+            if not self._skip_for_cap(frame) and not slots.locked():
+                await slots.acquire()  # free: at once
+                self._last_submitted_at = frame.captured_at
+                submitted.put_nowait((frame, group.create_task(self._detect(frame))))
+            elif submitted.qsize() >= MAX_WAITING_FRAMES:
+                self.stats.frames_dropped += 1  # a model call is stuck: nothing is queued without bound
+            else:
+                submitted.put_nowait((frame, None))
 
     async def _detect(self, frame: VideoFrame) -> DetectionOutcome | Exception:
         # Returned, not raised: a failed frame is counted in order, and must not cancel the
@@ -253,6 +300,52 @@ class FrameLoop:
         if alert_changes and self.alerts is not None:
             await self.alerts.publish(alert_changes, captured_at=frame.captured_at, frame=frame)
 
+    async def _process_predicted(self, frame: VideoFrame) -> None:
+        """A frame the model did not see: the tracks where the tracker predicts them, the rules on
+        those boxes, and a `detections` event that says so (`inference: predicted`)."""
+        now = self._last_moment = self.clock.moment(frame.pts, frame.captured_at)
+        predicted = self.tracker.predict(now.t)
+        tracks = [replace(track, box=box) for track, box in predicted]
+        detections = Detections(
+            boxes=np.array([t.box for t in tracks], np.float32).reshape(-1, 4),
+            scores=np.array([t.score for t in tracks], np.float32),
+            class_ids=np.array([t.class_id for t in tracks], np.int32),
+        )
+        result = FrameResult(
+            frame_seq=frame.seq,
+            stream_id=self.stream_id,
+            pts=frame.pts,
+            t=now.t,
+            captured_at=frame.captured_at,
+            width=frame.width,
+            height=frame.height,
+            detections=detections,
+            inference_ms=0.0,
+            predicted=True,
+        )
+        self._last_frame = frame
+        self.stats.frames_predicted += 1
+        alert_changes: list[AlertChange] = []
+        if self.rule_engine is not None:
+            alert_changes = self.rule_engine.evaluate(
+                now, tracked_objects(tracks, self.names), ended=[], frame_size=(frame.width, frame.height)
+            )
+        event = detections_event(
+            result,
+            [t.track_id for t in tracks],
+            self.names,
+            model=self.model_name,
+            backend=self.batcher.detector.backend,
+            batch_size=0,
+        )
+        await self.sink.publish(event)
+        latency_ms = (time.time() - frame.captured_at) * 1000
+        self.stats.predicted_latency_ms.append(latency_ms)
+        if self.on_frame is not None:
+            self.on_frame(result, latency_ms)
+        if alert_changes and self.alerts is not None:
+            await self.alerts.publish(alert_changes, captured_at=frame.captured_at, frame=frame)
+
     def _evaluate_rules(self, frame: VideoFrame, now: Moment, track_events: list[TrackEvent]) -> list[AlertChange]:
         if self.rule_engine is None:
             return []
@@ -307,8 +400,9 @@ class FrameLoop:
         engine = self.rule_engine
         return {
             "frames_processed": stats.frames_processed,
-            "frames_dropped": self.mailbox.stats.dropped,
+            "frames_dropped": self.mailbox.stats.dropped + stats.frames_dropped,
             "frames_skipped": stats.frames_skipped,
+            "frames_predicted": stats.frames_predicted,
             "frames_failed": stats.frames_failed,
             "mailbox_depth": self.mailbox.pending(),
             "detections": stats.detections,

@@ -89,7 +89,8 @@ class StatusChange:
 
 @dataclass(frozen=True, slots=True)
 class FrameResult:
-    """One processed frame: what the detector saw, and when."""
+    """One processed frame: what the detector saw (or, on a frame it skipped, where the tracker
+    predicts the tracks are), and when."""
 
     frame_seq: int
     stream_id: str
@@ -100,3 +101,4 @@ class FrameResult:
     height: int
     detections: Detections
     inference_ms: float
+    predicted: bool = False  # no model call: the boxes are tracker predictions

@@ -127,6 +127,8 @@ class ByteTracker:
         self._tracks: list[Track] = []
         self._ids = itertools.count(1)
         self._frames = 0
+        self._last_update: float | None = None  # stream time of the last measured frame
+        self._step_s = 0.0  # stream time between measured frames (smoothed)
         self.evicted = 0
 
     @property
@@ -137,9 +139,29 @@ class ByteTracker:
     def active_tracks(self) -> list[Track]:
         return [t for t in self._tracks if t.state is TrackState.TRACKED]
 
+    def predict(self, pts: float) -> list[tuple[Track, np.ndarray]]:
+        """Where each confirmed, currently seen track is at stream time `pts`, for a frame the
+        detector skipped: its filter's motion carried forward from the last measured frame. Nothing
+        changes: the next `update` goes on from the last measurement as if this was never asked."""
+        last = self._last_update
+        if last is None:
+            return []
+        # The filter's velocity is per update; updates come every `_step_s` of stream time.
+        steps = max(0.0, pts - last) / self._step_s if self._step_s > 0 else 0.0
+        return [
+            (track, track.filter.ahead(steps))
+            for track in self._tracks
+            if track.state is TrackState.TRACKED and track.last_seen_pts == last
+        ]
+
     def update(self, detections: Detections, pts: float) -> TrackerOutput:
         cfg = self.config
         self._frames += 1
+        if self._last_update is not None and pts > self._last_update:
+            # The stream time between measured frames, smoothed: a prediction's unit of motion.
+            gap = pts - self._last_update
+            self._step_s = gap if self._step_s <= 0 else 0.7 * self._step_s + 0.3 * gap
+        self._last_update = pts
         n = len(detections)
         assigned: list[Track | None] = [None] * n
         events: list[TrackEvent] = []

@@ -35,8 +35,8 @@ def gauge(help: str, *, metric: str | None = None, label: tuple[str, str] | None
 
 # Keys folded into one labelled family share its help text.
 FRAMES_HELP = (
-    "Video frames per stream: in (decoded), processed, dropped (latest-frame-wins), skipped (detect_fps), "
-    "failed (detector error)"
+    "Video frames per stream: in (decoded), processed (by the model), predicted (the tracker's boxes on a "
+    "frame the model skipped), dropped (latest-frame-wins), skipped (detect_fps), failed (detector error)"
 )
 QUEUE_DEPTH_HELP = "Items waiting per stream queue: mailbox (frames), status (events), channel (browser events)"
 

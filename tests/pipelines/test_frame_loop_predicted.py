@@ -1,0 +1,162 @@
+"""Boxes on every frame: a live stream's frames the model skips go out with the tracker's predicted
+boxes, flagged as such, in frame order, and the rules run on them.
+
+The detector is a plain object that finds one person moving right at a known speed (the frame's
+media time is written into its pixels); the batcher, mailbox, tracker, rules and loop are real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from engines.types import Detections, ModelInfo
+from pipelines.detect import DetectionBatcher
+from pipelines.events import Event, EventKind
+from pipelines.frame_loop import FrameLoop
+from pipelines.frames import VideoFrame
+from pipelines.mailbox import FrameMailbox
+from pipelines.tracker import ByteTracker
+from tests.pipelines.rules.script import rules
+
+SPEED = 100.0  # pixels per second: a fifth of the box's width between measurements 0.2 s apart
+FPS = 50
+
+
+def person_box(pts: float) -> np.ndarray:
+    x = 20 + SPEED * pts
+    return np.array([x, 100, x + 100, 200], np.float32)
+
+
+def frame_image(pts: float) -> np.ndarray:
+    image = np.zeros((8, 8, 3), np.uint8)
+    image[0, 0, 0], image[0, 0, 1] = divmod(round(pts * 100), 256)  # centiseconds
+    return image
+
+
+class MovingPersonDetector:
+    backend = "test"
+    max_batch = 1
+    workers = 1
+
+    def __init__(self, model_s: float) -> None:
+        self.info = ModelInfo(path="/models/moving.onnx", names={0: "Normal"}, imgsz=(8, 8))
+        self.model_s = model_s
+
+    def detect(self, images: Sequence[np.ndarray]) -> list[Detections]:
+        time.sleep(self.model_s)
+        out = []
+        for image in images:
+            pts = (int(image[0, 0, 0]) * 256 + int(image[0, 0, 1])) / 100
+            out.append(Detections(person_box(pts)[None], np.array([0.9], np.float32), np.array([0], np.int32)))
+        return out
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def publish(self, event: Event) -> None:
+        self.events.append(event)
+
+    def detections(self) -> list[dict]:
+        return [{**e.data, "pts": e.pts} for e in self.events if e.kind is EventKind.DETECTIONS]
+
+
+async def run_live(seconds: float, *, model_s: float, **loop_args: object) -> tuple[Collect, FrameLoop, int]:
+    """Frames paced like a live FPS camera into a latest-frame-wins mailbox."""
+    sink = Collect()
+    mailbox = FrameMailbox()  # live: never blocks the source
+    count = round(seconds * FPS)
+    base = time.time()
+
+    def camera() -> None:
+        for seq in range(count):
+            pts = seq / FPS
+            delay = base + pts - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            mailbox.put(VideoFrame("cam", seq, pts, base + pts, frame_image(pts)))
+        mailbox.close()
+
+    async with DetectionBatcher(MovingPersonDetector(model_s), in_flight=1) as batcher:
+        loop = FrameLoop("cam", mailbox, batcher, sink, **loop_args)  # type: ignore[arg-type]
+        feeder = threading.Thread(target=camera)
+        feeder.start()
+        await asyncio.wait_for(loop.run(), seconds + 30)
+        feeder.join(5)
+    return sink, loop, count
+
+
+async def test_every_frame_gets_boxes_measured_or_predicted_in_order() -> None:
+    sink, loop, count = await run_live(1.6, model_s=0.1)
+    bodies = sink.detections()
+    seqs = [b["frame_seq"] for b in bodies]
+    assert seqs == sorted(set(seqs))  # in frame order, each frame once
+    dropped = loop.mailbox.stats.dropped + loop.stats.frames_dropped
+    assert len(bodies) + dropped == count and dropped <= count // 20
+    measured = [b for b in bodies if b["inference"] == "measured"]
+    predicted = [b for b in bodies if b["inference"] == "predicted"]
+    assert loop.stats.frames_processed == len(measured) >= 5
+    assert loop.stats.frames_predicted == len(predicted) > 2 * len(measured)  # a 100 ms model on a 50 fps camera
+    assert loop.counters()["frames_predicted"] == len(predicted)
+    assert all("predicted" not in o for b in measured for o in b["objects"])
+    tracked = [b for b in predicted if b["objects"]]
+    assert tracked and all(o["predicted"] is True and o["track_id"] == 1 for b in tracked for o in b["objects"])
+    assert all(b["batch_size"] == 0 for b in predicted)
+
+
+async def test_predicted_boxes_follow_the_motion_between_measurements() -> None:
+    sink, _, _ = await run_live(2.0, model_s=0.0, detect_fps=5)
+    bodies = sink.detections()
+    last_measured: np.ndarray | None = None
+    extrapolated, held = [], []
+    for body in bodies:
+        if body["inference"] == "measured":
+            last_measured = np.array(body["objects"][0]["box"])
+            continue
+        if last_measured is None or not body["objects"] or body["pts"] < 0.8:  # the filter learns speed first
+            continue
+        truth = person_box(body["pts"])
+        extrapolated.append(abs(body["objects"][0]["box"][0] - truth[0]))
+        held.append(abs(last_measured[0] - truth[0]))
+    assert len(extrapolated) > 20
+    # Carried forward, the box stays with the person; held still, it falls behind by up to 20 px.
+    assert np.mean(extrapolated) < 0.5 * np.mean(held), (np.mean(extrapolated), np.mean(held))
+
+
+async def test_rules_run_on_predicted_frames() -> None:
+    # The feet (x + 50) cross x = 300 at pts 2.3; with detect_fps 4 the model sees pts 2.25 (outside)
+    # and 2.5.
+    zone = {"id": "door", "type": "zone", "polygon": [[300, 0], [640, 0], [640, 480], [300, 480]],
+            "events": ["enter"], "cooldown_s": 0}
+    sink, _, _ = await run_live(2.8, model_s=0.0, detect_fps=4, rules=rules(zone))
+    starts = [e for e in sink.events if e.kind is EventKind.ALERTS and e.data["event"] == "start"]
+    assert len(starts) == 1
+    started = starts[0].data["started_pts"]
+    assert 2.28 <= started < 2.5, started  # before the next measured frame: on a predicted one
+    at_start = [b for b in sink.detections() if abs(b["pts"] - started) < 1e-6]
+    assert at_start and at_start[0]["inference"] == "predicted"
+
+
+def test_a_prediction_changes_nothing_the_next_measurement_sees() -> None:
+    def detections(pts: float) -> Detections:
+        return Detections(person_box(pts)[None], np.array([0.9], np.float32), np.array([0], np.int32))
+
+    plain, asked = ByteTracker(), ByteTracker()
+    assert asked.predict(0.0) == []  # nothing measured yet
+    for step in range(10):
+        pts = step * 0.2
+        a, b = plain.update(detections(pts), pts), asked.update(detections(pts), pts)
+        assert a.track_ids == b.track_ids
+        assert np.allclose(plain.active_tracks[0].filter.mean, asked.active_tracks[0].filter.mean)
+        ahead = asked.predict(pts + 0.1)
+        if step >= 5:  # once the filter has learnt the speed
+            (track, box), = ahead
+            assert track.track_id == 1
+            # Halfway to the next measurement, the last measured box is 10 px behind.
+            assert abs(box[0] - person_box(pts + 0.1)[0]) < 4
