@@ -128,14 +128,20 @@ class FrameLoop:
         self.stats = FrameLoopStats()
         self._last_submitted_at: float | None = None
         self._last_frame: VideoFrame | None = None
+        self._last_predicted = False
         self._last_moment: Moment | None = None
         self.rule_engine: RuleEngine | None = None
         self.alerts: AlertPublisher | None = None
 
     @property
     def last_frame(self) -> VideoFrame | None:
-        """The newest frame the detector processed (its `detections` event has the same `frame_seq`)."""
+        """The newest frame handled, measured or predicted (its `detections` event has the same `frame_seq`)."""
         return self._last_frame
+
+    @property
+    def last_inference(self) -> str:
+        """Whether the model measured `last_frame`'s boxes or the tracker predicted them."""
+        return "predicted" if self._last_predicted else "measured"
 
     async def run(self) -> None:
         """Process frames until the mailbox is closed and empty, then end open tracks and alerts."""
@@ -254,7 +260,7 @@ class FrameLoop:
             self.stats.frames_failed += 1
             log.warning("detection failed", extra={"stream_id": self.stream_id, "error": repr(outcome)})
             return
-        self._last_frame = frame
+        self._last_frame, self._last_predicted = frame, False
         now = self._last_moment = self.clock.moment(frame.pts, frame.captured_at)
         result = FrameResult(
             frame_seq=frame.seq,
@@ -323,7 +329,7 @@ class FrameLoop:
             inference_ms=0.0,
             predicted=True,
         )
-        self._last_frame = frame
+        self._last_frame, self._last_predicted = frame, True
         self.stats.frames_predicted += 1
         alert_changes: list[AlertChange] = []
         if self.rule_engine is not None:

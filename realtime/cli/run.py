@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pipelines.compute import ComputeBudget
 from pipelines.detect import DetectionBatcher
 from pipelines.events import DURABLE_KINDS, Event, EventKind, EventSink
 from pipelines.frames import StatusChange, StreamState
@@ -87,27 +88,57 @@ async def load_detector(args: argparse.Namespace, settings: DetectorSettings) ->
     )
 
 
+SENTENCE_END = (".", "?", "!")
+LINE_MAX_WORDS = 30  # a sentence that runs on is printed in pieces of about this many words
+LINE_PAUSE_S = 1.0  # a final starting this long after the last one ended begins a new line
+
+
 class CaptionPrinter:
-    """The sink the stream publishes into: every event goes on to NATS, caption finals and scene
-    descriptions also to stdout."""
+    """The sink the stream publishes into: every event goes on to NATS; caption finals, joined into
+    sentences (a line per sentence or utterance, not the 1-3 word pieces finals come in), and
+    scene descriptions also go to stdout."""
 
     def __init__(self, sink: EventSink, *, quiet: bool) -> None:
         self._sink = sink
         self._quiet = quiet  # --json: stdout is for the summary
         self.captions = 0
         self.descriptions = 0
+        self._line: list[str] = []
+        self._line_start = 0.0
+        self._line_end = 0.0
+        self._line_stream = ""
 
     async def publish(self, event: Event) -> None:
         await self._sink.publish(event)
         data = event.data
         if event.kind is EventKind.CAPTIONS:
             self.captions += 1
-            if not self._quiet:
-                print(f"[{event.stream_id} {data['start']:7.1f}s] {data['text']}", flush=True)
+            self._caption(event.stream_id, data)
         elif event.kind is EventKind.DESCRIPTIONS:
             self.descriptions += 1
             if not self._quiet:
                 print(f"[{event.stream_id} {event.pts or 0.0:7.1f}s] (scene) {data['text']}", flush=True)
+
+    def _caption(self, stream_id: str, data: Any) -> None:
+        if self._quiet:
+            return
+        text = str(data["text"]).strip()
+        if not text:
+            return
+        if self._line and (stream_id != self._line_stream or data["start"] - self._line_end >= LINE_PAUSE_S):
+            self.flush()
+        if not self._line:
+            self._line_start, self._line_stream = data["start"], stream_id
+        self._line.append(text)
+        self._line_end = data["end"]
+        if text.endswith(SENTENCE_END) or sum(len(t.split()) for t in self._line) >= LINE_MAX_WORDS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Print the sentence gathered so far (at its end, a pause, or when the stream stops)."""
+        if self._line:
+            print(f"[{self._line_stream} {self._line_start:7.1f}s] {' '.join(self._line)}", flush=True)
+            self._line = []
 
 
 def print_status(change: StatusChange) -> None:
@@ -125,6 +156,7 @@ def summary_text(s: StreamSummary, extra: dict[str, Any]) -> str:
     lines = [
         f"vidsentry run: stream {s.stream_id} {s.state}{why}",
         f"  frames      in {c('frames_in'):.0f}, processed {c('frames_processed'):.0f}, "
+        f"predicted {c('frames_predicted'):.0f} (boxes carried by the tracker), "
         f"dropped {c('frames_dropped'):.0f}, skipped {c('frames_skipped'):.0f}, failed {c('frames_failed'):.0f}",
         f"  speed       {s.fps_processed:.2f} fps processed over {s.elapsed_s:.1f} s",
         f"  detections  {c('detections'):.0f} in {c('tracks'):.0f} tracks ({c('track_events'):.0f} track events, "
@@ -146,7 +178,32 @@ def summary_text(s: StreamSummary, extra: dict[str, Any]) -> str:
         f"  outbox      spooled {extra['events_spooled']}, replayed {extra['events_replayed']}, "
         f"dropped when full {extra['events_dropped_overflow']}, waiting for the next start {extra['outbox_waiting']}",
     ]
+    if extra.get("compute"):
+        shares = ", ".join(
+            f"{name} {m['busy_share']:.0%} busy ({m['waits']} waits, {m['wait_s']:.1f} s)"
+            for name, m in extra["compute"]["models"].items()
+        )
+        lines.append(f"  compute     budget of {extra['compute']['cores']} cores: {shares}")
     return "\n".join(lines)
+
+
+def compute_summary(budget: ComputeBudget | None, elapsed_s: float) -> dict[str, Any] | None:
+    """What the compute budget decided over the run: each model's part of the cores and its waits."""
+    if budget is None:
+        return None
+    offered = budget.cores * max(elapsed_s, 1e-9)
+    return {
+        "cores": budget.cores,
+        "models": {
+            name: {
+                "busy_share": round(stats.thread_s / offered, 3),
+                "turns": stats.turns,
+                "waits": stats.waited,
+                "wait_s": round(stats.wait_s, 2),
+            }
+            for name, stats in budget.stats.items()
+        },
+    }
 
 
 async def run_command(args: argparse.Namespace) -> int:
@@ -196,7 +253,9 @@ async def run_command(args: argparse.Namespace) -> int:
             # Settle (or give up on) every event before the summary counts them: bounded, so a
             # broker that refuses or does not answer cannot hold the exit.
             await publisher.close(timeout=FLUSH_DEADLINE_S)
+            printer.flush()
             summary = runner.summary()
+            budget = compute_summary(compute, summary.elapsed_s)
             stats = publisher.stats
     finally:
         detector.close()
@@ -218,6 +277,7 @@ async def run_command(args: argparse.Namespace) -> int:
         "events_replayed": totals.replayed,
         "events_dropped_overflow": totals.dropped_overflow,
         "outbox_waiting": stats.outbox_depth,
+        "compute": budget,
     }
     text = summary_text(summary, extra)
     if args.json:

@@ -128,7 +128,8 @@ class ServiceMetrics:
         latency = self.latency.labels(stream_id)
 
         def observe(result: FrameResult, latency_ms: float) -> None:
-            inference.observe(result.inference_ms / 1000)
+            if not result.predicted:  # no model call: nothing to time
+                inference.observe(result.inference_ms / 1000)
             latency.observe(latency_ms / 1000)
 
         return observe

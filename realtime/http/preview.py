@@ -1,7 +1,8 @@
 """`GET /api/streams/{id}/frame.jpg`: the newest frame the detector processed, as JPEG.
 
 The page's camera view polls this a couple of times a second and draws the boxes of the
-`detections` event whose `frame_seq` matches `X-Frame-Seq`. Encoding is the expensive part, so
+`detections` event whose `frame_seq` matches `X-Frame-Seq` (`X-Inference` says whether the model
+measured that frame's boxes or the tracker predicted them). Encoding is the expensive part, so
 it happens at most once per stream per `ENCODE_WINDOW_S` and only for a frame not yet encoded:
 every viewer inside the window gets the same bytes, and viewers that arrive while an encode is
 running wait for that one. The cache holds one JPEG per running stream and forgets streams that
@@ -36,6 +37,7 @@ class Preview:
     pts: float
     jpeg: bytes
     made_at: float  # time.monotonic() of the encode
+    inference: str = "measured"  # "predicted": the frame's boxes are the tracker's, the model skipped it
 
 
 @dataclass(eq=False)
@@ -46,12 +48,12 @@ class _Entry:
     pending: asyncio.Future[Preview] | None = field(default=None, repr=False)
 
 
-def encode_jpeg(frame: VideoFrame, quality: int = JPEG_QUALITY) -> Preview:
+def encode_jpeg(frame: VideoFrame, quality: int = JPEG_QUALITY, inference: str = "measured") -> Preview:
     bgr = cv2.cvtColor(frame.image, cv2.COLOR_RGB2BGR)
     ok, data = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, quality])
     if not ok:
         raise RuntimeError(f"JPEG encoding failed for frame {frame.seq}")
-    return Preview(frame.seq, frame.pts, np.asarray(data).tobytes(), time.monotonic())
+    return Preview(frame.seq, frame.pts, np.asarray(data).tobytes(), time.monotonic(), inference)
 
 
 class FramePreviews:
@@ -69,6 +71,7 @@ class FramePreviews:
         """The stream's newest processed frame as JPEG; None while it has processed none."""
         loop = runner.frame_loop
         frame = loop.last_frame if loop is not None else None
+        inference = loop.last_inference if loop is not None else "measured"
         entry = self._entries.get(stream_id)
         if entry is None or entry.run() is not runner:
             self._forget_gone(registry)
@@ -80,14 +83,14 @@ class FramePreviews:
             return latest
         if latest is not None and (latest.seq == frame.seq or time.monotonic() - latest.made_at < self.window_s):
             return latest
-        entry.pending = asyncio.ensure_future(self._encode(entry, frame))
+        entry.pending = asyncio.ensure_future(self._encode(entry, frame, inference))
         # Shielded: a viewer that leaves mid-encode must not cancel it for the others.
         return await asyncio.shield(entry.pending)
 
-    async def _encode(self, entry: _Entry, frame: VideoFrame) -> Preview:
+    async def _encode(self, entry: _Entry, frame: VideoFrame, inference: str) -> Preview:
         self.encodes += 1
         try:
-            preview = await asyncio.to_thread(encode_jpeg, frame)
+            preview = await asyncio.to_thread(encode_jpeg, frame, JPEG_QUALITY, inference)
         finally:
             entry.pending = None
         entry.latest = preview
@@ -130,6 +133,7 @@ async def frame_jpeg(request: web.Request) -> web.Response:
             "Cache-Control": "no-store",
             "X-Frame-Seq": str(preview.seq),
             "X-Frame-Pts": f"{preview.pts:.3f}",
+            "X-Inference": preview.inference,
         },
     )
 

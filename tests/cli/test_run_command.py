@@ -197,3 +197,29 @@ def test_help_imports_no_command() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "serve" in proc.stdout and "HEAVY []" in proc.stdout, proc.stdout
+
+
+async def test_the_caption_printer_prints_a_line_per_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelines.event_bodies import caption_event
+    from realtime.cli.run import CaptionPrinter
+
+    published: list[object] = []
+
+    class Sink:
+        async def publish(self, event: object) -> None:
+            published.append(event)
+
+    printer = CaptionPrinter(Sink(), quiet=False)  # type: ignore[arg-type]
+    pieces = [
+        [(" A", 0.0, 0.2), (" man", 0.2, 0.5)], [(" walks", 0.5, 0.9)], [(" past.", 0.9, 1.3)],
+        [(" Then", 1.5, 1.7), (" he", 1.7, 1.8)], [(" stops", 1.8, 2.2)],
+        [(" Much", 5.0, 5.3), (" later", 5.3, 5.8)],  # after a pause: the unfinished sentence is printed first
+    ]
+    for seq, words in enumerate(pieces):
+        event = caption_event("cam", segment_id=f"s-{seq}", words=[(w, s, e, 0.9) for w, s, e in words],
+                              language="en", model="tiny.en", captured_at=0.0)
+        await printer.publish(event)
+    printer.flush()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["[cam     0.0s] A man walks past.", "[cam     1.5s] Then he stops", "[cam     5.0s] Much later"]
+    assert len(published) == printer.captions == 6  # every final still goes on to NATS

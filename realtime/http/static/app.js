@@ -247,7 +247,8 @@ function drawMask(ctx, object, colour, sx, sy) {
 // Draws `objects` (boxes in frame pixels) scaled by (sx, sy); `unit` is one CSS pixel in canvas
 // units, so lines and labels look the same size whatever the frame's resolution. Returns how many
 // boxes were drawn, how many of them in the warning colour (tracks named by an active alert), and
-// how many masks were filled in.
+// how many masks were filled in. A box the tracker predicted on a frame the model skipped
+// (`predicted: true`) is dashed, so a viewer can tell measured boxes from carried-forward ones.
 function drawBoxes(ctx, objects, sx, sy, unit, alerted) {
   let warned = 0;
   let masks = 0;
@@ -266,7 +267,9 @@ function drawBoxes(ctx, objects, sx, sy, unit, alerted) {
     if (object.mask && drawMask(ctx, object, colour, sx, sy)) masks += 1;
     ctx.lineWidth = (warn ? 3 : 2) * unit;
     ctx.strokeStyle = colour;
+    ctx.setLineDash(object.predicted ? [6 * unit, 4 * unit] : []);
     ctx.strokeRect(x, y, w, h);
+    ctx.setLineDash([]);
     const label = labelOf(object);
     const pad = 4 * unit;
     const tw = ctx.measureText(label).width + 2 * pad;
