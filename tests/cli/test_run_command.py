@@ -209,7 +209,7 @@ async def test_the_caption_printer_prints_a_line_per_sentence(capsys: pytest.Cap
         async def publish(self, event: object) -> None:
             published.append(event)
 
-    printer = CaptionPrinter(Sink(), quiet=False)  # type: ignore[arg-type]
+    printer = CaptionPrinter(Sink(), quiet=False)
     pieces = [
         [(" A", 0.0, 0.2), (" man", 0.2, 0.5)], [(" walks", 0.5, 0.9)], [(" past.", 0.9, 1.3)],
         [(" Then", 1.5, 1.7), (" he", 1.7, 1.8)], [(" stops", 1.8, 2.2)],
