@@ -46,9 +46,12 @@ Figures, per stream and configuration, all from that window (events read from NA
     slowed by the detector counts its whole wall time); the capacity left, bare x (1 - share),
     is shared out max-min fair over the streams' input rates. Target: >= 0.8 of that share.
   - descriptions received, VLM requests (the serve's `vidsentry_vlm_requests_total` and the
-    requests the simulator saw), `vidsentry_compute_*` metrics if the build has them, CPU of
-    serve, of this process (peers, VLM simulator, NATS reader), of the RTSP and NATS servers,
-    and of other processes on the machine (a shared machine: compare rows of one run).
+    requests the simulator saw); the engine metrics of /metrics (`vidsentry_compute_*`,
+    `*_busy_*`, `vidsentry_asr_*`, `vidsentry_detector_*`, ...): counters as their change over
+    the window, gauges (such as the scheduler's `vidsentry_compute_busy_share{model}`) as their
+    mean over scrapes every 5 s; CPU of serve, of this process (peers, VLM simulator, NATS
+    reader), of the RTSP and NATS servers, and of other processes on the machine (a shared
+    machine: compare rows of one run).
 Targets (issue 19) are printed as met / not met; the exit code is non-zero only when the
 harness fails (serve does not start, a stream never goes live, a process dies), never for a
 missed target.
@@ -124,6 +127,8 @@ VLM_LATENCY_S = 0.35  # the simulator's time to the first token, as bench_vlm.py
 VLM_PER_TOKEN_S = 0.015
 SERVE_STOP_S = 30.0
 LIVE_WITHIN_S = 90.0
+SCRAPE_EVERY_S = 5.0  # /metrics during the window, for the gauges' means
+OTHERS_BUSY_CORES = 0.3  # other processes above this in a window: say the machine was shared
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 _URL_LINE = re.compile(r"vidsentry: serving on (http://\S+)")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -250,6 +255,13 @@ def camera_clip(speech: Speech, seconds: float, vtest: Path) -> Path:
             dst.mux(packet)
     partial.rename(target)
     return target
+
+
+def clip_seconds(camera: Speech, args: argparse.Namespace) -> int:
+    """Long enough for the speech and the whole run (with a minute for the peers to connect after
+    the camera), in steps of 30 s so that runs of different lengths share one cached clip."""
+    needed = max(camera.seconds + 2, args.warmup + args.seconds + args.tail + 60, 150)
+    return int(math.ceil(needed / 30) * 30)
 
 
 def to_peer_audio(audio: np.ndarray) -> np.ndarray:
@@ -645,6 +657,7 @@ class ConfigRun:
     startup_s: float = 0.0
     metrics_before: dict[str, float] = field(default_factory=dict)
     metrics_after: dict[str, float] = field(default_factory=dict)
+    metrics_samples: list[dict[str, float]] = field(default_factory=list)  # every SCRAPE_EVERY_S in the window
     cpu: dict[str, float] = field(default_factory=dict)
     sim_requests: int = 0
     serve_exit: int | None = None
@@ -732,7 +745,11 @@ async def run_config(stage: Stage, name: str, round_no: int, value: bool | None)
         for s in streams:
             s.before = await counters(http, base_url, s.stream_id)
         sim0 = stage.sim.chats
-        await sleep_watching(serve, args.seconds, "during the measured window")
+        deadline = time.monotonic() + args.seconds
+        while (left := deadline - time.monotonic()) > 0:
+            await sleep_watching(serve, min(SCRAPE_EVERY_S, left), "during the measured window")
+            if deadline - time.monotonic() > 1.0:
+                run.metrics_samples.append(await scrape(http, base_url))
         for s in streams:
             s.after = await counters(http, base_url, s.stream_id)
         run.metrics_after = await scrape(http, base_url)
@@ -860,17 +877,33 @@ INTERESTING = ("busy", "compute", "budget", "skipped", "predicted", "asr_", "det
                "vlm_failures", "descriptions", "audio_dropped")  # fmt: skip
 
 
-def metrics_delta(run: ConfigRun) -> dict[str, float]:
-    out = {}
+def is_counter(key: str) -> bool:
+    return key.split("{", 1)[0].endswith(("_total", "_sum", "_count"))
+
+
+def metrics_summary(run: ConfigRun) -> dict[str, dict[str, float]]:
+    """Counters: change over the window; gauges: mean of the scrapes inside it (and at its ends)."""
+    deltas, gauges = {}, {}
+    samples = [run.metrics_before, *run.metrics_samples, run.metrics_after]
     for key, value in run.metrics_after.items():
-        if any(word in key for word in INTERESTING):
+        if not any(word in key for word in INTERESTING):
+            continue
+        if is_counter(key):
             change = value - run.metrics_before.get(key, 0.0)
             if change:
-                out[key] = round(change, 3)
-    return out
+                deltas[key] = round(change, 3)
+        else:
+            gauges[key] = round(float(np.mean([m[key] for m in samples if key in m])), 3)
+    return {"counters_delta": deltas, "gauges_mean": gauges}
 
 
-def config_row(run: ConfigRun, bare: dict[str, Any]) -> dict[str, Any]:
+def busy_share_gauge(gauges: dict[str, float], model: str) -> float | None:
+    """The scheduler's per-model busy share, if /metrics has one (`..._busy_share{model=...}`)."""
+    found = [v for k, v in gauges.items() if "busy_share" in k and model in k.split("{", 1)[-1]]
+    return found[0] if found else None
+
+
+def config_row(run: ConfigRun, bare: dict[str, Any], summary: dict[str, dict[str, float]]) -> dict[str, Any]:
     wall = run.t1 - run.t0
     after, before = run.metrics_after, run.metrics_before
 
@@ -888,6 +921,8 @@ def config_row(run: ConfigRun, bare: dict[str, Any]) -> dict[str, Any]:
         "asr_busy": round(asr_busy / wall, 3) if asr_busy is not None else None,
         "det_busy": round(det_busy / wall, 3) if det_busy is not None else None,
         "captions_share": round(min(1.0, asr_busy / wall / cores), 3) if asr_busy is not None else 0.0,
+        "det_share_gauge": busy_share_gauge(summary["gauges_mean"], "detector"),
+        "asr_share_gauge": busy_share_gauge(summary["gauges_mean"], "recognizer"),
         "vlm_requests": delta("vidsentry_vlm_requests_total"),
         "sim_requests": run.sim_requests,
         "descriptions": sum(len([t for t in v if run.t0 <= t <= run.t1]) for v in run.log.descriptions.values()),
@@ -1012,11 +1047,12 @@ def verdicts(config_rows: list[dict[str, Any]], rows: list[dict[str, Any]], capt
 
 STREAM_COLUMNS = [
     "round", "config", "stream", "in_fps", "boxes_per_frame", "measured_fps", "predicted_fps", "fair_fps",
-    "c2p_p50_ms", "c2p_p95_ms", "lag_p50_s", "lag_p95_s", "words", "audio_dropped_s", "wer_live_pct",
-    "wer_offline_pct", "wer_diff_pts", "descriptions",
+    "c2p_p50_ms", "c2p_p95_ms", "c2p_measured_p50_ms", "lag_p50_s", "lag_p95_s", "words", "audio_dropped_s",
+    "wer_live_pct", "wer_offline_pct", "wer_diff_pts", "descriptions",
 ]  # fmt: skip
 CONFIG_COLUMNS = [
-    "round", "config", "key", "bare_fps", "asr_busy", "det_busy", "captions_share", "vlm_requests", "sim_requests",
+    "round", "config", "key", "bare_fps", "asr_busy", "det_busy", "captions_share", "det_share_gauge",
+    "asr_share_gauge", "vlm_requests", "sim_requests",
     "descriptions", "serve_cores", "bench_cores", "rtsp_cores", "nats_cores", "others_cores", "startup_s", "seconds",
 ]  # fmt: skip
 
@@ -1050,7 +1086,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     peer = build_speech(PEER_SPEECH[0], PEER_SPEECH[1], PEER_SPEECH[2], PEER_SPEECH[3])
     # The clip plays once per connection: long enough for the speech and the whole run, with room
     # for the time it takes the peers to connect after the camera.
-    clip = camera_clip(camera, max(camera.seconds + 2, args.warmup + args.seconds + args.tail + 60), vtest)
+    clip = camera_clip(camera, clip_seconds(camera, args), vtest)
     needed = args.warmup + args.seconds + 30
     for speech in (camera, peer):
         print(f"speech {speech.name}: {speech.seconds:.1f} s, {speech.words} words, {len(speech.sentences)} "
@@ -1094,7 +1130,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for run in runs:
             bare = next(b for b in bares if b["round"] == run.round)
-            config_rows.append({**config_row(run, bare), "metrics_delta": metrics_delta(run)})
+            summary = metrics_summary(run)
+            config_rows.append({**config_row(run, bare, summary), **summary})
             for s in run.streams:
                 row, cut, live = stream_figures(run, s)
                 if captions:
@@ -1113,6 +1150,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     print("\n".join(lines))
     if any(not c["inference_field"] for c in config_rows):
         print("note: no detections body carried `inference` in some configurations (counted as measured)")
+    for c in config_rows:
+        if c["others_cores"] > OTHERS_BUSY_CORES:
+            print(f"note: {c['config']} #{c['round']}: other processes used {c['others_cores']} cores in the window "
+                  "(a shared machine: its figures are not the box's)")  # fmt: skip
     return {
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "speech": {

@@ -78,7 +78,7 @@ register_counters(
 @dataclass(slots=True)
 class FrameLoopStats:
     frames_processed: int = 0
-    frames_skipped: int = 0  # left out on purpose by the detect_fps cap
+    frames_skipped: int = 0  # left out of the model on purpose by the detect_fps cap (their boxes are predicted)
     frames_failed: int = 0  # the detector raised on them
     frames_predicted: int = 0  # published with the tracker's predicted boxes: the model skipped them
     frames_dropped: int = 0  # left out while a model call was stuck with MAX_WAITING_FRAMES behind it
@@ -210,8 +210,9 @@ class FrameLoop:
                 frame = await self.mailbox.get()
             except MailboxClosed:
                 return
-            if self._skip_for_cap(frame):
+            if self._skip_for_cap(frame):  # detect_fps: boxes predicted, as on a live stream
                 slots.release()
+                submitted.put_nowait((frame, None))
                 continue
             self._last_submitted_at = frame.captured_at
             submitted.put_nowait((frame, group.create_task(self._detect(frame))))

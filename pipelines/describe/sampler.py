@@ -62,6 +62,10 @@ class FrameSampler:
         self._take(t, image, reason)
         return True
 
+    def overdue(self, t: float) -> bool:
+        """No frame yet, or none for max_interval_s: the frame at `t` is taken whatever else holds."""
+        return self._last_t is None or t - self._last_t >= self.max_interval_s
+
     def _moved(self, t: float, image: np.ndarray) -> bool:
         self._motion_checked = t
         if self._last_thumb is None:

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from engines.vlm.errors import (
     VlmBadResponse,
     VlmContextTooLong,
@@ -35,6 +37,7 @@ from engines.vlm.errors import (
 from engines.vlm.images import encode_image
 from engines.vlm.types import VlmImage, VlmRequest, VlmResponse
 from pipelines.clock import Moment, StreamClock
+from pipelines.compute import ComputeBudget, ModelClaim, Priority
 from pipelines.describe.checks import VlmChecks, parse_verdict
 from pipelines.describe.sampler import FrameSampler
 from pipelines.describe.settings import CHECK_SCHEMA, DESCRIPTION_SCHEMA, DescribeEngine
@@ -52,11 +55,13 @@ from pipelines.rules.specs import VlmRule
 log = logging.getLogger(__name__)
 
 STAGE_NAME = "describe"
+ENCODER = "frame encoder"  # the describer's JPEG encoding, in the compute budget
 TICK_S = 0.25  # without frames, due requests still go out this often (an outage, a frozen picture)
 
 register_counters(
     {
         "describe_frames": counter("Frames the describer kept (sampled and encoded for the VLM)"),
+        "describe_deferred": counter("Frames the describer passed over because the compute budget was short"),
         "descriptions": counter("Scene descriptions published"),
         "description_failures": counter("Description requests that failed (VLM out, bad answer, error)"),
         "vlm_checks": counter("VLM alert checks answered"),
@@ -72,6 +77,7 @@ register_counters(
 @dataclass(slots=True)
 class DescribeStats:
     frames: int = 0
+    deferred: int = 0  # not sampled: the compute budget was short (only max_interval samples then)
     descriptions: int = 0
     description_failures: int = 0
     checks: int = 0
@@ -98,8 +104,13 @@ class DescribeStage:
         describe: bool = True,
         snapshots: SnapshotStore | None = None,
         wall: Callable[[], float] = time.time,
+        compute: ComputeBudget | None = None,
     ) -> None:
         self.stream_id = stream_id
+        # Frames are encoded in the budget's background turns, and sampled less while it is short.
+        self.compute = compute
+        if compute is not None:
+            compute.add(ENCODER, ModelClaim(Priority.BACKGROUND))
         self.mailbox = mailbox
         self.engine = engine
         self.client = engine.client
@@ -157,6 +168,7 @@ class DescribeStage:
         stats = self.stats
         return {
             "describe_frames": stats.frames,
+            "describe_deferred": stats.deferred,
             "descriptions": stats.descriptions,
             "description_failures": stats.description_failures,
             "vlm_checks": stats.checks,
@@ -186,16 +198,25 @@ class DescribeStage:
 
     async def _offer(self, frame: VideoFrame) -> None:
         now = self._now = self.clock.moment(frame.pts, frame.captured_at)
+        if self.compute is not None and self.compute.short() and not self.sampler.overdue(now.t):
+            # Models wait for the cores: a description can do with fewer frames (max_interval ones).
+            self.stats.deferred += 1
+            return
         if not self.sampler.offer(now.t, frame.image):
             return
         # Encoded once, here; every request that carries the frame sends these same bytes.
-        image = await asyncio.to_thread(encode_image, frame.image, self.settings.frame_size, bgr=False)
+        image = await asyncio.to_thread(self._encode, frame.image)
         reserve = self.settings.max_tokens + text_tokens(self.settings.instruction)
         if self.window.full(image_limit=self.client.image_limit(self.stream_id), reserve=reserve):
             self._roll(keep_newest=False)
         self.window.add_frame(WindowFrame(now.t, frame.pts, frame.captured_at, image))
         self._sampled, self._sampled_jpeg = frame, image.jpeg
         self.stats.frames += 1
+
+    def _encode(self, image: np.ndarray) -> VlmImage:
+        turn = self.compute.turn(ENCODER) if self.compute is not None else contextlib.nullcontext()
+        with turn:
+            return encode_image(image, self.settings.frame_size, bgr=False)
 
     def _roll(self, *, keep_newest: bool) -> None:
         self.window.roll(keep_newest=keep_newest)
@@ -396,6 +417,7 @@ def build(ctx: StageContext) -> DescribeStage | None:
         rules=rules,
         describe=ctx.spec.describe,
         snapshots=ctx.engines.snapshots,
+        compute=ctx.engines.detector.compute,
     )
     ctx.observe(stage.observe)
     return stage
