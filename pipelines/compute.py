@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 from engines.cpu_grant import granted
 
@@ -270,3 +271,26 @@ class ComputeBudget:
     def threads_in_use(self) -> int:
         with self._cond:
             return sum(r.threads for r in self._running.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the budget is deciding, as JSON: its cores and, per model, its claim, its recent part
+        of the cores and what it waited."""
+        shares = self.busy_shares()
+        return {
+            "cores": self.cores,
+            "threads_in_use": self.threads_in_use(),
+            "critical_max_share": self.critical_max_share,
+            "models": {
+                name: {
+                    "priority": claim.priority.name.lower(),
+                    "threads": claim.threads,
+                    "max_threads": claim.max_threads,
+                    "busy_share": round(shares[name], 3),
+                    "turns": self.stats[name].turns,
+                    "waits": self.stats[name].waited,
+                    "wait_s": round(self.stats[name].wait_s, 3),
+                    "thread_s": round(self.stats[name].thread_s, 3),
+                }
+                for name, claim in self.models.items()
+            },
+        }

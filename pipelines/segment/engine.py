@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from engines.segment import rle
 from engines.segment.types import Segmenter
+from pipelines.compute import ComputeBudget, ModelClaim, Priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,13 +28,24 @@ class SegmentSettings:
             raise ValueError(f"max_per_frame must be >= 1, got {self.max_per_frame}")
 
 
+SEGMENTER = "segmenter"  # its name in the compute budget
+
+
+def segmenter_claim(threads: int) -> ModelClaim:
+    """The segmenter's place in a compute budget: bulk work beside the detector, all its threads."""
+    return ModelClaim(Priority.BULK, threads=threads)
+
+
 class SegmentEngine:
     """Runs the shared segmenter on one thread of its own: calls from every stream queue there,
     never on the event loop and never beside each other (one model, one set of buffers)."""
 
-    def __init__(self, segmenter: Segmenter, settings: SegmentSettings | None = None) -> None:
+    def __init__(
+        self, segmenter: Segmenter, settings: SegmentSettings | None = None, *, compute: ComputeBudget | None = None
+    ) -> None:
         self.segmenter = segmenter
         self.settings = settings or SegmentSettings()
+        self.compute = compute  # each call waits for its threads in the machine's compute budget
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="segment")
 
     @property
@@ -45,8 +58,11 @@ class SegmentEngine:
         return await loop.run_in_executor(self._executor, self._masks, image, boxes)
 
     def _masks(self, image: np.ndarray, boxes: np.ndarray) -> list[rle.Rle | None]:
+        turn = self.compute.turn(SEGMENTER) if self.compute is not None else contextlib.nullcontext()
+        with turn:
+            masks = self.segmenter.segment(image, boxes)
         # Encoding here too keeps the event loop free of per-pixel work.
-        return [None if m is None else rle.encode(m) for m in self.segmenter.segment(image, boxes)]
+        return [None if m is None else rle.encode(m) for m in masks]
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

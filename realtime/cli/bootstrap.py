@@ -28,7 +28,7 @@ from pipelines.captions.engine import RECOGNIZER, CaptionEngine, SpeechBatcher, 
 from pipelines.compute import ComputeBudget
 from pipelines.describe.settings import DescribeEngine
 from pipelines.detect import DETECTOR, detector_claim
-from pipelines.segment.engine import SegmentEngine
+from pipelines.segment.engine import SEGMENTER, SegmentEngine, segmenter_claim
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import StreamConflictError, StreamSetupError
 from realtime.bus.outbox import Outbox
@@ -79,14 +79,24 @@ def asr_threads() -> int:
 
 
 def compute_budget(
-    settings: ComputeSettings, captions: CaptionsSettings, detector: Any, *, captions_on: bool = True
+    settings: ComputeSettings,
+    captions: CaptionsSettings,
+    detector: Any,
+    *,
+    captions_on: bool = True,
+    segmentation: SegmentationSettings | None = None,
 ) -> ComputeBudget | None:
-    """One budget for the cores when the detector and the recognizer would both run on them (see
-    pipelines.compute), with the detector's claim; the recognizer adds its own once loaded
-    (open_captions). None when the scheduler is off, captions are off, or a model has a GPU."""
-    if not (settings.scheduler and captions_on and captions.enabled):
+    """One budget for the cores when the detector shares them with another model (the recognizer,
+    the segmenter; see pipelines.compute), with the detector's claim; the others add theirs once
+    loaded (open_captions, open_segmentation). None when the scheduler is off or nothing shares the
+    detector's CPU."""
+    if not settings.scheduler or not str(detector.backend).endswith("-cpu"):
         return None
-    if not str(detector.backend).endswith("-cpu") or captions.device == "cuda":
+    recognizer_on_cpu = captions_on and captions.enabled and captions.device != "cuda"
+    segmenter_on_cpu = (
+        segmentation is not None and segmentation.enabled and segmentation.backend in ("auto", "onnx-cpu")
+    )
+    if not (recognizer_on_cpu or segmenter_on_cpu):
         return None
     cores = settings.cores or os.cpu_count() or 1
     share = captions.cpu_share or settings.captions_max_share
@@ -161,7 +171,9 @@ async def open_describer(settings: VlmConfig) -> AsyncIterator[DescribeEngine | 
 
 
 @contextlib.asynccontextmanager
-async def open_segmentation(settings: SegmentationSettings) -> AsyncIterator[SegmentEngine | None]:
+async def open_segmentation(
+    settings: SegmentationSettings, *, compute: ComputeBudget | None = None
+) -> AsyncIterator[SegmentEngine | None]:
     """The segmenter every stream shares, for the duration; None when segmentation is off. A bad
     model or an unavailable backend is a CommandError naming the setting."""
     if not settings.enabled:
@@ -176,11 +188,15 @@ async def open_segmentation(settings: SegmentationSettings) -> AsyncIterator[Seg
             sam_decoder=settings.sam_decoder,
             yolo_seg=settings.yolo_seg,
             backend=settings.backend,
-            threads=settings.threads,
+            threads=settings.threads or (compute.cores if compute is not None else None),
         )
     except (EngineError, ValueError) as exc:
         raise CommandError(f"segmentation: {exc}") from exc
-    engine = SegmentEngine(segmenter, settings.to_settings())
+    if compute is not None and str(segmenter.backend).endswith("-cpu"):
+        compute.add(SEGMENTER, segmenter_claim(settings.threads or compute.cores))
+    else:
+        compute = None
+    engine = SegmentEngine(segmenter, settings.to_settings(), compute=compute)
     log.info("segmentation on", extra={"segmenter": engine.name})
     try:
         yield engine

@@ -191,19 +191,10 @@ def compute_summary(budget: ComputeBudget | None, elapsed_s: float) -> dict[str,
     """What the compute budget decided over the run: each model's part of the cores and its waits."""
     if budget is None:
         return None
-    offered = budget.cores * max(elapsed_s, 1e-9)
-    return {
-        "cores": budget.cores,
-        "models": {
-            name: {
-                "busy_share": round(stats.thread_s / offered, 3),
-                "turns": stats.turns,
-                "waits": stats.waited,
-                "wait_s": round(stats.wait_s, 2),
-            }
-            for name, stats in budget.stats.items()
-        },
-    }
+    state = budget.snapshot()
+    for model in state["models"].values():  # over the whole run, not the recent seconds
+        model["busy_share"] = round(model["thread_s"] / (budget.cores * max(elapsed_s, 1e-9)), 3)
+    return state
 
 
 async def run_command(args: argparse.Namespace) -> int:
@@ -224,13 +215,15 @@ async def run_command(args: argparse.Namespace) -> int:
 
     try:
         nats_url = args.nats_url or config.nats.url
-        compute = compute_budget(config.compute, config.captions, detector, captions_on=not args.no_audio)
+        compute = compute_budget(
+            config.compute, config.captions, detector, captions_on=not args.no_audio, segmentation=config.segmentation
+        )
         async with (
             open_bus(nats_url, config.nats, config.node) as publisher,
             DetectionBatcher(detector, compute=compute) as batcher,
             open_captions(config.captions, enabled=not args.no_audio, compute=compute) as captions,
             open_describer(vlm) as describe,
-            open_segmentation(config.segmentation) as segment,
+            open_segmentation(config.segmentation, compute=compute) as segment,
         ):
             printer = CaptionPrinter(publisher, quiet=args.json)
             engines = SharedEngines(batcher, captions=captions, describe=describe, segment=segment)

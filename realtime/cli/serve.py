@@ -122,13 +122,13 @@ async def serve_command(args: argparse.Namespace) -> int:
             if problems:
                 raise CommandError(f"{args.config or 'environment'}: {problems}")
             log.info("detector loaded", extra={"model": detector.info.path, "backend": detector.backend})
-            compute = compute_budget(config.compute, config.captions, detector)
+            compute = compute_budget(config.compute, config.captions, detector, segmentation=config.segmentation)
             async with (
                 open_bus(args.nats_url or config.nats.url, config.nats, config.node) as publisher,
                 DetectionBatcher(detector, compute=compute) as batcher,
                 open_captions(config.captions, compute=compute) as captions,
                 open_describer(vlm) as describe,
-                open_segmentation(config.segmentation) as segment,
+                open_segmentation(config.segmentation, compute=compute) as segment,
             ):
                 service = Service(
                     config,

@@ -26,7 +26,7 @@ from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
 from realtime.fleet.metrics import FleetCollector
 from realtime.fleet.options import fleet_options
 from realtime.fleet.worker import FleetWorker
-from realtime.http import HttpContext, HttpServer, create_app, description, transcript
+from realtime.http import HttpContext, HttpServer, compute, create_app, description, transcript
 from realtime.http.api import FLEET, SOURCE_POLICY
 from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
@@ -127,8 +127,8 @@ class Service:
         self.metrics.registry.register(SessionCollector(self.sessions))
         if captions is not None:
             self.metrics.registry.register(RecognizerCollector(captions))
-            if captions.batcher.compute is not None:
-                self.metrics.registry.register(ComputeCollector(captions.batcher.compute))
+        if batcher.compute is not None:  # one budget for every model on the CPU
+            self.metrics.registry.register(ComputeCollector(batcher.compute))
         if describe is not None:
             self.metrics.registry.register(VlmCollector(describe))
         self.app = create_app(self.context)
@@ -138,6 +138,7 @@ class Service:
             self.metrics.registry.register(FleetCollector(self.fleet))
         signalling.add_routes(self.app, self.sessions)
         transcript.add_routes(self.app, self.transcripts)
+        compute.add_routes(self.app, batcher.compute)
         description.add_routes(self.app, self.descriptions)
         self.url: str | None = None
 

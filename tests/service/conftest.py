@@ -19,11 +19,12 @@ from engines.asr.types import SpeechRecognizer
 from engines.asr.vad import VadModel
 from engines.detector import Detector
 from engines.registry import create_detector
-from pipelines.captions.engine import CaptionEngine, SpeechBatcher
+from pipelines.captions.engine import RECOGNIZER, CaptionEngine, SpeechBatcher, recognizer_claim
 from pipelines.describe.settings import DescribeEngine
 from pipelines.detect import DetectionBatcher
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
+from realtime.cli.bootstrap import compute_budget
 from realtime.config import Config
 from realtime.service.service import Service
 
@@ -133,16 +134,23 @@ async def live_service(
     token: str | None = None,
     captions: CaptionModels | None = None,
     describe: DescribeEngine | None = None,
+    compute: bool = False,
 ) -> AsyncIterator[LiveService]:
     """The service; with `captions` (the session's recognizer and VAD) streams with audio get captions,
-    with `describe` (a VLM client) every stream gets scene descriptions."""
+    with `describe` (a VLM client) every stream gets scene descriptions, with `compute` the models
+    share the cores through the compute budget as `serve` builds it (config.compute)."""
     config = config or make_config()
+    budget = None
+    if compute:
+        budget = compute_budget(config.compute, config.captions, detector, captions_on=captions is not None)
+        if budget is not None and captions is not None:
+            budget.add(RECOGNIZER, recognizer_claim(captions[0]))
     async with contextlib.AsyncExitStack() as stack:
         publisher = await stack.enter_async_context(NatsEventPublisher(nats_url, node="test"))
-        batcher = await stack.enter_async_context(DetectionBatcher(detector))
+        batcher = await stack.enter_async_context(DetectionBatcher(detector, compute=budget))
         engine = None
         if captions is not None:
-            speech = await stack.enter_async_context(SpeechBatcher(captions[0]))
+            speech = await stack.enter_async_context(SpeechBatcher(captions[0], compute=budget))
             engine = CaptionEngine(speech, captions[1], config.captions.to_settings())
         service = Service(config, batcher, publisher, api_token=token, captions=engine, describe=describe)
         stop = asyncio.Event()
