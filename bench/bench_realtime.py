@@ -15,14 +15,23 @@ The scenario, real-time paced, every part real:
 Each sentence is rendered on its own and joined with short pauses (0.45 s; 0.9 s between
 paragraphs), so the time of every sentence in the audio is known.
 
-Configurations (--configs, default before,after) differ in one config key, --scheduler-key
-(default `compute.scheduler`): before = false, after = true. `--scheduler-key ''` leaves the key
-out (both configurations then run the same config: for checking the harness on a build without
-it). Each configuration gets a fresh serve process; --rounds N runs them N times, the order
-reversed every other round (before, after, after, before, ...), the bare model measured at the start of each round. Per
-configuration: start serve, wait until every stream is live and detecting, --warmup seconds,
-then the measured window of --seconds, then --tail seconds more to collect the late finals of
-words spoken inside the window.
+Configurations: named sets of config overrides on top of that config, run in the order of
+--configs (default before,after). Built in:
+  - before: `compute.scheduler: false`
+  - after:  `compute.scheduler: true`
+  - int8:   `compute.scheduler: true`, `detector.precision: int8`
+--config NAME=key.path:value[,key.path:value...] (repeatable) defines more, or redefines a
+built-in; values are YAML scalars (`false`, `0.3`, `int8`), `NAME=` sets nothing (the defaults:
+`--config before= --config after=` checks the harness on a build without the scheduler key).
+Every configuration is checked as a config (realtime.config) before anything starts. Each
+configuration gets a fresh serve process; --rounds N runs them N times, the order reversed every
+other round (before, after, after, before, ...), the bare model measured at the start of each
+round, once for each detector setting the configurations use (`detector.precision: int8`: the
+bare INT8 model too; its first build takes ~2 minutes, cached under ~/.cache/vidsentry/int8, so
+serve then only loads it; --start-timeout, default 600 s, covers a serve that builds it). Per
+configuration: start serve (it loads the detector before it serves), wait until every stream is
+live and detecting, --warmup seconds, then the measured window of --seconds, then --tail
+seconds more to collect the late finals of words spoken inside the window.
 
 Figures, per stream and configuration, all from that window (events read from NATS,
 `vidsentry.>`, counters from `GET /api/streams/{id}`, engine counters from `GET /metrics`):
@@ -38,11 +47,12 @@ Figures, per stream and configuration, all from that window (events read from NA
   - detections: frames in (`frames_in`, for a peer plus the frames aiortc handed over that were
     skipped unconverted, `webrtc_video_stale` + `webrtc_video_over_rate`), `detections` events
     per frame in ("every frame has boxes"), events per second split by the body's `inference`
-    ("measured" / "predicted"; absent counts as measured), capture -> publish p50 / p95.
+    ("measured" / "predicted"; absent counts as measured), the predicted share of the events,
+    `frames_predicted` (the counter's change), capture -> publish p50 / p95.
   - measured detection fps against a fair share of the bare model: the bare model's fps is
-    measured at the start of each round with nothing else running (the serve's detector
-    settings' defaults: `detect()` one frame per call, from one thread and from `workers`
-    threads side by side, the better of the two); captions' CPU share = recognizer busy
+    measured at the start of each round with nothing else running, with the configuration's own
+    detector settings (so its own precision, fp32 or int8: `detect()` one frame per call, from
+    one thread and from `workers` threads side by side, the better of the two); captions' CPU share = recognizer busy
     seconds (`vidsentry_asr_busy_seconds_total`) / (window x cores), an upper bound (a call
     slowed by the detector counts its whole wall time); the capacity left, bare x (1 - share),
     is shared out max-min fair over the streams' input rates. Target: >= 0.8 of that share.
@@ -57,11 +67,15 @@ Targets (issue 19) are printed as met / not met; the exit code is non-zero only 
 harness fails (serve does not start, a stream never goes live, a process dies), never for a
 missed target.
 
-Usage: .venv/bin/python bench/bench_realtime.py [--configs before,after] [--seconds 70]
-       [--warmup 8] [--tail 8] [--rounds 1] [--cameras 1] [--peers 1] [--captions on|off]
-       [--scheduler-key compute.scheduler] [--bare-frames 100] [--logs DIR]
-A full run (defaults) takes about 4 minutes (a 30 s window: 2 minutes), plus ~20 s the first time
-(rendering the speech and encoding the camera clip).
+Usage: .venv/bin/python bench/bench_realtime.py [--configs before,after[,int8,NAME...]]
+       [--config NAME=key.path:value[,...]]... [--seconds 70] [--warmup 8] [--tail 8] [--rounds 1]
+       [--cameras 1] [--peers 1] [--captions on|off] [--bare-frames 100] [--logs DIR]
+  e.g. --configs before,after,int8
+       --configs after,lean --config lean=compute.scheduler:true,detector.workers:1
+Results: bench/results/bench_realtime.json (--configs other than before,after: named after them,
+bench_realtime_after-int8.json). A full run (defaults) takes about 4 minutes (a 30 s window: 2
+minutes); before,after,int8: RUNTIME_TBD. Plus ~20 s the first time (rendering the speech and
+encoding the camera clip) and ~2 minutes the first time INT8 runs (building the INT8 model).
 """
 
 from __future__ import annotations
@@ -105,6 +119,7 @@ from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
 from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.config import Config, ConfigError, DetectorSettings, load_config
 from tests.support.peer import LoopVideoTrack, load_frames
 from tests.support.rtsp import RtspServer
 from tests.support.speech import load_pcm16k, wer, words_of
@@ -403,23 +418,87 @@ class Serve:
         return proc.wait()
 
 
-def write_config(
-    path: Path, *, cameras: list[tuple[str, str]], vlm_url: str, captions: bool, key: str, value: bool | None
+BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
+    "before": {"compute.scheduler": False},
+    "after": {"compute.scheduler": True},
+    "int8": {"compute.scheduler": True, "detector.precision": "int8"},
+}
+_CONFIG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def parse_config_arg(text: str) -> tuple[str, dict[str, Any]]:
+    """`NAME=key.path:value[,key.path:value...]` -> (NAME, {key.path: value}); values are YAML
+    scalars (`false`, `0.3`, `int8`); `NAME=` sets nothing. ValueError says what is wrong."""
+    name, sep, rest = text.partition("=")
+    name = name.strip()
+    if not sep or not _CONFIG_NAME.fullmatch(name):
+        raise ValueError(f"{text!r}: want NAME=key.path:value[,key.path:value...] (NAME: letters, digits, - and _)")
+    overrides: dict[str, Any] = {}
+    for item in (part.strip() for part in rest.split(",")):
+        if not item:
+            continue
+        key, colon, raw = item.partition(":")
+        key = key.strip()
+        if not colon or not all(key.split(".")):
+            raise ValueError(f"{name}: {item!r}: want key.path:value")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ValueError(f"{name}: {item!r}: the value is not YAML") from None
+        if value is not None and not isinstance(value, str | int | float | bool):
+            raise ValueError(f"{name}: {item!r}: the value must be a string, number, boolean or null")
+        overrides[key] = value
+    return name, overrides
+
+
+def describe_overrides(overrides: dict[str, Any]) -> str:
+    """`compute.scheduler=true detector.precision="int8"` (values as JSON), `-` for none."""
+    return " ".join(f"{k}={json.dumps(v)}" for k, v in overrides.items()) or "-"
+
+
+def config_dict(
+    *, cameras: list[tuple[str, str]], vlm_url: str, captions: bool, overrides: dict[str, Any]
 ) -> dict[str, Any]:
+    """The serve config: the scenario's, with a configuration's overrides set on top."""
     config: dict[str, Any] = {
         "node": "bench",
         "captions": {"enabled": captions},
         "vlm": {"endpoints": [vlm_url]},
         "streams": [{"id": sid, "url": url} for sid, url in cameras],
     }
-    if key and value is not None:
+    for key, value in overrides.items():
         *sections, last = key.split(".")
         node = config
         for section in sections:
             node = node.setdefault(section, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"{key}: {section} is not a mapping")
         node[last] = value
+    return config
+
+
+def write_config(path: Path, **kwargs: Any) -> dict[str, Any]:
+    config = config_dict(**kwargs)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return config
+
+
+def check_configs(args: argparse.Namespace, defined: dict[str, dict[str, Any]]) -> dict[str, Config]:
+    """Each chosen configuration as serve would read it (placeholder URLs): a typo in a key or a
+    bad value stops the run here, before minutes of setup."""
+    checked: dict[str, Config] = {}
+    cameras = [(f"cam{i + 1}", "rtsp://127.0.0.1:8554/vtest") for i in range(args.cameras)]
+    with tempfile.TemporaryDirectory(prefix="bench-realtime-check-") as tmp:
+        for name in args.configs:
+            path = Path(tmp) / f"{name}.yaml"
+            try:
+                write_config(path, cameras=cameras, vlm_url="http://127.0.0.1:8000/v1",
+                             captions=args.captions == "on", overrides=defined[name])  # fmt: skip
+                checked[name] = load_config(path, environ={})
+            except (ValueError, ConfigError) as exc:
+                problem = str(exc).removeprefix(f"{path}: ")
+                raise HarnessError(f"configuration {name} ({describe_overrides(defined[name])}): {problem}") from None
+    return checked
 
 
 # -- what comes back ---------------------------------------------------------------------------------
@@ -576,16 +655,40 @@ def cores_used(before: dict[str, float], after: dict[str, float], wall: float) -
 # -- the bare model ----------------------------------------------------------------------------------
 
 
-def bare_model(frames: list[np.ndarray], count: int) -> dict[str, Any]:
-    """fps of the detector serve builds by default, alone: one caller, then `workers` callers."""
+def detector_label(settings: DetectorSettings) -> str:
+    """`fp32`, `int8`, then any other setting off its default (`int8 workers=1`)."""
+    others = settings.model_dump(mode="json", exclude_defaults=True)
+    others.pop("precision", None)
+    return " ".join([settings.precision, *(f"{k}={v}" for k, v in sorted(others.items()))])
+
+
+def int8_cached(settings: DetectorSettings) -> bool | None:
+    """Whether the INT8 copy of the settings' model is in the cache already (None: cannot tell)."""
+    try:
+        from engines.models import default_detector_model
+        from engines.quantize import DEFAULT_SETTINGS, cache_path, default_calibration_video
+
+        model = Path(settings.model or default_detector_model())
+        video = Path(settings.calibration or default_calibration_video())
+        return cache_path(model, video, DEFAULT_SETTINGS).is_file()
+    except Exception:  # only for the progress line: the build itself says what is wrong
+        return None
+
+
+def bare_model(frames: list[np.ndarray], count: int, settings: DetectorSettings) -> dict[str, Any]:
+    """fps of the detector serve builds from `settings`, alone: one caller, then `workers` callers."""
     from engines.models import default_detector_model
     from engines.registry import create_detector
-    from realtime.config import DetectorSettings
 
-    settings = DetectorSettings()
+    if settings.precision == "int8" and not int8_cached(settings):
+        print(f"bare model {detector_label(settings)}: building the INT8 model first (about 2 minutes, once; "
+              "cached under ~/.cache/vidsentry/int8) ...", flush=True)  # fmt: skip
+    # int8 runs on onnx-cpu whatever the engine (auto then means the CPU): name it, as serve gets it
+    engine = "onnx-cpu" if settings.precision == "int8" and settings.engine == "auto" else settings.engine
+    started = time.perf_counter()
     detector = create_detector(
         settings.model or default_detector_model(),
-        settings.engine,
+        engine,
         conf=settings.conf,
         iou=settings.iou,
         threads=settings.threads,
@@ -593,6 +696,7 @@ def bare_model(frames: list[np.ndarray], count: int) -> dict[str, Any]:
         precision=settings.precision,
         calibration=settings.calibration,
     )
+    loaded_s = time.perf_counter() - started
     try:
         for frame in frames[:3]:
             detector.detect([frame])
@@ -621,8 +725,11 @@ def bare_model(frames: list[np.ndarray], count: int) -> dict[str, Any]:
             t.join()
         side_by_side = count / (time.perf_counter() - started)
         return {
+            "detector": detector_label(settings),
             "model": Path(str(detector.info.path)).name,
+            "backend": str(detector.backend),
             "precision": settings.precision,
+            "load_s": round(loaded_s, 1),
             "one_caller_fps": round(one, 2),
             "callers": workers,
             "side_by_side_fps": round(side_by_side, 2),
@@ -650,7 +757,8 @@ class StreamRun:
 class ConfigRun:
     config: str
     round: int
-    value: bool | None
+    overrides: dict[str, Any]
+    detector: str  # detector_label of its detector settings: which bare model is its own
     streams: list[StreamRun]
     log: EventLog
     t0: float = 0.0
@@ -689,6 +797,8 @@ class Stage:
     peer_frames: list[np.ndarray]
     peer_audio: np.ndarray
     work: Path
+    overrides: dict[str, dict[str, Any]]  # by configuration name: its config overrides
+    checked: dict[str, Config]  # by configuration name: the config as checked (placeholder URLs)
 
 
 async def sleep_watching(serve: Serve, seconds: float, what: str) -> None:
@@ -698,15 +808,18 @@ async def sleep_watching(serve: Serve, seconds: float, what: str) -> None:
         serve.check(what)
 
 
-async def run_config(stage: Stage, name: str, round_no: int, value: bool | None) -> ConfigRun:
+async def run_config(stage: Stage, name: str, round_no: int) -> ConfigRun:
     args = stage.args
+    overrides = stage.overrides[name]
     cameras = [(f"cam{i + 1}", stage.rtsp_url) for i in range(args.cameras)]
     path = stage.work / f"{name}-{round_no}.yaml"
     write_config(path, cameras=cameras, vlm_url=stage.sim.url, captions=args.captions == "on",
-                 key=args.scheduler_key, value=value)  # fmt: skip
+                 overrides=overrides)  # fmt: skip
     streams = [StreamRun(sid, "camera", stage.camera) for sid, _ in cameras]
     streams += [StreamRun(f"peer{i + 1}", "webrtc", stage.peer) for i in range(args.peers)]
-    run = ConfigRun(name, round_no, value, streams, EventLog())
+    detector = detector_label(stage.checked[name].detector)
+    run = ConfigRun(name, round_no, overrides, detector, streams, EventLog())
+    print(f"[{name} #{round_no}] starting serve: {describe_overrides(overrides)}", flush=True)
     serve = Serve(path, stage.nats.url, stage.work / f"serve-{name}-{round_no}.log")
     stage.sim.reset_cache()
     began = time.monotonic()
@@ -840,6 +953,8 @@ def stream_figures(run: ConfigRun, s: StreamRun) -> tuple[dict[str, Any], Cut | 
         "boxes_per_frame": round(len(dets) / received, 3) if received else None,
         "measured_fps": round(measured / wall, 2),
         "predicted_fps": round((len(dets) - measured) / wall, 2),
+        "predicted_share": round((len(dets) - measured) / len(dets), 3) if dets else None,
+        "frames_predicted": int(delta.get("frames_predicted", 0.0)),
         "c2p_p50_ms": pct(c2p, 50),
         "c2p_p95_ms": pct(c2p, 95),
         "c2p_measured_p50_ms": pct(c2p_measured, 50),
@@ -918,7 +1033,9 @@ def config_row(run: ConfigRun, bare: dict[str, Any], summary: dict[str, dict[str
     return {
         "round": run.round,
         "config": run.config,
-        "key": run.value,
+        "set": describe_overrides(run.overrides),
+        "overrides": run.overrides,
+        "detector": run.detector,
         "bare_fps": bare["bare_fps"],
         "asr_busy": round(asr_busy / wall, 3) if asr_busy is not None else None,
         "det_busy": round(det_busy / wall, 3) if det_busy is not None else None,
@@ -1048,41 +1165,46 @@ def verdicts(config_rows: list[dict[str, Any]], rows: list[dict[str, Any]], capt
 
 
 STREAM_COLUMNS = [
-    "round", "config", "stream", "in_fps", "boxes_per_frame", "measured_fps", "predicted_fps", "fair_fps",
+    "round", "config", "stream", "in_fps", "boxes_per_frame", "measured_fps", "predicted_fps", "predicted_share",
+    "frames_predicted", "fair_fps",
     "c2p_p50_ms", "c2p_p95_ms", "c2p_measured_p50_ms", "lag_p50_s", "lag_p95_s", "words", "audio_dropped_s",
     "wer_live_pct", "wer_offline_pct", "wer_diff_pts", "descriptions",
 ]  # fmt: skip
 CONFIG_COLUMNS = [
-    "round", "config", "key", "bare_fps", "asr_busy", "det_busy", "captions_share", "det_share_gauge",
+    "round", "config", "set", "detector", "bare_fps", "asr_busy", "det_busy", "captions_share", "det_share_gauge",
     "asr_share_gauge", "vlm_requests", "sim_requests",
     "descriptions", "serve_cores", "bench_cores", "rtsp_cores", "nats_cores", "others_cores", "startup_s", "seconds",
 ]  # fmt: skip
 
+BARE_COLUMNS = ["round", "detector", "model", "backend", "load_s", "one_caller_fps", "callers", "side_by_side_fps",
+                "bare_fps"]  # fmt: skip
+
 
 # -- main --------------------------------------------------------------------------------------------
-
-
-def config_value(name: str) -> bool:
-    return {"before": False, "after": True}[name]
 
 
 async def live_part(stage: Stage, bare_frames: list[np.ndarray]) -> tuple[list[ConfigRun], list[dict[str, Any]]]:
     args = stage.args
     runs: list[ConfigRun] = []
     bares: list[dict[str, Any]] = []
+    detectors: dict[str, DetectorSettings] = {}  # each detector setting the configurations use, once
+    for name in args.configs:
+        detectors.setdefault(detector_label(stage.checked[name].detector), stage.checked[name].detector)
     for round_no in range(1, args.rounds + 1):
-        bare = await asyncio.to_thread(bare_model, bare_frames, args.bare_frames)
-        bare["round"] = round_no
-        bares.append(bare)
-        print(f"[round {round_no}] bare model: {bare}", flush=True)
+        for settings in detectors.values():
+            bare = await asyncio.to_thread(bare_model, bare_frames, args.bare_frames, settings)
+            bare["round"] = round_no
+            bares.append(bare)
+            print(f"[round {round_no}] bare model: {bare}", flush=True)
         order = args.configs if round_no % 2 else args.configs[::-1]  # alternate: drift hits both alike
         for name in order:
-            value = config_value(name) if args.scheduler_key else None
-            runs.append(await run_config(stage, name, round_no, value))
+            runs.append(await run_config(stage, name, round_no))
     return runs, bares
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    overrides = {name: args.defined[name] for name in args.configs}
+    checked = check_configs(args, args.defined)
     ensure_sample()
     vtest = SAMPLE_CLIP.parent / "vtest.avi"
     camera = build_speech(CAMERA_SPEECH[0], CAMERA_SPEECH[1], CAMERA_SPEECH[2], CAMERA_SPEECH[3])
@@ -1115,7 +1237,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         await sim.start()
         try:
             stage = Stage(args, camera, peer, rtsp.url("/vtest"), rtsp.pid, nats_server, sim, peer_frames,
-                          peer_audio, work)  # fmt: skip
+                          peer_audio, work, overrides, checked)  # fmt: skip
             try:
                 runs, bares = await live_part(stage, bare_frames)
             except HarnessError:
@@ -1132,7 +1254,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     config_rows: list[dict[str, Any]] = []
     try:
         for run in runs:
-            bare = next(b for b in bares if b["round"] == run.round)
+            bare = next(b for b in bares if b["round"] == run.round and b["detector"] == run.detector)
             summary = metrics_summary(run)
             config_rows.append({**config_row(run, bare, summary), **summary})
             for s in run.streams:
@@ -1147,7 +1269,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     print("\nper configuration (cores: CPU cores used on average in the window; asr_busy / det_busy: "
           "model-busy seconds per second)")  # fmt: skip
     print(table(config_rows, CONFIG_COLUMNS))
-    print("\nper stream (window figures; fair_fps: max-min fair share of bare x (1 - captions_share))")
+    print("\nbare model (nothing else running):")
+    print(table(bares, BARE_COLUMNS))
+    print("\nper stream (window figures; fair_fps: max-min fair share of its configuration's bare x "
+          "(1 - captions_share); predicted_share: of the detections events)")  # fmt: skip
     print(table(rows, STREAM_COLUMNS))
     print("\ntargets (issue 19):")
     print("\n".join(lines))
@@ -1164,7 +1289,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             for sp in (camera, peer)
         },
         "clip": clip.name,
-        "bare_model": bares,
+        "configurations": {name: overrides[name] for name in args.configs},
+        "bare_model": bares,  # per round, one for each detector setting (fp32, int8) the configurations use
         "configs": config_rows,
         "streams": rows,
         "targets": lines,
@@ -1173,7 +1299,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", default="before,after", help="comma-separated: before (key false), after (true)")
+    parser.add_argument("--configs", default="before,after",
+                        help="comma-separated, run in this order: built-ins before, after, int8, or names given "
+                        "with --config")  # fmt: skip
+    parser.add_argument("--config", action="append", default=[], metavar="NAME=key.path:value[,...]",
+                        help="define (or redefine) a configuration: keys set to YAML scalars; repeatable")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=70.0, help="measured window per configuration")
     parser.add_argument("--warmup", type=float, default=8.0, help="after every stream is live, before the window")
     parser.add_argument("--tail", type=float, default=8.0, help="after the window, for late finals")
@@ -1181,21 +1311,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cameras", type=int, default=1)
     parser.add_argument("--peers", type=int, default=1)
     parser.add_argument("--captions", choices=("on", "off"), default="on")
-    parser.add_argument("--scheduler-key", default="compute.scheduler",
-                        help="dotted config key set false (before) / true (after); '' leaves it out")  # fmt: skip
     parser.add_argument("--bare-frames", type=int, default=100, help="frames for the bare model's fps")
     parser.add_argument("--start-timeout", type=float, default=600.0, help="seconds for serve to print its URL")
     parser.add_argument("--logs", type=Path, default=None, help="keep configs and logs here (default: a temp dir)")
     args = parser.parse_args(argv)
+    args.defined = dict(BUILTIN_CONFIGS)
+    for text in args.config:
+        try:
+            name, overrides = parse_config_arg(text)
+        except ValueError as exc:
+            parser.error(f"--config {exc}")
+        args.defined[name] = overrides
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    if not args.configs or any(c not in ("before", "after") for c in args.configs):
-        parser.error("--configs takes before and/or after")
+    unknown = [c for c in args.configs if c not in args.defined]
+    if not args.configs or unknown or len(set(args.configs)) < len(args.configs):
+        parser.error(f"--configs: names once each, of {', '.join(args.defined)} (unknown: {', '.join(unknown) or '-'})")
     if args.cameras < 0 or args.peers < 0 or args.cameras + args.peers == 0:
         parser.error("--cameras and --peers: at least one stream")
     if args.seconds <= 0 or args.warmup < 0 or args.tail < 0 or args.rounds < 1 or args.bare_frames < 4:
         parser.error("--seconds > 0, --warmup >= 0, --tail >= 0, --rounds >= 1, --bare-frames >= 4")
-    if not args.scheduler_key:
-        print("note: --scheduler-key '' leaves the key out: the configurations run the same config", flush=True)
+    args.defined = {name: args.defined[name] for name in args.configs}  # the results name only those run
     try:
         result = asyncio.run(main_async(args))
     except HarnessError as exc:
@@ -1205,6 +1340,8 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_realtime: interrupted", file=sys.stderr)
         return 130
     name = "bench_realtime"
+    if args.configs != ["before", "after"]:
+        name += "_" + "-".join(args.configs)
     if args.cameras != 1 or args.peers != 1:
         name += f"_{args.cameras}cam_{args.peers}peer"
     if args.captions == "off":

@@ -34,7 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, Self, TypeVar
 
-from pipelines.compute import ComputeBudget
+from engines.cpu_grant import granted
+from pipelines.compute import ComputeBudget, Grant
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +222,33 @@ class ModelBatcher(Generic[In, Out]):
         self._arrived.set()
         return await future
 
+    async def submit_granted(self, item: In, grant: Grant) -> Outcome[Out]:
+        """Run the model on one item now, on threads already granted by the compute budget (the
+        caller waited for them before it chose the item, so the item is as fresh as can be). The
+        grant is released when the call ends, whatever happens. Fails like `submit`."""
+        try:
+            if self._failure is not None:
+                raise self._failed_error(self._failure)
+            if self._closed:
+                raise self._failed_error(f"{self.name} is closed")
+            if self._runner is None:
+                raise RuntimeError(f"the {self.name} batcher's start() was not called")
+        except BaseException:
+            self._release(grant)
+            raise
+        future: asyncio.Future[Outcome[Out]] = asyncio.get_running_loop().create_future()
+        self._waiting.add(future)
+        future.add_done_callback(self._waiting.discard)
+        self._in_flight += 1
+        self._items_in_flight += 1
+        with contextlib.suppress(_Dead):  # _die() has failed the future with the reason
+            await self._serve([(item, future)], asyncio.Semaphore(), grant)
+        return await future
+
+    def _release(self, grant: Grant) -> None:
+        if self.compute is not None:
+            self.compute.release(grant)
+
     async def _gather(self) -> list[tuple[In, asyncio.Future[Outcome[Out]]]]:
         batch = [await self._pending.get()]
         loop = asyncio.get_running_loop()
@@ -274,13 +302,25 @@ class ModelBatcher(Generic[In, Out]):
                 leaf = leaf.exceptions[0]
             raise leaf from None  # a bug in the batcher itself: the runner dies with its own error
 
-    async def _serve(self, live: list[tuple[In, asyncio.Future[Outcome[Out]]]], free: asyncio.Semaphore) -> None:
+    async def _serve(
+        self,
+        live: list[tuple[In, asyncio.Future[Outcome[Out]]]],
+        free: asyncio.Semaphore,
+        grant: Grant | None = None,
+    ) -> None:
         """One model call on a worker thread; raises _Dead once the model is found broken."""
         items = [item for item, _ in live]
         started_wall = time.time()
         started = time.perf_counter()
         try:
-            results, model_s = await asyncio.get_running_loop().run_in_executor(self._executor, self._timed_call, items)
+            try:
+                results, model_s = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self._timed_call, items, grant
+                )
+            except RuntimeError:  # the executor is shut down: the call never ran to release it
+                if grant is not None:
+                    self._release(grant)
+                raise
         except Exception as exc:  # the model failed: fail these items, keep serving
             self.stats.failures += 1
             self._consecutive_failures += 1
@@ -315,7 +355,14 @@ class ModelBatcher(Generic[In, Out]):
             if not fut.done():
                 fut.set_result(Outcome(result, elapsed_ms, len(items), started_wall))
 
-    def _timed_call(self, items: list[In]) -> tuple[list[Out], float]:
+    def _timed_call(self, items: list[In], grant: Grant | None = None) -> tuple[list[Out], float]:
+        if grant is not None:  # threads granted before the items were chosen
+            try:
+                with granted(grant.threads):
+                    started = time.perf_counter()
+                    return self._model_call(items), time.perf_counter() - started
+            finally:
+                self._release(grant)
         turn = self.compute.turn(self.name) if self.compute is not None else contextlib.nullcontext()
         with turn:
             started = time.perf_counter()

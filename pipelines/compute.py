@@ -25,11 +25,12 @@ could not measure (pipelines.frame_loop), and the describer samples fewer frames
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -75,6 +76,17 @@ class TurnStats:
 class _Waiter:
     name: str
     asked_at: float
+    wake: Callable[[], object] | None = None  # an event loop's waiter: how to wake it
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Threads held for one model call, from `acquire` until `release`."""
+
+    name: str
+    threads: int
+    token: int
+    started: float
 
 
 @dataclass(slots=True)
@@ -143,13 +155,17 @@ class ComputeBudget:
     def turn(self, name: str) -> Iterator[int]:
         """Hold threads for one model call (blocking: called on the model's own thread); yields how
         many were granted, which engines.cpu_grant also tells the engine."""
-        claim = self._claims.get(name)
-        if claim is None:
-            raise KeyError(f"no compute claim for {name!r}")
-        stats = self.stats[name]
-        waiter = _Waiter(name, time.perf_counter())
+        grant = self.acquire(name)
+        try:
+            with granted(grant.threads):
+                yield grant.threads
+        finally:
+            self.release(grant)
+
+    def acquire(self, name: str) -> Grant:
+        """Wait (blocking) for threads for one call of `name`; `release` the grant when it ends."""
+        claim, waiter = self._ask(name)
         with self._cond:
-            self._waiting.append(waiter)
             try:
                 while (threads := self._grant(waiter, claim)) == 0:
                     # Woken when a call ends or a waiter arrives; the timeout lets a reservation
@@ -157,32 +173,80 @@ class ComputeBudget:
                     self._cond.wait(0.05)
             finally:
                 self._waiting.remove(waiter)
-            started = time.perf_counter()
-            self._tokens += 1
-            token = self._tokens
-            self._running[token] = _Running(name, threads, started)
+            return self._start(waiter, claim, threads)
+
+    async def acquire_async(self, name: str) -> Grant:
+        """`acquire` for a coroutine: the event loop goes on while it waits. Cancelling the wait
+        leaves nothing held."""
+        claim, waiter = self._ask(name)
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+        waiter.wake = lambda: loop.call_soon_threadsafe(woken.set)
+        try:
+            while True:
+                woken.clear()
+                with self._cond:
+                    threads = self._grant(waiter, claim)
+                    if threads:
+                        self._waiting.remove(waiter)
+                        return self._start(waiter, claim, threads)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), 0.05)
+        except BaseException:
+            with self._cond:
+                if waiter in self._waiting:
+                    self._waiting.remove(waiter)
+                    self._notify()  # a waiter behind this one may go now
+            raise
+
+    def release(self, grant: Grant) -> None:
+        ended = time.perf_counter()
+        claim = self._claims[grant.name]
+        with self._cond:
+            if self._running.pop(grant.token, None) is None:
+                return  # released already
+            self._decay(ended)
+            self._usage.used[grant.name] += (ended - grant.started) * grant.threads
             if claim.priority is Priority.CRITICAL:
-                self._critical_seen = started
-            self._cond.notify_all()  # another waiter may fit beside this call
+                self._critical_seen = ended
+            self._notify()
+        stats = self.stats[grant.name]
+        stats.busy_s += ended - grant.started
+        stats.thread_s += (ended - grant.started) * grant.threads
+
+    def _ask(self, name: str) -> tuple[ModelClaim, _Waiter]:
+        claim = self._claims.get(name)
+        if claim is None:
+            raise KeyError(f"no compute claim for {name!r}")
+        waiter = _Waiter(name, time.perf_counter())
+        with self._cond:
+            self._waiting.append(waiter)
+            self._notify()  # a higher-ranked waiter changes what the others may do
+        return claim, waiter
+
+    def _start(self, waiter: _Waiter, claim: ModelClaim, threads: int) -> Grant:
+        """Under the lock: the waiter's call starts with `threads`."""
+        started = time.perf_counter()
+        self._tokens += 1
+        grant = Grant(waiter.name, threads, self._tokens, started)
+        self._running[grant.token] = _Running(waiter.name, threads, started)
+        if claim.priority is Priority.CRITICAL:
+            self._critical_seen = started
+        self._notify()  # another waiter may fit beside this call
+        stats = self.stats[waiter.name]
         stats.turns += 1
         stats.wide += threads > claim.threads
         if started - waiter.asked_at > 0.001:
             stats.waited += 1
             stats.wait_s += started - waiter.asked_at
-        try:
-            with granted(threads):
-                yield threads
-        finally:
-            ended = time.perf_counter()
-            with self._cond:
-                self._decay(ended)
-                self._usage.used[name] += (ended - started) * threads
-                del self._running[token]
-                if claim.priority is Priority.CRITICAL:
-                    self._critical_seen = ended
-                self._cond.notify_all()
-            stats.busy_s += ended - started
-            stats.thread_s += (ended - started) * threads
+        return grant
+
+    def _notify(self) -> None:
+        """Under the lock: wake every waiter, on threads and on event loops."""
+        self._cond.notify_all()
+        for waiter in self._waiting:
+            if waiter.wake is not None:
+                waiter.wake()
 
     # -- decisions (under the lock) ------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from pipelines.batching import (
     ModelFailed,
     QueueFull,
 )
-from pipelines.compute import ComputeBudget, ModelClaim, Priority
+from pipelines.compute import ComputeBudget, Grant, ModelClaim, Priority
 
 __all__ = ["BatchDetector", "BatcherFull", "BatcherStats", "DetectionBatcher", "DetectionOutcome", "DetectorFailed"]
 
@@ -102,7 +102,8 @@ class DetectionBatcher(ModelBatcher[np.ndarray, Detections]):
             workers=workers,
         )
 
-    async def detect(self, image: np.ndarray) -> DetectionOutcome:
-        """Detect on one RGB frame (see `submit` for what it raises)."""
-        outcome = await self.submit(image)
+    async def detect(self, image: np.ndarray, grant: Grant | None = None) -> DetectionOutcome:
+        """Detect on one RGB frame (see `submit` for what it raises); with a compute `grant`, at
+        once on the threads it holds (see `submit_granted`)."""
+        outcome = await (self.submit(image) if grant is None else self.submit_granted(image, grant))
         return DetectionOutcome(outcome.result, outcome.elapsed_ms, outcome.batch_size, outcome.started_at)

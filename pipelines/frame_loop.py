@@ -30,7 +30,8 @@ import numpy as np
 
 from engines.types import Detections
 from pipelines.clock import Moment, StreamClock
-from pipelines.detect import DetectionBatcher, DetectionOutcome, DetectorFailed
+from pipelines.compute import ComputeBudget, Grant
+from pipelines.detect import DETECTOR, DetectionBatcher, DetectionOutcome, DetectorFailed
 from pipelines.event_bodies import detections_event, track_event
 from pipelines.events import EventSink
 from pipelines.frames import FrameResult, VideoFrame
@@ -195,6 +196,8 @@ class FrameLoop:
         try:
             if self.mailbox.blocking:
                 await self._submit_every_frame(slots, submitted, group)
+            elif self.batcher.compute is not None:
+                await self._submit_budgeted(self.batcher.compute, slots, submitted, group)
             else:
                 await self._submit_live(slots, submitted, group)
         finally:
@@ -233,18 +236,79 @@ class FrameLoop:
                 await slots.acquire()  # free: at once
                 self._last_submitted_at = frame.captured_at
                 submitted.put_nowait((frame, group.create_task(self._detect(frame))))
-            elif submitted.qsize() >= MAX_WAITING_FRAMES:
-                self.stats.frames_dropped += 1  # a model call is stuck: nothing is queued without bound
             else:
-                submitted.put_nowait((frame, None))
+                self._predict_later(frame, submitted)
 
-    async def _detect(self, frame: VideoFrame) -> DetectionOutcome | Exception:
+    async def _submit_budgeted(
+        self,
+        budget: ComputeBudget,
+        slots: asyncio.Semaphore,
+        submitted: asyncio.Queue[_InFlight | None],
+        group: asyncio.TaskGroup,
+    ) -> None:
+        """A live source beside other models on the CPU: the loop first waits for the compute
+        budget to grant the detector threads, then hands the model the newest frame at that moment.
+        Frames that arrive meanwhile go out with predicted boxes; no frame ever waits in a queue
+        for its turn, so a measured frame is as fresh as the budget allows. Streams waiting for the
+        detector are served in the order they asked."""
+        held: list[VideoFrame] = []  # the newest frame, not yet measured or predicted
+        arrived = asyncio.Event()
+        closed = False
+
+        async def read() -> None:
+            nonlocal closed
+            try:
+                while True:
+                    frame = await self.mailbox.get()
+                    if held:
+                        self._predict_later(held.pop(), submitted)
+                    if self._skip_for_cap(frame):
+                        self._predict_later(frame, submitted)
+                    else:
+                        held.append(frame)
+                    arrived.set()
+            except MailboxClosed:
+                pass
+            finally:
+                closed = True
+                arrived.set()
+
+        group.create_task(read(), name=f"{self.stream_id}-frames")
+        while True:
+            await slots.acquire()
+            while not held and not closed:
+                arrived.clear()
+                await arrived.wait()
+            if not held:  # the source ended
+                slots.release()
+                return
+            grant = await budget.acquire_async(DETECTOR)
+            if not held:  # cannot happen (only this loop takes the held frame); never keep threads idle
+                budget.release(grant)
+                slots.release()
+                continue
+            frame = held.pop()
+            self._last_submitted_at = frame.captured_at
+            submitted.put_nowait((frame, group.create_task(self._detect(frame, grant))))
+
+    def _predict_later(self, frame: VideoFrame, submitted: asyncio.Queue[_InFlight | None]) -> None:
+        """Queue a frame for predicted boxes, in order behind the frames in the model."""
+        if submitted.qsize() >= MAX_WAITING_FRAMES:
+            self.stats.frames_dropped += 1  # a model call is stuck: nothing is queued without bound
+        else:
+            submitted.put_nowait((frame, None))
+
+    async def _detect(self, frame: VideoFrame, grant: Grant | None = None) -> DetectionOutcome | Exception:
         # Returned, not raised: a failed frame is counted in order, and must not cancel the
         # frames in flight beside it.
         try:
-            return await self.batcher.detect(frame.image)
+            return await self.batcher.detect(frame.image, grant)
         except Exception as exc:
             return exc
+        finally:
+            if grant is not None and self.batcher.compute is not None:
+                # Released by the call when it ran; this covers a task cancelled before it did.
+                self.batcher.compute.release(grant)
 
     def _skip_for_cap(self, frame: VideoFrame) -> bool:
         if not self.min_interval or self._last_submitted_at is None:

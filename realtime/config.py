@@ -503,6 +503,9 @@ class ComputeSettings(_Strict):
     cores: int | None = Field(None, ge=1, le=1024)  # the budget's thread slots; None: the machine's cores
     # The most of the recent CPU time captions take first while detection waits (the starvation bound).
     captions_max_share: float = Field(0.75, gt=0.0, le=1.0)
+    # After a caption decode, a core stays kept for the next one this long (0: none kept; a decode
+    # then may wait for a detector call to end, and the detector gets every core between decodes).
+    captions_reserve_s: float = Field(0.6, ge=0.0, le=10.0)
 
 
 class Config(_Strict):

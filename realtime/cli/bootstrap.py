@@ -100,7 +100,7 @@ def compute_budget(
         return None
     cores = settings.cores or os.cpu_count() or 1
     share = captions.cpu_share or settings.captions_max_share
-    budget = ComputeBudget(cores, critical_max_share=share)
+    budget = ComputeBudget(cores, critical_max_share=share, reserve_hold_s=settings.captions_reserve_s)
     budget.add(DETECTOR, detector_claim(detector, cores))
     log.info(
         "compute budget on",

@@ -194,3 +194,40 @@ def test_claims_are_checked_and_capped_to_the_cores() -> None:
     wide = ComputeBudget(2, {"segmenter": ModelClaim(threads=8)})
     assert wide.models["segmenter"].threads == 2
     assert _one_turn(wide, "segmenter") == 2
+
+
+async def test_an_event_loop_waits_for_threads_without_blocking_and_in_the_order_it_asked() -> None:
+    import asyncio
+
+    shares = ComputeBudget(1, {"detector": ModelClaim(), "recognizer": RECOGNIZER})
+    held = shares.acquire("recognizer")
+    order: list[str] = []
+
+    async def stream(name: str) -> None:
+        grant = await shares.acquire_async("detector")
+        order.append(name)
+        await asyncio.sleep(0.01)
+        shares.release(grant)
+
+    first = asyncio.create_task(stream("a"))
+    await asyncio.sleep(0.02)
+    second = asyncio.create_task(stream("b"))
+    await asyncio.sleep(0.05)
+    ticks = 0
+    while ticks < 5:  # the loop runs on while they wait
+        await asyncio.sleep(0.001)
+        ticks += 1
+    assert order == [] and shares.short()
+    await asyncio.to_thread(shares.release, held)
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert order == ["a", "b"]  # streams waiting for the detector are served in the order they asked
+    # A wait that is cancelled holds nothing and blocks nobody.
+    held = shares.acquire("recognizer")
+    waiting = asyncio.create_task(shares.acquire_async("detector"))
+    await asyncio.sleep(0.02)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    shares.release(held)
+    assert not shares.short() and shares.threads_in_use() == 0
+    assert _one_turn(shares, "recognizer") == 1

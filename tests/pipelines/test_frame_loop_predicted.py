@@ -160,3 +160,50 @@ def test_a_prediction_changes_nothing_the_next_measurement_sees() -> None:
             assert track.track_id == 1
             # Halfway to the next measurement, the last measured box is 10 px behind.
             assert abs(box[0] - person_box(pts + 0.1)[0]) < 4
+
+
+async def test_under_a_compute_budget_the_model_gets_the_newest_frame_once_it_has_threads() -> None:
+    from pipelines.compute import ComputeBudget, ModelClaim, Priority
+    from pipelines.detect import DETECTOR
+
+    # One core, and a critical model that takes it for 150 ms every 300 ms: the detector (100 ms
+    # calls) waits for its turns; the frame it then gets is the newest, not one queued 250 ms ago.
+    budget = ComputeBudget(1, {DETECTOR: ModelClaim(Priority.BULK), "recognizer": ModelClaim(Priority.CRITICAL)},
+                           reserve_hold_s=0.0)
+    stop = threading.Event()
+
+    def recognizer() -> None:
+        while not stop.is_set():
+            with budget.turn("recognizer"):
+                time.sleep(0.15)
+            time.sleep(0.15)
+
+    sink = Collect()
+    mailbox = FrameMailbox()
+    base = time.time()
+
+    def camera() -> None:
+        for seq in range(int(2.0 * FPS)):
+            pts = seq / FPS
+            time.sleep(max(0.0, base + pts - time.time()))
+            mailbox.put(VideoFrame("cam", seq, pts, base + pts, frame_image(pts)))
+        mailbox.close()
+
+    threads = [threading.Thread(target=recognizer), threading.Thread(target=camera)]
+    async with DetectionBatcher(MovingPersonDetector(0.1), compute=budget) as batcher:
+        loop = FrameLoop("cam", mailbox, batcher, sink)
+        for thread in threads:
+            thread.start()
+        try:
+            await asyncio.wait_for(loop.run(), 30)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(5)
+    bodies = sink.detections()
+    assert [b["frame_seq"] for b in bodies] == sorted({b["frame_seq"] for b in bodies})
+    assert loop.stats.frames_processed >= 4 and loop.stats.frames_predicted > loop.stats.frames_processed
+    assert budget.stats[DETECTOR].waited > 0  # it did wait for the recognizer ...
+    waits = sorted(loop.stats.wait_ms)  # ... but before it chose a frame: capture -> model start
+    assert waits[len(waits) // 2] < 50, waits  # a frame interval (20 ms) and scheduling, never a turn (150 ms)
+    assert budget.threads_in_use() == 0
