@@ -74,7 +74,7 @@ Usage: .venv/bin/python bench/bench_realtime.py [--configs before,after[,int8,NA
        --configs after,lean --config lean=compute.scheduler:true,detector.workers:1
 Results: bench/results/bench_realtime.json (--configs other than before,after: named after them,
 bench_realtime_after-int8.json). A full run (defaults) takes about 4 minutes (a 30 s window: 2
-minutes); before,after,int8: RUNTIME_TBD. Plus ~20 s the first time (rendering the speech and
+minutes); before,after,int8 about 6 minutes. Plus ~20 s the first time (rendering the speech and
 encoding the camera clip) and ~2 minutes the first time INT8 runs (building the INT8 model).
 """
 
@@ -1283,7 +1283,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             print(f"note: {c['config']} #{c['round']}: other processes used {c['others_cores']} cores in the window "
                   "(a shared machine: its figures are not the box's)")  # fmt: skip
     return {
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "defined"},
         "speech": {
             sp.name: {"voice": sp.voice, "wpm": sp.wpm, "seconds": round(sp.seconds, 1), "words": sp.words}
             for sp in (camera, peer)
