@@ -54,8 +54,10 @@ async def load_configured_detector(
     engine: str | None = None,
     conf: float | None = None,
     precision: str | None = None,
+    cores: int | None = None,
 ) -> Any:
-    """The detector the settings describe (arguments win); a bad model or engine is a CommandError."""
+    """The detector the settings describe (arguments win); a bad model or engine is a CommandError.
+    `cores` (compute.cores) sizes its CPU threads when detector.threads does not."""
     try:
         path = Path(model) if model else settings.model or default_detector_model()
         return await asyncio.to_thread(
@@ -64,7 +66,7 @@ async def load_configured_detector(
             engine or settings.engine,
             conf=conf or settings.conf,
             iou=settings.iou,
-            threads=settings.threads,
+            threads=settings.threads or cores,
             workers=settings.workers,
             precision=precision or settings.precision,
             calibration=settings.calibration,

@@ -34,7 +34,6 @@ from realtime.config import (
     CameraStreamSettings,
     Config,
     ConfigError,
-    DetectorSettings,
     load_config,
     validation_problems,
 )
@@ -82,9 +81,14 @@ def build_spec(args: argparse.Namespace, config: Config) -> StreamSpec:
     )
 
 
-async def load_detector(args: argparse.Namespace, settings: DetectorSettings) -> Any:
+async def load_detector(args: argparse.Namespace, config: Config) -> Any:
     return await load_configured_detector(
-        settings, model=args.model, engine=args.engine, conf=args.conf, precision=args.precision
+        config.detector,
+        model=args.model,
+        engine=args.engine,
+        conf=args.conf,
+        precision=args.precision,
+        cores=config.compute.cores,
     )
 
 
@@ -205,7 +209,7 @@ async def run_command(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from exc
     spec = build_spec(args, config)
     vlm = with_vlm_url(config.vlm, args.vlm_url)
-    detector = await load_detector(args, config.detector)
+    detector = await load_detector(args, config)
     was_live = False
 
     def on_status(change: StatusChange) -> None:

@@ -115,7 +115,7 @@ async def serve_command(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig.name)
     try:
-        detector = await load_configured_detector(config.detector)
+        detector = await load_configured_detector(config.detector, cores=config.compute.cores)
         try:
             # A rule on a class the model does not have could never fire: refuse it before anything starts.
             problems = config_class_problems(config, detector.info.names)

@@ -227,3 +227,18 @@ async def test_the_caption_printer_prints_a_line_per_sentence(capsys: pytest.Cap
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["[cam     0.0s] A man walks past.", "[cam     1.5s] Then he stops", "[cam     5.0s] Much later"]
     assert len(published) == printer.captions == 6  # every final still goes on to NATS
+
+
+def test_the_summary_says_what_the_compute_budget_decided() -> None:
+    from pipelines.compute import ComputeBudget, ModelClaim, Priority
+    from realtime.cli.run import compute_summary
+
+    assert compute_summary(None, 10.0) is None
+    budget = ComputeBudget(2, {"detector": ModelClaim(), "speech recognizer": ModelClaim(Priority.CRITICAL)})
+    with budget.turn("detector") as threads:
+        assert threads == 1
+    state = compute_summary(budget, 10.0)
+    assert state is not None and state["cores"] == 2
+    detector = state["models"]["detector"]
+    assert detector["turns"] == 1 and detector["priority"] == "bulk" and 0 <= detector["busy_share"] < 0.01
+    assert state["models"]["speech recognizer"]["turns"] == 0
