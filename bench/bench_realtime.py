@@ -17,8 +17,9 @@ paragraphs), so the time of every sentence in the audio is known.
 
 Configurations: named sets of config overrides on top of that config, run in the order of
 --configs (default before,after). Built in:
-  - before: `compute.scheduler: false`
-  - after:  `compute.scheduler: true`
+  - before: `compute.scheduler: false`, `detector.precision: fp32` (what landed before issue 19)
+  - after:  the defaults (the compute budget on, `detector.precision: auto`: INT8 for the bundled model)
+  - fp32:   `compute.scheduler: true`, `detector.precision: fp32`
   - int8:   `compute.scheduler: true`, `detector.precision: int8`
 --config NAME=key.path:value[,key.path:value...] (repeatable) defines more, or redefines a
 built-in; values are YAML scalars (`false`, `0.3`, `int8`), `NAME=` sets nothing (the defaults:
@@ -419,8 +420,9 @@ class Serve:
 
 
 BUILTIN_CONFIGS: dict[str, dict[str, Any]] = {
-    "before": {"compute.scheduler": False},
-    "after": {"compute.scheduler": True},
+    "before": {"compute.scheduler": False, "detector.precision": "fp32"},  # what landed before issue 19
+    "after": {},  # the defaults: the compute budget, and INT8 for the bundled model on the CPU
+    "fp32": {"compute.scheduler": True, "detector.precision": "fp32"},
     "int8": {"compute.scheduler": True, "detector.precision": "int8"},
 }
 _CONFIG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
@@ -494,7 +496,8 @@ def check_configs(args: argparse.Namespace, defined: dict[str, dict[str, Any]]) 
             try:
                 write_config(path, cameras=cameras, vlm_url="http://127.0.0.1:8000/v1",
                              captions=args.captions == "on", overrides=defined[name])  # fmt: skip
-                checked[name] = load_config(path, environ={})
+                config = load_config(path, environ={})
+                checked[name] = config.model_copy(update={"detector": resolved_detector(config.detector)})
             except (ValueError, ConfigError) as exc:
                 problem = str(exc).removeprefix(f"{path}: ")
                 raise HarnessError(f"configuration {name} ({describe_overrides(defined[name])}): {problem}") from None
@@ -653,6 +656,17 @@ def cores_used(before: dict[str, float], after: dict[str, float], wall: float) -
 
 
 # -- the bare model ----------------------------------------------------------------------------------
+
+
+def resolved_detector(settings: DetectorSettings) -> DetectorSettings:
+    """The settings with `precision: auto` said as what serve will run (engines.registry.auto_precision)."""
+    if settings.precision != "auto":
+        return settings
+    from engines.models import default_detector_model
+    from engines.registry import auto_precision
+
+    precision = auto_precision(settings.model or default_detector_model(), settings.engine)
+    return settings.model_copy(update={"precision": precision})
 
 
 def detector_label(settings: DetectorSettings) -> str:

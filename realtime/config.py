@@ -116,7 +116,8 @@ class DetectorSettings(_Strict):
     workers: int | None = Field(None, ge=1, le=16)
     # int8: a statically quantized copy run by ONNX Runtime on the CPU (engine onnx-cpu, or auto,
     # which then means the CPU), built once and cached; calibrated on `calibration` frames.
-    precision: Literal["fp32", "int8"] = "fp32"
+    # auto: int8 for the bundled people model when it runs on the CPU, fp32 otherwise.
+    precision: Literal["auto", "fp32", "int8"] = "auto"
     calibration: Path | None = None  # a video of the scenes to calibrate on (default: the sample clip)
 
     @field_validator("precision")

@@ -59,8 +59,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="Ultralytics YOLO detect export (.onnx); default: bundled people model")
     parser.add_argument("--config", help="YAML config: detector, tracker, supervisor and NATS settings (flags win)")
     parser.add_argument("--engine", choices=["auto", "tensorrt", "onnx-cuda", "onnx-cpu"], help="default: auto")
-    parser.add_argument("--precision", choices=["fp32", "int8"],
-                        help="int8: a quantized copy of the model on the CPU, built once (default: detector.precision)")
+    parser.add_argument("--precision", choices=["auto", "fp32", "int8"],
+                        help="int8: a quantized copy of the model on the CPU, built once; auto: int8 for the "
+                             "bundled model on the CPU (default: detector.precision)")
     parser.add_argument("--ingest", default="pyav", choices=["pyav", "gstreamer"], help="decoder backend")
     parser.add_argument("--nats-url", help="NATS server; default: start an embedded one on loopback")
     parser.add_argument("--duration", type=float, help="stop after this many seconds")

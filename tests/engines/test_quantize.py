@@ -169,7 +169,8 @@ def test_the_config_takes_int8_for_the_cpu_only_and_names_the_key() -> None:
     from realtime.config import DetectorSettings, validation_problems
 
     assert DetectorSettings(precision="int8").precision == "int8"
-    assert DetectorSettings().precision == "fp32"
+    assert DetectorSettings().precision == "auto"  # int8 for the bundled model on the CPU
+    assert DetectorSettings(engine="tensorrt").precision == "auto"  # ... which means fp32 there
     with pytest.raises(ValidationError) as caught:
         DetectorSettings(engine="tensorrt", precision="int8")
     (problem,) = validation_problems(caught.value)
@@ -214,3 +215,32 @@ def test_onnx_runtime_fuses_the_pairs_into_integer_kernels(int8_path: Path, tmp_
     ort.InferenceSession(str(int8_path), options, providers=["CPUExecutionProvider"])
     ops = [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
     assert ops.count("QLinearConv") >= 60 and "Conv" in ops  # all but the DFL's conv (kept float)
+
+
+def test_auto_precision_is_int8_for_the_bundled_model_on_the_cpu_only(nudenet_model: Path) -> None:
+    from engines.models import default_detector_model
+    from engines.registry import auto_precision
+
+    assert auto_precision(default_detector_model(), "onnx-cpu") == "int8"
+    assert auto_precision(default_detector_model(), "auto") == "int8"  # no GPU engine here
+    assert auto_precision(default_detector_model(), "onnx-cuda") == "fp32"
+    assert auto_precision(nudenet_model, "onnx-cpu") == "fp32"  # not measured: its owner decides
+
+
+def test_auto_precision_runs_fp32_when_the_int8_copy_cannot_be_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from engines.models import default_detector_model
+    from engines.registry import create_detector
+
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("")
+    monkeypatch.setattr(quantize, "DEFAULT_CACHE_DIR", blocked / "vidsentry" / "int8")  # cannot be made
+    with caplog.at_level("WARNING"):
+        detector = create_detector(default_detector_model(), "onnx-cpu", precision="auto", threads=1)
+    try:
+        assert "running it in FP32" in caplog.text and "XDG_CACHE_HOME" in caplog.text  # and what to do
+        image = np.zeros((64, 64, 3), np.uint8)
+        assert len(detector.detect([image])) == 1
+    finally:
+        detector.close()
