@@ -9,8 +9,9 @@ call asks this budget for threads (`turn`) and runs only when they are free:
   `max_threads` when they are free (the detector's wide ONNX Runtime session); the grant is told to
   the engine through engines.cpu_grant, so no engine ever runs more threads than it was given.
 - Priorities. A CRITICAL model (the recognizer: cheap, latency-bound, its misses unrecoverable) goes
-  first, always, and while it has been active within `reserve_hold_s` one slot is kept free for it,
-  so its next call never waits for a long detector call to end. BULK models (the detector, the
+  first, always; with `reserve_hold_s`, one slot is also kept free for it that long after it was
+  active, so its next call never waits for a detector call to end (off by default: see
+  docs/compute.md for what that costs the detector). BULK models (the detector, the
   segmenter) share what is left by their weights. BACKGROUND work (the describer's frame encoding)
   runs when nobody else waits, or once it has waited `background_patience_s`.
 - The starvation bound. Once the critical models have used more than `critical_max_share` of the
@@ -113,7 +114,7 @@ class ComputeBudget:
         *,
         critical_max_share: float = 0.75,
         half_life_s: float = 2.0,
-        reserve_hold_s: float = 0.6,
+        reserve_hold_s: float = 0.0,
         background_patience_s: float = 0.5,
     ) -> None:
         if cores < 1:

@@ -137,8 +137,8 @@ def test_a_recognizer_flood_leaves_the_detector_its_bound() -> None:
     assert shares.stats["detector"].turns > 10
 
 
-def test_without_a_bound_in_reach_the_recognizer_is_never_held_back() -> None:
-    shares = budget()
+def test_a_kept_core_means_the_recognizer_is_never_held_back() -> None:
+    shares = budget(reserve_hold_s=0.6)
     until = time.perf_counter() + 1.0
     recognizer_waits: list[float] = []
 
