@@ -205,12 +205,7 @@ class ModelBatcher(Generic[In, Out]):
         Raises the model's error if its call failed, `failed_error` if the batcher is dead or
         closed (at once, or while waiting if it dies then), and `full_error` if `max_pending`
         items are already waiting."""
-        if self._failure is not None:
-            raise self._failed_error(self._failure)
-        if self._closed:
-            raise self._failed_error(f"{self.name} is closed")
-        if self._runner is None:
-            raise RuntimeError(f"the {self.name} batcher's start() was not called")
+        self._check_serving()
         future: asyncio.Future[Outcome[Out]] = asyncio.get_running_loop().create_future()
         try:
             self._pending.put_nowait((item, future))
@@ -227,12 +222,7 @@ class ModelBatcher(Generic[In, Out]):
         caller waited for them before it chose the item, so the item is as fresh as can be). The
         grant is released when the call ends, whatever happens. Fails like `submit`."""
         try:
-            if self._failure is not None:
-                raise self._failed_error(self._failure)
-            if self._closed:
-                raise self._failed_error(f"{self.name} is closed")
-            if self._runner is None:
-                raise RuntimeError(f"the {self.name} batcher's start() was not called")
+            self._check_serving()
         except BaseException:
             self._release(grant)
             raise
@@ -244,6 +234,15 @@ class ModelBatcher(Generic[In, Out]):
         with contextlib.suppress(_Dead):  # _die() has failed the future with the reason
             await self._serve([(item, future)], asyncio.Semaphore(), grant)
         return await future
+
+    def _check_serving(self) -> None:
+        """Raise at once what a call now would meet: the batcher dead, closed, or never started."""
+        if self._failure is not None:
+            raise self._failed_error(self._failure)
+        if self._closed:
+            raise self._failed_error(f"{self.name} is closed")
+        if self._runner is None:
+            raise RuntimeError(f"the {self.name} batcher's start() was not called")
 
     def _release(self, grant: Grant) -> None:
         if self.compute is not None:

@@ -327,17 +327,7 @@ class FrameLoop:
             return
         self._last_frame, self._last_predicted = frame, False
         now = self._last_moment = self.clock.moment(frame.pts, frame.captured_at)
-        result = FrameResult(
-            frame_seq=frame.seq,
-            stream_id=self.stream_id,
-            pts=frame.pts,
-            t=now.t,
-            captured_at=frame.captured_at,
-            width=frame.width,
-            height=frame.height,
-            detections=outcome.detections,
-            inference_ms=outcome.inference_ms,
-        )
+        result = self._result(frame, now, outcome.detections, outcome.inference_ms)
         tracked = self.tracker.update(outcome.detections, now.t)
         alert_changes = self._evaluate_rules(frame, now, tracked.events)
         events = [
@@ -382,18 +372,7 @@ class FrameLoop:
             scores=np.array([t.score for t in tracks], np.float32),
             class_ids=np.array([t.class_id for t in tracks], np.int32),
         )
-        result = FrameResult(
-            frame_seq=frame.seq,
-            stream_id=self.stream_id,
-            pts=frame.pts,
-            t=now.t,
-            captured_at=frame.captured_at,
-            width=frame.width,
-            height=frame.height,
-            detections=detections,
-            inference_ms=0.0,
-            predicted=True,
-        )
+        result = self._result(frame, now, detections, 0.0, predicted=True)
         self._last_frame, self._last_predicted = frame, True
         self.stats.frames_predicted += 1
         alert_changes: list[AlertChange] = []
@@ -416,6 +395,22 @@ class FrameLoop:
             self.on_frame(result, latency_ms)
         if alert_changes and self.alerts is not None:
             await self.alerts.publish(alert_changes, captured_at=frame.captured_at, frame=frame)
+
+    def _result(
+        self, frame: VideoFrame, now: Moment, detections: Detections, inference_ms: float, *, predicted: bool = False
+    ) -> FrameResult:
+        return FrameResult(
+            frame_seq=frame.seq,
+            stream_id=self.stream_id,
+            pts=frame.pts,
+            t=now.t,
+            captured_at=frame.captured_at,
+            width=frame.width,
+            height=frame.height,
+            detections=detections,
+            inference_ms=inference_ms,
+            predicted=predicted,
+        )
 
     def _evaluate_rules(self, frame: VideoFrame, now: Moment, track_events: list[TrackEvent]) -> list[AlertChange]:
         if self.rule_engine is None:
