@@ -121,7 +121,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.config import Config, ConfigError, DetectorSettings, load_config
-from tests.support.peer import LoopVideoTrack, load_frames
+from tests.support.peer import LoopVideoTrack, audio_frame, load_frames
 from tests.support.rtsp import RtspServer
 from tests.support.speech import load_pcm16k, wer, words_of
 from tests.support.vllm_sim import VllmSimulator
@@ -319,12 +319,8 @@ class SpeechOnceTrack(MediaStreamTrack):
         chunk = self._samples[self._sent * size : (self._sent + 1) * size]
         if len(chunk) < size:
             chunk = np.concatenate((chunk, np.zeros(size - len(chunk), np.int16)))
-        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = PEER_RATE
-        frame.pts = self._sent * size
-        frame.time_base = fractions.Fraction(1, PEER_RATE)
         self._sent += 1
-        return frame
+        return audio_frame(chunk, (self._sent - 1) * size, PEER_RATE)
 
 
 @dataclass

@@ -76,6 +76,15 @@ class LoopVideoTrack(MediaStreamTrack):
         return frame
 
 
+def audio_frame(samples: np.ndarray, pts: int, rate: int) -> av.AudioFrame:
+    """A mono s16 frame of `samples` at sample `pts` (time base 1/rate), as a track sends it."""
+    frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+    frame.sample_rate = rate
+    frame.pts = pts
+    frame.time_base = fractions.Fraction(1, rate)
+    return frame
+
+
 class LoopAudioTrack(MediaStreamTrack):
     """Speech in a loop, 20 ms frames of 48 kHz mono s16, paced by the wall clock."""
 
@@ -97,12 +106,8 @@ class LoopAudioTrack(MediaStreamTrack):
         size = int(AUDIO_RATE * AUDIO_PTIME)
         begin = (self._sent * size) % max(1, len(self._samples) - size)
         chunk = self._samples[begin : begin + size]
-        frame = av.AudioFrame.from_ndarray(chunk.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = AUDIO_RATE
-        frame.pts = self._sent * size
-        frame.time_base = fractions.Fraction(1, AUDIO_RATE)
         self._sent += 1
-        return frame
+        return audio_frame(chunk, (self._sent - 1) * size, AUDIO_RATE)
 
 
 @dataclass
