@@ -24,3 +24,21 @@ class SessionCollector(Collector):
         yield CounterMetricFamily(
             "vidsentry_webrtc_sessions_rejected", "Offers refused by webrtc.max_sessions (503)", value=table.rejected
         )
+        yield CounterMetricFamily(
+            "vidsentry_webrtc_sessions_rejected_connecting",
+            "Offers refused by webrtc.max_connecting or max_connecting_per_client (503)",
+            value=table.rejected_connecting,
+        )
+        yield GaugeMetricFamily(
+            "vidsentry_webrtc_sessions_connecting", "Sessions negotiating or not connected yet", value=table.connecting
+        )
+        refusals = CounterMetricFamily(
+            "vidsentry_webrtc_peer_refusals",
+            "What peers sent past a bound: channel (a DataChannel message too large, session ended), "
+            "candidates (remote ICE candidates on refused addresses, removed), stun_deferred (STUN requests held "
+            "back by the per-session rate limit)",
+            labels=["what"],
+        )
+        for what in ("channel", "candidates", "stun_deferred"):
+            refusals.add_metric([what], table.refusals[what])
+        yield refusals

@@ -1,11 +1,12 @@
 """One browser session: its peer connection, as the media source of a `webrtc` stream.
 
 The session ends on whichever comes first: the connection going `failed` or `closed`, the
-page's DataChannel closing, a `pagehide` beacon with the session's close token, a DELETE of the
-stream, no media for `webrtc.inactivity_timeout_s` (a closed tab leaves the connection up, but
-its media stops), no connection within `webrtc.connect_timeout_s`, or shutdown. Ending closes
-the peer connection, which ends its tracks and stops aiortc's decoder threads; the reader
-tasks are children of `run()` and are cancelled before it returns.
+page's DataChannel closing, the page sending a DataChannel message over the bound (sctp.py), a
+`pagehide` beacon with the session's close token, a DELETE of the stream, no media for
+`webrtc.inactivity_timeout_s` (a closed tab leaves the connection up, but its media stops), no
+connection within `webrtc.connect_timeout_s`, or shutdown. Ending closes the peer connection,
+which ends its tracks and stops aiortc's decoder threads; the reader tasks are children of
+`run()` and are cancelled before it returns.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class WebRtcSession:
         settings: WebRtcSettings,
         listen: ListenTo,
         on_end: Callable[[WebRtcSession], None],
+        on_connected: Callable[[WebRtcSession], None] | None = None,
     ) -> None:
         self.stream_id = stream_id
         self.pc = pc
@@ -74,6 +76,7 @@ class WebRtcSession:
         self.running = False
         self._listen = listen
         self._on_end = on_end
+        self._on_connected = on_connected
         self._ended = asyncio.Event()
         self._connected = asyncio.Event()
         self._peer_closed: asyncio.Task[None] | None = None
@@ -225,6 +228,8 @@ class WebRtcSession:
     def _on_connection_state(self) -> None:
         state = self.pc.connectionState
         if state == "connected":
+            if not self.connected_once and self._on_connected is not None:
+                self._on_connected(self)
             self.connected_once = True
             self._connected.set()
         elif state in ("failed", "closed"):

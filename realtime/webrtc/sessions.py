@@ -1,12 +1,24 @@
 """Every browser session of the service: admission, negotiation, and the end of each one.
 
-`open` turns an offer into a session: it checks the cap, negotiates with aiortc (non-trickle:
+`open` turns an offer into a session: it checks the caps, negotiates with aiortc (non-trickle:
 `setLocalDescription` gathers every candidate before the answer goes out), then adds the
 session to the desired set of streams as a `webrtc` stream (`admit`), so the reconciler runs
 it through the same graph as a camera. A session that ends, for whatever reason, takes its
 stream out of the desired set (`forget`); a stream deleted over the API stops its session
 through the graph. Nothing of a refused or failed offer is left behind: its peer connection
 is closed before the error goes back.
+
+Admission has two budgets. `max_sessions` counts every session. Sessions not yet connected
+(being negotiated, or answered and waiting for ICE and DTLS) also count against the smaller
+`max_connecting`, and those of one client address against `max_connecting_per_client`: an offer
+whose peer never connects holds its slot for `connect_timeout_s`, and four of them used to lock
+every new session out for that long, again and again. A session leaves the connecting budget
+when it connects or ends.
+
+Each session's peer connection is bounded before the answer goes out: its remote candidates
+screened and its STUN requests rate-limited (ice.py), its SCTP transport taking only small
+DataChannel messages (sctp.py). A peer that sends more ends its session; each of these is
+counted (`refusals`, exported by metrics.py).
 """
 
 from __future__ import annotations
@@ -22,8 +34,9 @@ from dataclasses import dataclass
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from realtime.config import WebRtcSettings, WebRtcStreamSettings
-from realtime.webrtc.ice import rtc_configuration, without_mdns_candidates
+from realtime.webrtc.ice import StunBudget, limit_stun_requests, rtc_configuration, screen_candidates
 from realtime.webrtc.offer import BadOffer, Offer
+from realtime.webrtc.sctp import bound_sctp
 from realtime.webrtc.session import ListenTo, WebRtcSession
 
 log = logging.getLogger(__name__)
@@ -37,6 +50,16 @@ class SessionLimitReached(Exception):
     def __init__(self, limit: int) -> None:
         super().__init__(f"session limit reached: {limit} sessions ({self.setting})")
         self.limit = limit
+
+
+class TooManyConnecting(SessionLimitReached):
+    """Too many sessions still connecting, of all clients or of this one."""
+
+    def __init__(self, limit: int, setting: str, whose: str) -> None:
+        Exception.__init__(self, f"{limit} sessions {whose} still connecting ({setting}); try again when they "
+                                 "connect or time out")
+        self.limit = limit
+        self.setting = setting
 
 
 class SessionExists(Exception):
@@ -81,7 +104,14 @@ class SessionTable:
         self._closing = False
         self.opened = 0
         self.rejected = 0  # offers refused by max_sessions
+        self.rejected_connecting = 0  # offers refused by max_connecting / max_connecting_per_client
         self.ended: Counter[str] = Counter()  # why sessions ended, by reason
+        # What peers did past a bound: "channel" (a DataChannel message too large; the session ended),
+        # "candidates" (remote candidates removed by the address policy), "stun_deferred" (STUN
+        # requests held back by the rate limit).
+        self.refusals: Counter[str] = Counter()
+        self._clients: dict[str, str] = {}  # stream id -> client address, while negotiating or connecting
+        self._stun: dict[str, StunBudget] = {}
 
     @property
     def count(self) -> int:
@@ -90,28 +120,54 @@ class SessionTable:
     def __contains__(self, stream_id: object) -> bool:
         return stream_id in self._sessions
 
-    async def open(self, offer: Offer) -> Answer:
+    @property
+    def connecting(self) -> int:
+        """Sessions being negotiated or answered and not connected yet."""
+        return len(self._clients)
+
+    def _admit_offer(self, client: str) -> None:
+        settings = self.settings
+        if len(self._sessions) + len(self._negotiating) >= settings.max_sessions:
+            self.rejected += 1
+            log.warning("webrtc session refused", extra={"reason": "session limit", "limit": settings.max_sessions})
+            raise SessionLimitReached(settings.max_sessions)
+        if self.connecting >= settings.max_connecting:
+            self.rejected_connecting += 1
+            raise TooManyConnecting(settings.max_connecting, "webrtc.max_connecting", "are")
+        per_client = settings.max_connecting_per_client
+        if sum(1 for owner in self._clients.values() if owner == client) >= per_client:
+            self.rejected_connecting += 1
+            raise TooManyConnecting(per_client, "webrtc.max_connecting_per_client", "of this client are")
+
+    async def open(self, offer: Offer, client: str = "") -> Answer:
+        """A session for `offer` from `client` (its address: the per-client connecting budget)."""
         if self._closing:
             raise SessionsClosed("the service is shutting down")
-        if len(self._sessions) + len(self._negotiating) >= self.settings.max_sessions:
-            self.rejected += 1
-            limit = self.settings.max_sessions
-            log.warning("webrtc session refused", extra={"reason": "session limit", "limit": limit})
-            raise SessionLimitReached(limit)
+        self._admit_offer(client)
         stream_id = offer.stream_id or f"webrtc-{secrets.token_hex(4)}"
         if stream_id in self._sessions or stream_id in self._negotiating:
             raise SessionExists(stream_id)
         self._negotiating.add(stream_id)
+        self._clients[stream_id] = client
         pc = RTCPeerConnection(rtc_configuration(self.settings.ice_servers))
-        session = WebRtcSession(stream_id, pc, settings=self.settings, listen=self._listen, on_end=self._session_ended)
+        session = WebRtcSession(
+            stream_id, pc, settings=self.settings, listen=self._listen, on_end=self._session_ended,
+            on_connected=self._session_connected,
+        )
         try:
             await self._negotiate(session, offer)
             self._admit(WebRtcStreamSettings(id=stream_id, kind="webrtc", audio="audio" in session.kinds))
         except BaseException:  # a refusal, bad SDP or a client gone mid-negotiation: leave nothing open
+            self._clients.pop(stream_id, None)
+            self._count_stun(stream_id)
             await session.close_peer()
             raise
         finally:
             self._negotiating.discard(stream_id)
+        if session.end_reason is not None or session.connected_once:  # both while the answer was made
+            self._clients.pop(stream_id, None)
+        if session.end_reason is not None:
+            self._count_stun(stream_id)
         self._sessions[stream_id] = session
         self.opened += 1
         log.info("webrtc session opened", extra={"stream_id": stream_id, "media": sorted(session.kinds)})
@@ -119,25 +175,43 @@ class SessionTable:
 
     async def _negotiate(self, session: WebRtcSession, offer: Offer) -> None:
         pc = session.pc
-        sdp, removed = without_mdns_candidates(offer.sdp)
-        if removed:
-            log.debug("mDNS candidates removed from an offer", extra={"count": removed})
+        screened = screen_candidates(offer.sdp, allow_local=self.settings.allow_local_candidates)
+        if screened.mdns or screened.refused:
+            log.debug("candidates removed from an offer", extra={"mdns": screened.mdns, "refused": screened.refused})
+            self.refusals["candidates"] += screened.refused
         try:
             async with asyncio.timeout(NEGOTIATION_TIMEOUT_S):
-                await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+                await pc.setRemoteDescription(RTCSessionDescription(sdp=screened.sdp, type="offer"))
         except TimeoutError:
             raise NegotiationFailed("reading the offer took too long") from None
         except Exception as exc:  # aiortc raises ValueError, KeyError, IndexError ... on SDP it cannot use
-            raise BadOffer("sdp", f"cannot be used: {exc or type(exc).__name__}") from None
+            raise BadOffer("sdp", f"cannot be used: {_in_words(exc)}") from None
         if not session.tracks:
             raise BadOffer("sdp", "the offer sends no audio or video track (a receive-only offer?)")
+        if pc.sctp is not None:
+            bound_sctp(pc.sctp, lambda reason: self._channel_refused(session, reason))
         try:
             async with asyncio.timeout(NEGOTIATION_TIMEOUT_S):
                 await pc.setLocalDescription(await pc.createAnswer())
         except TimeoutError:
             raise NegotiationFailed("gathering ICE candidates took too long") from None
         except Exception as exc:  # e.g. no codec in common
-            raise BadOffer("sdp", f"cannot be answered: {exc or type(exc).__name__}") from None
+            raise BadOffer("sdp", f"cannot be answered: {_in_words(exc)}") from None
+        # Right away: the checks start in a task setLocalDescription scheduled, after this returns.
+        budget = self._stun[session.stream_id] = StunBudget()
+        limit_stun_requests(pc, budget)
+
+    def _channel_refused(self, session: WebRtcSession, reason: str) -> None:
+        self.refusals["channel"] += 1
+        session.close(reason)
+
+    def _session_connected(self, session: WebRtcSession) -> None:
+        self._clients.pop(session.stream_id, None)
+
+    def _count_stun(self, stream_id: str) -> None:
+        budget = self._stun.pop(stream_id, None)
+        if budget is not None:
+            self.refusals["stun_deferred"] += budget.deferred
 
     def source(self, stream_id: str) -> WebRtcSession:
         """The session behind a `webrtc` stream, for the runner the reconciler starts."""
@@ -166,6 +240,9 @@ class SessionTable:
             session.close("the stream was deleted")
 
     def _session_ended(self, session: WebRtcSession) -> None:
+        if self._sessions.get(session.stream_id) is session or session.stream_id not in self._negotiating:
+            self._clients.pop(session.stream_id, None)
+            self._count_stun(session.stream_id)
         if self._sessions.get(session.stream_id) is session:
             del self._sessions[session.stream_id]
             self.ended[session.end_reason or "unknown"] += 1
@@ -184,3 +261,10 @@ class SessionTable:
         peers = [session.close_peer() for session in sessions] + list(self._closing_peers)
         if peers:
             await asyncio.gather(*peers, return_exceptions=True)
+
+
+def _in_words(exc: Exception) -> str:
+    """aiortc's own message when it is one; what a missing key or index means otherwise."""
+    if isinstance(exc, ValueError) and str(exc) and "unpack" not in str(exc) and "literal" not in str(exc):
+        return str(exc)
+    return f"the SDP is malformed or truncated where aiortc reads it ({type(exc).__name__}: {str(exc)[:60]})"

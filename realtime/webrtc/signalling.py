@@ -25,6 +25,7 @@ from realtime.webrtc.sessions import (
     SessionLimitReached,
     SessionsClosed,
     SessionTable,
+    TooManyConnecting,
 )
 
 SESSIONS = web.AppKey("vidsentry_webrtc_sessions", SessionTable)
@@ -40,10 +41,14 @@ async def create_session(request: web.Request) -> web.Response:
     table = request.app[SESSIONS]
     body = await read_json_object(request, what="offer object", example=OFFER_EXAMPLE)
     try:
-        offer = parse_offer(body, max_sdp_bytes=table.settings.max_sdp_bytes)
-        answer = await table.open(offer)
+        settings = table.settings
+        offer = parse_offer(body, max_sdp_bytes=settings.max_sdp_bytes, max_candidates=settings.max_ice_candidates)
+        answer = await table.open(offer, client=str(request.remote or ""))
     except BadOffer as exc:
         raise ApiError(400, f"invalid offer: {exc}", {"field": exc.field, "message": exc.message}) from None
+    except TooManyConnecting as exc:  # connecting sessions connect or time out within seconds
+        detail = {"limit": exc.limit, "setting": exc.setting}
+        raise ApiError(503, str(exc), detail, headers={"Retry-After": "2"}) from None
     except SessionLimitReached as exc:
         detail = {"limit": exc.limit, "setting": exc.setting}
         raise ApiError(503, str(exc), detail, headers={"Retry-After": "10"}) from None

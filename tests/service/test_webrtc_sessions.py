@@ -36,7 +36,8 @@ def speech(sample_dir: Path) -> np.ndarray:
 
 @pytest.fixture
 async def svc(detector: Detector, shared_nats_server: EmbeddedNatsServer) -> AsyncIterator[LiveService]:
-    config = make_config(webrtc={"inactivity_timeout_s": 1.5, "max_sessions": 2})
+    # Every peer here is one client (127.0.0.1), and the cap test opens two before either connects.
+    config = make_config(webrtc={"inactivity_timeout_s": 1.5, "max_sessions": 2, "max_connecting_per_client": 2})
     async with live_service(detector, shared_nats_server.url, config=config) as live:
         yield live
 
