@@ -62,7 +62,7 @@ def create_detector(
     info = read_model_info(model_path)  # a bad file fails here, before any runtime starts
     if precision == "auto":
         precision = "fp32"
-        if auto_precision(model_path, backend) == "int8":
+        if auto_precision(model_path, backend) == "int8" and _int8_buildable(info.path, calibration):
             try:
                 return _int8_detector(info, calibration, conf=conf, iou=iou, max_det=max_det, max_batch=max_batch,
                                       threads=threads, workers=workers)
@@ -103,6 +103,46 @@ def _int8_detector(
     quantized = int8_model(info.path, calibration_video=calibration)
     runtime = OnnxRuntimeBackend(quantized, "cpu", threads=threads, sessions=workers or default_cpu_workers(threads))
     return YoloDetector(runtime, info, conf=conf, iou=iou, max_det=max_det, max_batch=max_batch)
+
+
+# The quantizer's percentile calibration holds every activation of its 32 frames: building the people
+# model's copy peaked at 15.2 GB resident on the development machine (docs/compute.md).
+INT8_BUILD_BYTES = 16 * 1024**3
+
+
+def _int8_buildable(model_path: str | Path, calibration: str | Path | None) -> bool:
+    """Whether `precision: auto` may use the INT8 copy: it is cached, or there is memory to build it
+    (a build that runs the machine out of memory would take the service down with it)."""
+    from engines.quantize import DEFAULT_SETTINGS, cache_path, default_calibration_video
+
+    try:
+        video = Path(calibration) if calibration is not None else default_calibration_video()
+        if cache_path(Path(model_path), video, DEFAULT_SETTINGS).is_file():
+            return True
+    except (ModelNotFound, OSError):
+        return True  # int8_model says what is wrong, and auto falls back to FP32
+    available = available_memory()
+    if available is not None and available < INT8_BUILD_BYTES:
+        log.warning(
+            "the INT8 copy of the people model is not built and building it needs about %d GB of memory "
+            "(%d GB available): running it in FP32; build it on a larger machine or run deploy/setup.sh "
+            "there and copy ~/.cache/vidsentry/int8",
+            INT8_BUILD_BYTES // 1024**3, available // 1024**3,
+        )
+        return False
+    return True
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the kernel says can be had without swapping (Linux), else None."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def auto_precision(model_path: str | Path, backend: str = "auto") -> str:

@@ -244,3 +244,21 @@ def test_auto_precision_runs_fp32_when_the_int8_copy_cannot_be_built(
         assert len(detector.detect([image])) == 1
     finally:
         detector.close()
+
+
+def test_auto_precision_does_not_build_the_int8_copy_without_the_memory_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from engines import registry
+    from engines.models import default_detector_model
+
+    monkeypatch.setattr(quantize, "DEFAULT_CACHE_DIR", tmp_path / "int8")  # nothing cached there
+    monkeypatch.setattr(registry, "available_memory", lambda: 4 * 1024**3)
+    with caplog.at_level("WARNING"):
+        assert not registry._int8_buildable(default_detector_model(), None)
+    assert "running it in FP32" in caplog.text and "4 GB available" in caplog.text
+    assert not list((tmp_path).glob("**/*.onnx"))  # nothing was built
+    monkeypatch.setattr(registry, "available_memory", lambda: 32 * 1024**3)
+    assert registry._int8_buildable(default_detector_model(), None)
+    monkeypatch.setattr(quantize, "DEFAULT_CACHE_DIR", quantize.DEFAULT_CACHE_DIR)
+    assert registry.available_memory() is None or registry.available_memory() > 0
