@@ -144,6 +144,9 @@ class PublisherStats:
     task_failures: int = 0  # background tasks that died with an exception
     disconnects: int = 0
     reconnects: int = 0
+    stream_ready: bool = False  # connected and the VIDSENTRY stream is known to take durable events
+    stream_checks: int = 0  # STREAM.INFO checks after a (re)connect or a durable send without an ack
+    stream_recreations: int = 0  # the stream was found missing (deleted, broker lost its store) and made again
     last_error: str | None = None
 
     def kind(self, kind: EventKind | str) -> KindStats:

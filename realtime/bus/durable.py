@@ -8,17 +8,22 @@ happens otherwise, which is what a subclass fills in:
                                   then given up on (DeliveryHooks.on_undeliverable)
   SpoolingDelivery (spooling.py)  with an outbox: while the link is down, or after a retryable
                                   failure, durable events wait on disk and are replayed in order
+
+A send on a live link that gets no ack in time, or "no responders", may mean the stream is gone
+(see link.py): both modes ask the link to check it (`suspect_stream`), and when it was missing
+`on_stream_lost` hands them back every send still waiting for its ack, to send again.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.js.api import PubAck
 
 from realtime.bus.ack_window import AckWindow, InFlight
-from realtime.bus.delivery import PublisherClosedError, PublisherStats, WireMessage
+from realtime.bus.delivery import AckTimeoutError, PublisherClosedError, PublisherStats, WireMessage
 from realtime.bus.ledger import DeliveryLedger
 from realtime.bus.link import BusLink
 from realtime.bus.supervisor import TaskSupervisor
@@ -72,11 +77,18 @@ class DurableDelivery(ABC):
 
     def _on_direct_ack(self, entry: InFlight, ack: PubAck | None, error: BaseException | None) -> None:
         if error is not None:
+            self.suspect_stream(error)
             self._on_send_failed(entry.msg, entry.attempt, error)
             return
         assert ack is not None
         self._ledger.settle()
         self._ledger.acked(entry.msg, ack)
+
+    def suspect_stream(self, error: BaseException) -> None:
+        """No ack in time, or no stream took the subject: have JetStream say whether the stream
+        is still there (a subscriber on our subjects turns "no responders" into silence)."""
+        if isinstance(error, AckTimeoutError | nats.js.errors.NoStreamResponseError):
+            self._link.suspect_stream(error)
 
     # -- what a mode fills in -------------------------------------------------------------------
 
@@ -110,6 +122,11 @@ class DurableDelivery(ABC):
 
     def on_stream_ready(self) -> None:
         return None
+
+    @abstractmethod
+    def on_stream_lost(self) -> None:
+        """The stream was missing and is made again: nothing still waiting for an ack can get
+        one (it reached subscribers at most). Send it again."""
 
     @abstractmethod
     def on_closing(self) -> None:

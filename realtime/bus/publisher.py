@@ -16,8 +16,14 @@ so nothing old reaches the broker behind something newer. After the reconnect, a
 stream answers, the outbox is replayed in order (same Nats-Msg-Id, `max_pending_acks` in flight,
 records removed as they are acked); only when it is empty do new events go direct again.
 
+`durable_ready` (readiness) is True only while connected with the VIDSENTRY stream known to be
+there: a stream deleted under a live connection shows up as durable sends without an ack (with a
+subscriber on our subjects) or "no responders" (without), and link.py then asks JetStream and
+makes the stream again; meanwhile it is False.
+
 This class is the façade; the parts live in their own modules:
-  link.py        BusLink: the connection, the stream, re-creating the stream after a reconnect
+  link.py        BusLink: the connection, the stream, checking for it and re-creating it when it
+                 is lost (after a reconnect, or when durable sends go unanswered on a live link)
   ack_window.py  AckWindow: every durable send waiting for its ack, bounded, with ack timeouts
   ledger.py      DeliveryLedger: counters, delivery hooks, what is still unsettled (flush)
   durable.py     DurableDelivery: the direct send both modes share
@@ -111,6 +117,7 @@ class NatsEventPublisher:
         self._link = BusLink(
             ensure_stream=self.ensure_stream,
             on_stream_ready=self._on_stream_ready,
+            on_stream_lost=self._on_stream_lost,
             ledger=self._ledger,
             supervisor=self._supervisor,
         )
@@ -314,6 +321,12 @@ class NatsEventPublisher:
         return self._link.connected
 
     @property
+    def durable_ready(self) -> bool:
+        """Connected and the VIDSENTRY stream is known to be there, so durable events can be
+        stored now; False while a missing stream is being checked for or made again (readiness)."""
+        return self._link.durable_ready
+
+    @property
     def alive(self) -> bool:
         """Open, and none of the background tasks (retries, outbox replay, stream re-creation)
         has died; False for good once one has (`failure` says why)."""
@@ -335,6 +348,7 @@ class NatsEventPublisher:
         snap = self._ledger.stats.snapshot()
         snap.pending_acks = len(self._window)
         snap.connected = self.connected
+        snap.stream_ready = self.durable_ready
         snap.alive = self.alive
         snap.task_failures = self._supervisor.deaths
         self._delivery.add_stats(snap)
@@ -418,6 +432,9 @@ class NatsEventPublisher:
 
     def _on_stream_ready(self) -> None:
         self._delivery.on_stream_ready()
+
+    def _on_stream_lost(self) -> None:
+        self._delivery.on_stream_lost()
 
     async def _on_error(self, exc: Exception) -> None:
         self._ledger.stats.last_error = describe(exc)

@@ -5,6 +5,12 @@ Nats-Msg-Id (JetStream drops the copy it may already have) after a back-off, up 
 `max_retries` times; the backlog of retries is bounded by the ack window's capacity. What cannot
 be retried, or has run out of tries, is handed to `DeliveryHooks.on_undeliverable`. During an
 outage nats-py's reconnect buffer holds what was sent, and retries wait for the reconnect.
+
+Retries also wait while the link checks or re-creates the stream (`BusLink.stream_ready`), so
+they are not spent on a stream that is not there. When the stream was missing, every direct send
+still waiting for its ack went nowhere: it joins the retries at once instead of waiting out its
+ack timeout. Nothing is dropped silently: what does not fit the retry backlog, or runs out of
+tries, is counted in `failed` and handed to the hooks.
 """
 
 from __future__ import annotations
@@ -16,7 +22,14 @@ from collections import deque
 from dataclasses import dataclass
 
 from realtime.bus.ack_window import AckWindow
-from realtime.bus.delivery import RETRY_BACKOFF_S, PublisherStats, UnconfirmedError, WireMessage, is_retryable
+from realtime.bus.delivery import (
+    RETRY_BACKOFF_S,
+    AckTimeoutError,
+    PublisherStats,
+    UnconfirmedError,
+    WireMessage,
+    is_retryable,
+)
 from realtime.bus.durable import DurableDelivery
 from realtime.bus.ledger import DeliveryLedger
 from realtime.bus.link import BusLink
@@ -62,9 +75,10 @@ class RetryingDelivery(DurableDelivery):
         while True:
             self._wakeup.clear()
             head = self._retries[0] if self._retries else None
-            if head is None or not self._link.connected:
+            if head is None or not self._link.durable_ready:
                 # While disconnected nats-py already buffers the first copy: hold retries until
-                # the reconnect (the backlog is bounded by max_pending_acks).
+                # the reconnect, and until the stream answers (the backlog is bounded by
+                # max_pending_acks).
                 await self._wakeup.wait()
                 continue
             delay = head.not_before - time.monotonic()
@@ -80,6 +94,19 @@ class RetryingDelivery(DurableDelivery):
         now = time.monotonic()
         for retry in self._retries:  # success is likely now: skip the rest of the back-off
             retry.not_before = min(retry.not_before, now)
+        self._wakeup.set()
+
+    def on_stream_ready(self) -> None:
+        self._wakeup.set()
+
+    def on_stream_lost(self) -> None:
+        recalled = self._window.recall(lambda entry: entry.outbox_seq is None and not entry.acked)
+        now = time.monotonic()
+        for entry in recalled:
+            if self._link.closed or len(self._retries) >= self._window.capacity:
+                self._ledger.give_up(entry.msg, AckTimeoutError("JetStream stream was missing; retry backlog full"))
+                continue
+            self._retries.append(_Retry(entry.msg, entry.attempt, now))  # the stream failed, not the send
         self._wakeup.set()
 
     def on_closing(self) -> None:

@@ -9,6 +9,9 @@ in order (same Nats-Msg-Id, at most the ack window's capacity in flight, one rec
 after every break, back-off after failed rounds, records removed as they are acked); only when it
 is empty do new events go direct again. A record the broker refuses for good, or that fails alone
 again and again on a live link, is given up on so it cannot block everything behind it.
+A stream deleted under a live connection (see link.py) is the same break without a disconnect:
+sends that get no ack in time spill into the outbox, the link checks and makes the stream again,
+whatever was still waiting for an ack is spooled or handed out again, and the replay starts over.
 The outbox's fsync and compaction run on its own worker thread (`Outbox.start_background_io`),
 not on the event loop, where they would stall every stream at once.
 """
@@ -111,6 +114,15 @@ class SpoolingDelivery(DurableDelivery):
 
     def on_stream_ready(self) -> None:
         self._wakeup.set()
+
+    def on_stream_lost(self) -> None:
+        # Nothing in flight can be acked: it reached subscribers at most. Direct sends go to the
+        # outbox behind what is there, replays are handed out again, and the head's failures were
+        # the missing stream's, not its own.
+        self._abort_replays()
+        self._spill("stream was missing")
+        self._replay_failures = self._replay_backoff = 0
+        self._replay_failed = False
 
     def on_closing(self) -> None:
         if self._link.nc is not None:
@@ -286,10 +298,9 @@ class SpoolingDelivery(DurableDelivery):
             self._wakeup.set()
             return
         self._ledger.note_error("outbox replay failed, will retry", msg, error)
-        if isinstance(error, nats.js.errors.NoStreamResponseError) and link.connected:
-            # No stream takes the subject (deleted, or a broker that lost its store): make it again.
-            link.stream_ready = False
-            link.start_reconcile()
+        # No stream takes the subject (deleted, or a broker that lost its store)? Ask JetStream,
+        # and make it again if so; replays wait for the answer.
+        self.suspect_stream(error)
         self._abort_replays()
         self._replay_failed = True
         self._replay_backoff = min(self._replay_backoff + 1, len(RETRY_BACKOFF_S))

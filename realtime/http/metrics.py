@@ -254,12 +254,27 @@ class _ServiceCollector(Collector):
             "vidsentry_nats_retry_backlog", "Durable events waiting for a retry", value=stats.retry_backlog
         )
         reconnects = CounterMetricFamily("vidsentry_nats_reconnects", "Reconnects to NATS", value=stats.reconnects)
+        stream_ready = GaugeMetricFamily(
+            "vidsentry_nats_stream_ready",
+            "1 while the VIDSENTRY JetStream stream is known to take durable events",
+            value=1.0 if stats.stream_ready else 0.0,
+        )
+        stream_checks = CounterMetricFamily(
+            "vidsentry_nats_stream_checks",
+            "Checks of the VIDSENTRY stream after a (re)connect or a durable publish without an ack",
+            value=stats.stream_checks,
+        )
+        recreations = CounterMetricFamily(
+            "vidsentry_nats_stream_recreations",
+            "Times the VIDSENTRY stream was found missing (deleted, broker lost its store) and created again",
+            value=stats.stream_recreations,
+        )
         alive = GaugeMetricFamily(
             "vidsentry_publisher_alive",
             "1 while the publisher's background tasks run",
             value=float(self.sources.publisher_alive()),
         )
-        yield from (connected, pending, backlog, reconnects, alive)
+        yield from (connected, pending, backlog, reconnects, stream_ready, stream_checks, recreations, alive)
         outbox = self.sources.outbox_depth()
         if outbox is not None:
             events = GaugeMetricFamily("vidsentry_outbox_events", "Durable events spooled on disk", value=outbox[0])
