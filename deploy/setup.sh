@@ -14,6 +14,7 @@ APT_PACKAGES=(
   gstreamer1.0-plugins-ugly gstreamer1.0-libav gstreamer1.0-rtsp
   gir1.2-gst-rtsp-server-1.0 gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0
   libgirepository1.0-dev libcairo2-dev pkg-config
+  g++  # tests/engines/tensorrt/test_kernel_source.py runs the CUDA letterbox kernel's body on the CPU
   chromium  # browser tests: playwright drives Debian's build (never `playwright install`)
 )
 

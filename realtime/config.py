@@ -12,28 +12,31 @@ Every number has a range with a reason: each setting has both bounds (a timeout 
 count of 4,000 digits or a frame rate of 1e308 is no setting), and the loader refuses what no
 setting could hold before pydantic sees it: an integer literal of more than MAX_INT_DIGITS digits
 (Python refuses to convert 4,300 and more, and a long one costs quadratic time) and a float
-literal that overflows to infinity or underflows to zero (`for_s: 1e-400` is not 0).
+literal that underflows to zero (`for_s: 1e-400` is not 0; one that overflows is infinite,
+which every setting refuses).
 
 The file is bounded twice. MAX_CONFIG_BYTES bounds the text; MAX_CONFIG_VALUES bounds what it
 expands to: YAML aliases (`*name`) reuse a value by reference, and pydantic validates each use
 as a copy, so a 12 KB file that reuses a stream of 64 zone polygons a thousand times costs
-gigabytes. The loader composes the YAML node graph first, counts the values it expands to (each
-alias use as a copy) before building any of it, and names the smallest key that expands past
-the bound. The stream count is checked against `http.max_streams` before any stream is
-validated, and an error message lists at most MAX_PROBLEMS_SHOWN problems, each cut to a line.
+gigabytes. So the loader first reads the document's events only (no tags resolved, nothing
+built: a tenth of the cost of composing it), counts the values it expands to (each alias use as a
+copy, each anchor's size remembered), checks the numbers, and names the innermost key that expands
+past the bound; only a document that passes is built. The same pass counts `streams` and reads
+`http.max_streams`, so too many streams are refused before any is built or validated (100,000 of
+them took 23 s and 600 MB only to be refused). An error message lists at most MAX_PROBLEMS_SHOWN
+problems, each cut to MAX_PROBLEM_CHARS on one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import socket
 import stat
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -649,7 +652,7 @@ def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str
         path = name[len(ENV_PREFIX):].lower().split("__")
         if _env_kind(path) == "yaml":
             try:
-                parsed: Any = parse_yaml(value)
+                parsed, _shape = parse_yaml(value)
             except YamlProblem as exc:
                 raise ConfigError(f"environment: {name}: {exc}") from None  # names a key, never a value
             except (yaml.YAMLError, ValueError, TypeError, RecursionError):
@@ -729,6 +732,7 @@ def first_problems(problems: list[dict[str, str]]) -> list[dict[str, str]]:
 _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
+# A plain scalar that reads as a decimal number, to YAML (`1.5`, `12`) or to pydantic (`1e-400`).
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?\Z")
 
 
@@ -748,107 +752,133 @@ def integer_problem(text: str) -> str | None:
 
 
 def float_problem(text: str, value: float) -> str | None:
-    """Why a float literal cannot be read as the number it says (overflow, underflow), or None."""
+    """Why a float literal cannot be read as the number it says (it underflows to 0), or None.
+    One that overflows is infinite, which every setting refuses by name (allow_inf_nan)."""
     mantissa = text.lower().split("e")[0]
-    if math.isinf(value) and not any(word in text.lower() for word in ("inf", "infinity")):
-        return f"{_clip(text, 40)} is too large for a number"
     if value == 0.0 and any(ch in "123456789" for ch in mantissa):
         return f"{_clip(text, 40)} is too small for a number (it would be read as 0)"
     return None
 
 
-# Where a node is: (where its parent is, its key or index), built into `a.b.0.c` only for a message.
-_Where = tuple[Any, Any] | None
+_HEX_OCT_BIN = re.compile(r"[-+]?0(?:x[0-9a-fA-F_]+|b[01_]+|[0-7_]+)\Z")
 
 
-def _key_of(where: _Where) -> str:
-    parts: list[str] = []
-    while where is not None:
-        where, label = where
-        if isinstance(label, yaml.ScalarNode):
-            parts.append(_clip(str(label.value), 64))
-        else:
-            parts.append("?" if isinstance(label, yaml.Node) else str(label))
-    return ".".join(reversed(parts))
+@dataclasses.dataclass(slots=True)
+class _Open:
+    """A mapping or list being read: its key, what it holds so far, and where the next value goes."""
+
+    key: str
+    anchor: str | None
+    mapping: bool
+    values: int = 0  # expanded, its own values and everything under them
+    items: int = 0  # direct items (a mapping counts keys and values)
+    label: str = "?"  # a mapping's last key, naming the value that follows it
+
+    def child_key(self) -> str:
+        # In a mapping a value is named by its key; a key itself (an even item) is "?".
+        name = str(self.items) if not self.mapping else self.label if self.items % 2 else "?"
+        return f"{self.key}.{name}" if self.key else name
 
 
-def _children(node: yaml.Node, where: _Where) -> list[tuple[yaml.Node, _Where]]:
-    if isinstance(node, yaml.MappingNode):
-        return [pair for name, value in node.value for pair in ((name, (where, name)), (value, (where, name)))]
-    if isinstance(node, yaml.SequenceNode):
-        return [(item, (where, i)) for i, item in enumerate(node.value)]
-    return []
+@dataclasses.dataclass(slots=True)
+class YamlShape:
+    """What check_yaml_events found: the values the document expands to, and the raw
+    `streams` length and `http.max_streams` text, to refuse too many streams before any is built."""
+
+    values: int
+    streams: int | None
+    max_streams: str | None
 
 
-def check_yaml_nodes(root: yaml.Node, max_values: int = MAX_CONFIG_VALUES) -> int:
-    """The number of values the document expands to, each use of an alias counted as a copy;
-    YamlProblem names the smallest key that expands past `max_values`, an alias that contains
-    itself, or a number no setting can hold. Each distinct node is visited once, iteratively (no
-    recursion however deep), so the cost is that of the text, not of its expansion."""
-    sizes: dict[int, int] = {}
-    on_path: set[int] = set()
-    stack: list[tuple[yaml.Node, _Where, bool]] = [(root, None, False)]
-    while stack:
-        node, where, done = stack.pop()
-        ident = id(node)
-        if done:
-            on_path.discard(ident)
-            size = 1 + sum(sizes[id(child)] for child, _ in _children(node, where))
-            if size > max_values:
-                raise YamlProblem(
-                    _key_of(where),
-                    f"expands to more than {max_values:,} values (each use of a YAML alias counts as a copy); "
-                    "a config holds far fewer",
-                )
-            sizes[ident] = size
-            continue
-        if ident in sizes:
-            continue
-        if ident in on_path:
-            raise YamlProblem(_key_of(where), "a YAML alias refers to a value that contains it")
-        if isinstance(node, yaml.ScalarNode):
-            _check_scalar(node, where)
-            sizes[ident] = 1
-            continue
-        on_path.add(ident)
-        stack.append((node, where, True))
-        stack.extend((child, at, False) for child, at in reversed(_children(node, where)))
-    return sizes[id(root)]
+def check_yaml_events(text: str, max_values: int = MAX_CONFIG_VALUES) -> YamlShape:
+    """Reads the document's events (no tags resolved, no nodes or values built: the cheap part of
+    YAML, a tenth of the composing) and counts the values it expands to, each use of an alias as a
+    copy. YamlProblem names the smallest key that expands past `max_values`, an alias that
+    contains itself, or a number no setting can hold; yaml.YAMLError a document that is no YAML."""
+    loader = _YAML_LOADER(text)
+    stack: list[_Open] = []
+    anchors: dict[str, int] = {}
+    open_anchors: set[str] = set()
+    shape = YamlShape(values=0, streams=None, max_streams=None)
+    try:
+        while loader.check_event():
+            event = loader.get_event()
+            if isinstance(event, yaml.ScalarEvent | yaml.AliasEvent):
+                key = stack[-1].child_key() if stack else ""
+                if isinstance(event, yaml.AliasEvent):
+                    if event.anchor in open_anchors:
+                        raise YamlProblem(key, "a YAML alias refers to a value that contains it")
+                    size = anchors.get(event.anchor or "", 1)  # an unknown anchor: the composer says so
+                else:
+                    _check_scalar(event, key)
+                    if key == "http.max_streams":
+                        shape.max_streams = event.value
+                    size = 1
+                    if stack and stack[-1].mapping and stack[-1].items % 2 == 0:
+                        stack[-1].label = _clip(event.value, 64)
+                if event.anchor is not None and isinstance(event, yaml.ScalarEvent):
+                    anchors[event.anchor] = 1
+                _add(stack, size, max_values, shape)
+            elif isinstance(event, yaml.CollectionStartEvent):
+                key = stack[-1].child_key() if stack else ""
+                stack.append(_Open(key, event.anchor, isinstance(event, yaml.MappingStartEvent)))
+                if event.anchor is not None:
+                    open_anchors.add(event.anchor)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                done = stack.pop()
+                if done.key == "streams" and not done.mapping:
+                    shape.streams = done.items
+                if done.anchor is not None:
+                    open_anchors.discard(done.anchor)
+                    anchors[done.anchor] = 1 + done.values
+                _add(stack, 1 + done.values, max_values, shape)
+    finally:
+        loader.dispose()
+    return shape
 
 
-def _check_scalar(node: yaml.ScalarNode, where: _Where) -> None:
-    if node.tag == _INT_TAG:
-        problem = integer_problem(node.value)
-    elif node.tag == _FLOAT_TAG:
-        try:
-            value = yaml.constructor.SafeConstructor.construct_yaml_float(_FLOATS, node)
-        except ValueError:
-            return  # not a number after all; the constructor or pydantic says so
-        problem = float_problem(node.value, value)
-    elif not node.style and _PLAIN_NUMBER.match(node.value):  # plain: None (PyYAML) or "" (libyaml)
-        # YAML 1.1 reads `1e-400` (no dot) as a string, which pydantic then converts for a number.
-        problem = float_problem(node.value, float(node.value.replace("_", "")))
-        if problem is None and "." not in node.value and "e" not in node.value.lower():
-            problem = integer_problem(node.value)
-    else:
+def _add(stack: list[_Open], size: int, max_values: int, shape: YamlShape) -> None:
+    if not stack:
+        shape.values = size
         return
+    parent = stack[-1]
+    parent.values += size
+    parent.items += 1
+    if parent.values >= max_values:  # +1 for the parent itself: past the bound, named where it happens
+        raise YamlProblem(
+            parent.key,
+            f"expands to more than {max_values:,} values (each use of a YAML alias counts as a copy); "
+            "a config holds far fewer",
+        )
+
+
+def _check_scalar(event: yaml.ScalarEvent, key: str) -> None:
+    value, tag = event.value, event.tag
+    plain = event.implicit[0] and not event.style  # no tag, no quotes: YAML or pydantic reads a number
+    problem = None
+    if tag == _INT_TAG or (plain and _HEX_OCT_BIN.match(value)):
+        problem = integer_problem(value)
+    elif tag == _FLOAT_TAG or (plain and _PLAIN_NUMBER.match(value)):
+        try:
+            number = float(value.replace("_", ""))
+        except ValueError:
+            return  # `.inf`, `1:30.5`: pydantic judges those
+        problem = float_problem(value, number)
+        if problem is None and not any(ch in value for ch in ".eE"):
+            problem = integer_problem(value)
     if problem is not None:
-        raise YamlProblem(_key_of(where), problem)
+        raise YamlProblem(key, problem)
 
 
-_FLOATS = yaml.constructor.SafeConstructor()  # construct_yaml_float uses no state
-
-
-def parse_yaml(text: str) -> Any:
-    """The document's value, after check_yaml_nodes passed on its node graph; YamlProblem or
-    yaml.YAMLError (with a mark) when it cannot be a config."""
+def parse_yaml(text: str, check: Callable[[YamlShape], None] | None = None) -> tuple[Any, YamlShape]:
+    """The document's value and shape, built only after check_yaml_events (and `check`, given the
+    shape) passed; YamlProblem or yaml.YAMLError (with a mark) when it cannot be a config."""
+    shape = check_yaml_events(text)
+    if check is not None:
+        check(shape)
     loader = _YAML_LOADER(text)
     try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        check_yaml_nodes(node)
-        return loader.construct_document(node)
+        return loader.get_single_data(), shape
     finally:
         loader.dispose()
 
@@ -881,11 +911,15 @@ def read_config_text(path: str | Path) -> str:
 def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
     raw: Any = {}
     where = "environment"
+    environ = os.environ if environ is None else environ
     if path is not None:
         where = str(path)
         text = read_config_text(path)
         try:
-            raw = parse_yaml(text) or {}
+            raw, _shape = parse_yaml(text, check=lambda shape: _check_stream_count(where, shape, environ))
+            raw = raw or {}
+        except ConfigError:
+            raise
         except YamlProblem as exc:
             raise ConfigError(f"{path}: {exc}") from None
         except yaml.YAMLError as exc:
@@ -896,13 +930,30 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
             raise ConfigError(f"{path}: not valid YAML") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys, not {type(raw).__name__}")
-    overrides, sources = _env_overrides(os.environ if environ is None else environ)
+    overrides, sources = _env_overrides(environ)
     raw = _merge(raw, overrides)
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
         problems = _name_variables(validation_problems(exc), sources)
         raise ConfigError(f"{where}: {describe_problems(problems)}") from None
+
+
+def _check_stream_count(path: str | Path, shape: YamlShape, environ: Mapping[str, str]) -> None:
+    """Too many streams, refused from the document's shape alone: before anything is validated.
+    The limit is http.max_streams as the environment or the file says it; a value that is no
+    number leaves the check to pydantic unless the count is past any value the setting may take."""
+    if shape.streams is None or f"{ENV_PREFIX}STREAMS" in environ:  # the environment's list replaces the file's
+        return
+    given = environ.get(f"{ENV_PREFIX}HTTP__MAX_STREAMS", shape.max_streams)
+    field = HttpSettings.model_fields["max_streams"]
+    ceiling = next(m.le for m in field.metadata if getattr(m, "le", None) is not None)
+    text = (given or "").strip().replace("_", "")
+    limit = int(text) if given is not None and text.isdigit() and len(text) <= MAX_INT_DIGITS else None
+    if limit is None or not 1 <= limit <= ceiling:
+        limit = field.default if given is None else ceiling
+    if shape.streams > limit:
+        raise ConfigError(f"{path}: streams: {shape.streams} streams configured, more than http.max_streams ({limit})")
 
 
 def rule_class_problems(stream: AnyStreamSettings, names: Mapping[int, str]) -> list[dict[str, str]]:

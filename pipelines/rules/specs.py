@@ -4,11 +4,17 @@ A rule is one of seven types, told apart by its `type` key. Every model forbids 
 so a typo is an error that names the key instead of a rule that silently never fires.
 Coordinates are source pixels, or 0-1 fractions of the frame with `normalized: true`.
 A polygon has at most 256 points and a stream at most 64 rules: a zone is drawn by hand, and
-validating a body (pairwise edge checks) must stay cheap however it was made.
+validating a body (pairwise edge checks) must stay cheap however it was made. The pairwise check
+runs once per distinct polygon (a small cache of verdicts): a config that reuses one zone (a YAML
+alias, a copied rule) pays for it once, not once per copy.
+
+Every number has both bounds, with a reason in the error: durations at most a week
+(MAX_DURATION_S), counts at most MAX_COUNT objects, pixel coordinates at most MAX_PIXEL.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -33,6 +39,9 @@ Direction = Literal["a_to_b", "b_to_a", "any"]
 
 MAX_POLYGON_POINTS = 256
 MAX_RULES = 64
+MAX_DURATION_S = 7 * 24 * 3600.0  # for_s, dwell_s, cooldown_s, clear_s: a week is already "never"
+MAX_COUNT = 10_000  # objects in a frame: no detector reports more
+MAX_PIXEL = 100_000.0  # pixel coordinates: larger than any frame (webrtc takes at most 7680 x 4320)
 
 
 def _as_tuples(value: Any) -> Any:
@@ -59,17 +68,32 @@ def _check_points(points: tuple[Point, ...], normalized: bool) -> None:
             raise ValueError(f"point [{x:g}, {y:g}] is outside 0-1, but normalized is true")
         if not normalized and (x < 0 or y < 0):
             raise ValueError(f"point [{x:g}, {y:g}] is negative; pixel coordinates start at 0")
+        if not normalized and (x > MAX_PIXEL or y > MAX_PIXEL):
+            raise ValueError(f"point [{x:g}, {y:g}] is beyond {MAX_PIXEL:g} pixels, outside any frame")
 
 
 def _check_polygon(polygon: tuple[Point, ...], normalized: bool) -> tuple[Point, ...]:
-    if len(polygon) < 3:
-        raise ValueError(f"a polygon needs at least 3 points [x, y], got {len(polygon)}")
-    _check_points(polygon, normalized)
-    if not is_simple_polygon(polygon):
-        raise ValueError("the polygon's edges cross each other or repeat a point; list the corners in order")
-    if signed_area(polygon) == 0:
-        raise ValueError("the polygon has no area (its points are on one line)")
+    problem = _polygon_problem(polygon, normalized)
+    if problem is not None:
+        raise ValueError(problem)
     return polygon
+
+
+@lru_cache(maxsize=256)
+def _polygon_problem(polygon: tuple[Point, ...], normalized: bool) -> str | None:
+    """Why the polygon is no zone, or None; cached, so each distinct polygon is checked once
+    (the check compares every pair of edges)."""
+    if len(polygon) < 3:
+        return f"a polygon needs at least 3 points [x, y], got {len(polygon)}"
+    try:
+        _check_points(polygon, normalized)
+    except ValueError as exc:
+        return str(exc)
+    if not is_simple_polygon(polygon):
+        return "the polygon's edges cross each other or repeat a point; list the corners in order"
+    if signed_area(polygon) == 0:
+        return "the polygon has no area (its points are on one line)"
+    return None
 
 
 def _normalized(info: ValidationInfo) -> bool:
@@ -85,9 +109,9 @@ class _Rule(BaseModel):
     severity: Severity = "warning"
     # After an alert ends, the same rule and subject (track, or the whole stream) cannot start a
     # new one for this long: the main defence against floods of repeated alerts.
-    cooldown_s: float = Field(30.0, ge=0)
+    cooldown_s: float = Field(30.0, ge=0, le=MAX_DURATION_S)
     # An alert ends once its condition has been false this long; rides over detector flicker.
-    clear_s: float = Field(1.0, ge=0)
+    clear_s: float = Field(1.0, ge=0, le=MAX_DURATION_S)
     snapshot: bool = False
 
 
@@ -108,7 +132,7 @@ class _OptionalZone(_ClassFiltered):
     # Only objects whose bottom-centre is in this polygon count; None: the whole frame.
     zone: Polygon | None = None
     hysteresis: float = Field(0.1, ge=0, le=1)
-    for_s: float = Field(0.0, ge=0)
+    for_s: float = Field(0.0, ge=0, le=MAX_DURATION_S)
 
     @field_validator("zone")
     @classmethod
@@ -132,8 +156,8 @@ class CountRule(_OptionalZone):
     """More than `above`, or fewer than `below`, objects for `for_s` seconds (set exactly one)."""
 
     type: Literal["count"]
-    above: int | None = Field(None, ge=0)
-    below: int | None = Field(None, ge=1)
+    above: int | None = Field(None, ge=0, le=MAX_COUNT)
+    below: int | None = Field(None, ge=1, le=MAX_COUNT)
 
     @model_validator(mode="after")
     def _one_threshold(self) -> CountRule:
@@ -153,8 +177,8 @@ class ZoneRule(_ClassFiltered):
     normalized: bool = False
     polygon: Polygon
     events: Annotated[tuple[ZoneTrigger, ...], BeforeValidator(_as_tuples)] = ("enter",)
-    dwell_s: float | None = Field(None, gt=0, validate_default=True)
-    for_s: float = Field(0.0, ge=0)  # an object must be inside this long before `enter` fires
+    dwell_s: float | None = Field(None, gt=0, le=MAX_DURATION_S, validate_default=True)
+    for_s: float = Field(0.0, ge=0, le=MAX_DURATION_S)  # an object must be inside this long before `enter` fires
     hysteresis: float = Field(0.1, ge=0, le=1)
 
     @field_validator("polygon")
@@ -211,7 +235,7 @@ class FallRule(_Rule):
 
     type: Literal["fall"]
     fall_class: str = Field("Fall", min_length=1)
-    for_s: float = Field(2.0, ge=0)
+    for_s: float = Field(2.0, ge=0, le=MAX_DURATION_S)
 
 
 MAX_QUESTION_CHARS = 300
@@ -225,9 +249,9 @@ class VlmRule(_Rule):
     type: Literal["vlm"]
     question: str = Field(min_length=3, max_length=MAX_QUESTION_CHARS)
     cadence_s: float = Field(5.0, ge=1.0, le=3600.0)
-    for_s: float = Field(0.0, ge=0)
+    for_s: float = Field(0.0, ge=0, le=MAX_DURATION_S)
     # Two answers apart is one "no" that may be a wrong answer; ride over it like detector flicker.
-    clear_s: float = Field(10.0, ge=0)
+    clear_s: float = Field(10.0, ge=0, le=MAX_DURATION_S)
 
     @field_validator("question")
     @classmethod

@@ -6,12 +6,19 @@ with strict types: JSON says what it means, so `"audio": "yes"` is an error rath
 Its rules are checked against the detector's class names too, and its URL against the
 `sources` policy (`SOURCE_POLICY`): an API client may not make the service read local files or
 probe internal networks unless the operator allows it.
+
+Numbers are range-checked as the config's are: a JSON body is parsed with hooks that refuse, by
+field name, an integer of more than MAX_INT_DIGITS digits (Python's own int conversion fails
+past 4,300 digits with a message about `sys.set_int_max_str_digits`, and costs quadratic time
+before that) and a float that underflows to 0 (`1e-400` is not 0); pydantic's bounds do
+the rest. An error lists at most MAX_PROBLEMS_SHOWN problems.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from functools import partial
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +32,9 @@ from realtime.config import (
     CameraStreamSettings,
     WebRtcStreamSettings,
     describe_problems,
+    first_problems,
+    float_problem,
+    integer_problem,
     rule_class_problems,
     validation_problems,
     vlm_rule_problems,
@@ -65,15 +75,58 @@ async def read_json_object(
     raw = await request.read()  # bounded by the app's client_max_size (413 past it)
     if not raw.strip():
         raise ApiError(400, "missing body", f"send one {what} as JSON, e.g. {example}")
+    bad: list[_BadNumber] = []
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_int=partial(_parse_int, bad), parse_float=partial(_parse_float, bad))
     except ValueError as exc:  # includes UnicodeDecodeError
         raise ApiError(400, "bad JSON", str(exc)) from None
     except RecursionError:
         raise ApiError(400, "bad JSON", "nested too deeply") from None
+    if bad:
+        field, reason = _find_bad_number(body)
+        raise ApiError(400, f"invalid {what}: {field}: {reason}", [{"field": field, "message": reason}])
     if not isinstance(body, dict):
         raise ApiError(400, "bad JSON", f"expected one {what}, got {type(body).__name__}")
     return body
+
+
+class _BadNumber:
+    """Stands in the parsed body for a number no field can hold, until its field is known."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _parse_int(bad: list[_BadNumber], text: str) -> int | _BadNumber:
+    reason = integer_problem(text)
+    if reason is None:
+        return int(text)
+    bad.append(_BadNumber(reason))
+    return bad[-1]
+
+
+def _parse_float(bad: list[_BadNumber], text: str) -> float | _BadNumber:
+    value = float(text)
+    reason = float_problem(text, value)
+    if reason is None:
+        return value
+    bad.append(_BadNumber(reason))
+    return bad[-1]
+
+
+def _find_bad_number(body: Any) -> tuple[str, str]:
+    """The first bad number's field (`rules.0.above`) and reason; iterative, as the body may be deep."""
+    stack: list[tuple[Any, str]] = [(body, "")]
+    while stack:
+        value, field = stack.pop()
+        if isinstance(value, _BadNumber):
+            return field or "(top level)", value.reason
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        children = [(child, f"{field}.{str(key)[:64]}" if field else str(key)[:64]) for key, child in items]
+        stack.extend(reversed(children))
+    return "(top level)", "a number out of range"
 
 
 def fleet_unavailable(exc: FleetUnavailable) -> ApiError:
@@ -93,7 +146,7 @@ def validate_stream(body: dict[str, Any]) -> AnyStreamSettings:
         return STREAM_SETTINGS.validate_python(body, strict=True)
     except ValidationError as exc:
         problems = validation_problems(exc, unknown="unknown field")
-        raise ApiError(400, f"invalid stream: {describe_problems(problems)}", problems) from None
+        raise ApiError(400, f"invalid stream: {describe_problems(problems)}", first_problems(problems)) from None
 
 
 def refused_url(exc: InvalidSource) -> ApiError:

@@ -7,6 +7,11 @@ the answers under its own host name. So: a Host must be one this service answers
 request from another site (`Origin`, `Sec-Fetch-Site`) is refused; a body that changes something
 must be `application/json`, which no form can send and no cross-site script can without a CORS
 preflight that this service never answers.
+
+The Host check holds for every request the parser lets through: HTTP/0.9 (no headers at all) is
+refused with 505, a request without Host (HTTP/1.0 allows that) with 400, and an absolute-form
+target (`GET http://name/path`, meant for proxies, whose name would not be the one checked) with
+400: this service is no proxy, and only origin-form targets (`/path`) name what it serves.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import hmac
 from urllib.parse import urlsplit
 
-from aiohttp import web
+from aiohttp import HttpVersion10, web
 
 from realtime.http.context import context_of
 from realtime.http.errors import json_error
@@ -83,8 +88,25 @@ async def refuse_changes_while_draining(request: web.Request, handler: Handler) 
 
 
 
+def _unchecked_request(request: web.Request) -> web.Response | None:
+    """The answer to a request whose Host cannot be checked (see the module docstring), or None."""
+    if request.version < HttpVersion10:
+        version = {"version": f"HTTP/{request.version.major}.{request.version.minor}"}
+        return json_error(505, "HTTP version not supported: use HTTP/1.0 or later with a Host header", version)
+    if not request.raw_path.startswith("/"):
+        how = "send the path only (GET /api/streams), with the name in the Host header"
+        return json_error(400, "absolute-form request target refused: this service is no proxy", how)
+    if request.headers.get("Host") is None:
+        return json_error(400, "missing Host header", {"header": "Host"})
+    return None
+
+
 @web.middleware
 async def known_hosts_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    refusal = _unchecked_request(request)
+    if refusal is not None:
+        refusal.force_close()  # a client that speaks like this gets no second request on the connection
+        return refusal
     host = request.headers.get("Host")
     if not context_of(request).hosts.allows(host):
         detail = {"host": host, "setting": "http.allowed_hosts"}

@@ -1,4 +1,8 @@
-"""Which names in a Host header this service answers to (DNS rebinding)."""
+"""Which names in a Host header this service answers to (DNS rebinding).
+
+A request without a Host header is refused whatever the policy: HTTP/1.1 requires one, and an
+HTTP/1.0 request without it would otherwise pass the check that every browser request meets.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +32,9 @@ class HostPolicy:
         self.names = frozenset(names | self.listed)
 
     def allows(self, host_header: str | None) -> bool:
-        if self.any or host_header is None:  # HTTP/1.0 without Host: not a browser
+        if host_header is None:  # HTTP/1.0 without Host: no name to check, so no answer
+            return False
+        if self.any:
             return True
         name = host_name(host_header)
         if name is None:

@@ -14,6 +14,13 @@ instead so no frame is lost. `sync=false` everywhere: files are paced by the sup
 
 GStreamer does not notice a frozen RTSP server (the TCP connection stays open): that is
 the supervisor's frame watchdog's job. `gi` is imported on first use only.
+
+A packet that does not decode is a corrupt packet, not the end of the stream: every decoder
+decodebin plucks (audio and video) gets `max-errors=-1`, so a decode failure is a WARNING
+(counted in `corrupt_packets`) and the decoder goes on with the next packet, whatever the
+GStreamer version's default (it was 10 before 1.18: the eleventh bad packet ended the file).
+A decode ERROR that still reaches the bus after the first frame is counted the same way. Only
+errors from elsewhere (the demuxer, the source: the container cannot be read) end the session.
 """
 
 from __future__ import annotations
@@ -135,6 +142,7 @@ class GstSession:
             pipeline.add(source)
             source.connect("pad-added", self._on_raw_pad)
             source.connect("no-more-pads", lambda *_: self._no_more_pads.set())
+            source.connect("deep-element-added", self._on_element_added)
 
         if pipeline.set_state(gst.State.PLAYING) == gst.StateChangeReturn.FAILURE:
             self._raise_bus_error(default=f"cannot start reading {self._spec.display}")
@@ -176,9 +184,16 @@ class GstSession:
         if media == "video" or (media == "audio" and self._options.want_audio):
             decoder = self._make("decodebin")
             decoder.connect("pad-added", self._on_raw_pad)
+            decoder.connect("deep-element-added", self._on_element_added)
             self._add_and_link(pad, [decoder])
         else:
             self._discard(pad)
+
+    @staticmethod
+    def _on_element_added(_bin: Any, _sub_bin: Any, element: Any) -> None:
+        # A decoder: a packet it cannot decode is skipped with a warning, never the stream's end.
+        if element.find_property("max-errors") is not None:
+            element.set_property("max-errors", -1)
 
     def _on_raw_pad(self, _decoder: Any, pad: Any) -> None:
         caps = pad.get_current_caps() or pad.query_caps(None)
@@ -284,7 +299,7 @@ class GstSession:
                 self._eos = True
             elif message.type == gst.MessageType.WARNING:
                 error, _debug = message.parse_warning()
-                if "decode" in error.message.lower():
+                if self._is_decode_problem(error) or "decode" in error.message.lower():
                     self.corrupt_packets += 1
                 log.debug(
                     "gstreamer warning",
@@ -293,6 +308,9 @@ class GstSession:
 
     def _is_decode_error(self, message: Any) -> bool:
         error, _debug = message.parse_error()
+        return self._is_decode_problem(error)
+
+    def _is_decode_problem(self, error: Any) -> bool:
         return bool(error.matches(self._gst.StreamError.quark(), int(self._gst.StreamError.DECODE)))
 
     def _pull_audio(self, sink: Any, audio_out: AudioSink | None, *, hold: bool) -> bool:

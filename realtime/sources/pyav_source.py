@@ -11,7 +11,15 @@ another thread, so `interrupt()` takes effect at the next packet; the supervisor
 not wait for a hung read (it abandons the session, which ends at its timeout).
 
 Packets that fail to decode are skipped and counted (`corrupt_packets`) rather than
-ending the session; a long run of nothing but failures does end it.
+ending the session, whatever error the decoder gives: FFmpeg's decoders report damaged input
+with many codes (the AAC decoder says EPERM, "Operation not permitted", for some corrupt
+frames; H.264 says EINVAL or AVERROR_INVALIDDATA), so every FFmpegError from decoding one
+packet counts as one corrupt packet, on either track. Only the demuxer can end a session
+with an error: a container that cannot be read any further is unreadable, a packet that
+cannot be decoded is not. Each track keeps its own run of consecutive failures: a run of
+MAX_CONSECUTIVE_CORRUPT video packets with no good frame between ends the session (nothing
+useful is coming), the same run of audio packets stops decoding the audio for the rest of the
+session (logged once) while the video goes on.
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ from realtime.sources.spec import SourceSpec
 
 log = logging.getLogger(__name__)
 
-# This many undecodable packets in a row, with no good frame between, ends the session.
+# This many undecodable packets of one track in a row, with no good frame between: the video
+# ends the session, the audio is dropped for the rest of it.
 MAX_CONSECUTIVE_CORRUPT = 300
 RTSP_ANALYZE_US = 500_000  # probe half a second of stream: first frame in well under 1 s
 
@@ -54,7 +63,7 @@ class PyAVSession:
         self._interrupted = threading.Event()
         self._pts = PtsOrigin(rebase=spec.is_network)
         self._last_video_pts: float | None = None
-        self._consecutive_corrupt = 0
+        self._consecutive_corrupt = {"video": 0, "audio": 0}
         self._frames = 0
         self._last_packet_at = time.monotonic()
         self.corrupt_packets = 0
@@ -139,7 +148,7 @@ class PyAVSession:
                 if packet.stream is self._video:
                     if not self._decode_video(packet, video_out):
                         return
-                elif audio_out is not None and not self._decode_audio(packet, audio_out):
+                elif audio_out is not None and self._audio is not None and not self._decode_audio(packet, audio_out):
                     return
         except av.error.FFmpegError as exc:
             if stop.is_set() or self._interrupted.is_set():
@@ -160,7 +169,11 @@ class PyAVSession:
         return f"read error: {what}"
 
     def _decode_video(self, packet: Any, video_out: VideoSink) -> bool:
-        frames = self._decode(packet)
+        frames = self._decode(packet, "video")
+        if self._consecutive_corrupt["video"] >= MAX_CONSECUTIVE_CORRUPT:
+            raise SourceError(
+                f"stream is corrupt: {self._consecutive_corrupt['video']} video packets in a row did not decode"
+            )
         for frame in frames:
             image = frame.to_ndarray(format="rgb24")
             captured_at = time.time()
@@ -183,7 +196,16 @@ class PyAVSession:
 
     def _decode_audio(self, packet: Any, audio_out: AudioSink) -> bool:
         assert self._resampler is not None
-        for frame in self._decode(packet):
+        frames = self._decode(packet, "audio")
+        if self._consecutive_corrupt["audio"] >= MAX_CONSECUTIVE_CORRUPT:
+            # The audio track is beyond use; the video is not: stop decoding audio, keep going.
+            log.warning(
+                "audio track undecodable, dropping it for this session",
+                extra={"source": self._spec.display, "corrupt_packets": self.corrupt_packets},
+            )
+            self._audio = None
+            return True
+        for frame in frames:
             t = frame.time
             try:
                 chunks = self._resampler.resample(frame)
@@ -197,24 +219,33 @@ class PyAVSession:
                     return False
         return True
 
-    def _decode(self, packet: Any) -> list[Any]:
+    def _decode(self, packet: Any, track: str) -> list[Any]:
+        """The packet's frames; none when it does not decode (counted). Any decoder error is the
+        packet's, never the session's: see the module docstring."""
         corrupt = bool(packet.is_corrupt)
         try:
             frames: list[Any] = packet.decode()
-        except av.error.InvalidDataError:
+        except av.error.FFmpegError as exc:
             frames, corrupt = [], True
+            error = exc.strerror or type(exc).__name__
+        else:
+            error = "flagged corrupt by the demuxer"
         if frames:
-            self._consecutive_corrupt = 0
+            self._consecutive_corrupt[track] = 0
         if corrupt:
             self.corrupt_packets += 1
-            self._consecutive_corrupt += 1
-            if self._consecutive_corrupt == 1 or self._consecutive_corrupt % 100 == 0:
+            self._consecutive_corrupt[track] += 1
+            run = self._consecutive_corrupt[track]
+            if run == 1 or run % 100 == 0:
                 log.info(
                     "skipping undecodable packet",
-                    extra={"source": self._spec.display, "corrupt_packets": self.corrupt_packets},
+                    extra={
+                        "source": self._spec.display,
+                        "track": track,
+                        "error": error,
+                        "corrupt_packets": self.corrupt_packets,
+                    },
                 )
-            if self._consecutive_corrupt >= MAX_CONSECUTIVE_CORRUPT:
-                raise SourceError(f"stream is corrupt: {self._consecutive_corrupt} packets in a row did not decode")
         return frames
 
     # -- interrupt / close ----------------------------------------------------------------

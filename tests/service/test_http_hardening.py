@@ -113,8 +113,10 @@ async def test_a_foreign_host_is_421_so_a_rebinding_page_reads_nothing(svc: Live
 
 def test_the_host_policy() -> None:
     loopback = HostPolicy("127.0.0.1", None, token_set=False)
-    assert all(loopback.allows(h) for h in ("127.0.0.1:8080", "localhost", "[::1]:1", "10.1.2.3", None))
+    assert all(loopback.allows(h) for h in ("127.0.0.1:8080", "localhost", "[::1]:1", "10.1.2.3"))
     assert not any(loopback.allows(h) for h in ("evil.example", "evil.example:8080", "localhost.evil", "a:b:c", ""))
+    assert not loopback.allows(None)  # no Host (HTTP/1.0): nothing to check, so no answer
+    assert not HostPolicy("0.0.0.0", None, token_set=True).allows(None)
     named = HostPolicy("0.0.0.0", ["vid.example", "cams.local."], token_set=True)
     assert named.allows("VID.example:443") and named.allows("cams.local") and not named.allows("evil.example")
     assert HostPolicy("0.0.0.0", None, token_set=True).allows("anything.example")  # the token stops rebinding
@@ -128,6 +130,34 @@ async def test_allowed_hosts_from_the_config(detector: Detector, shared_nats_ser
             assert response.status == 200
         async with svc.session.get(svc.url + "/api/streams", headers={"Host": "evil.example"}) as response:
             assert response.status == 421
+
+
+# -- issue 23, Low: requests that carried no Host to check ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "error"),
+    [
+        (b"GET /api/streams\r\n\r\n", 505, "HTTP version not supported"),  # HTTP/0.9: no headers at all
+        (b"GET /api/streams HTTP/0.9\r\n\r\n", 505, "HTTP version not supported"),
+        (b"GET /api/streams HTTP/1.0\r\n\r\n", 400, "missing Host header"),
+        (b"GET /healthz HTTP/1.0\r\n\r\n", 400, "missing Host header"),
+        (b"GET http://evil.example/api/streams HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 400, "absolute-form"),
+        (b"GET http://127.0.0.1/api/streams HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 400,
+         "absolute-form"),
+    ],
+)
+async def test_a_request_without_a_host_to_check_is_refused(
+    svc: LiveService, raw: bytes, status: int, error: str
+) -> None:
+    await svc.call("POST", "/api/streams", json_body=STREAM)
+    got, headers, body = await exchange(svc, raw)
+    assert got == status, body
+    assert headers["Content-Type"].startswith("application/json")
+    assert error in json.loads(body)["error"] and b'"streams"' not in body
+    # The same request with a Host is served.
+    status_ok, _, body_ok = await exchange(svc, b"GET /api/streams HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+    assert status_ok == 200 and json.loads(body_ok)["streams"][0]["id"] == "cam"
 
 
 # -- item 18: a header that is not UTF-8 ------------------------------------------------------
