@@ -34,7 +34,7 @@ from realtime.cli.bootstrap import (
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
 from realtime.config import Config, ConfigError, config_class_problems, config_vlm_problems, load_config
 from realtime.fleet.options import with_flags
-from realtime.fleet.worker import FleetUnavailable
+from realtime.fleet.worker import DuplicateNode, FleetUnavailable
 from realtime.http import ListenError
 from realtime.service.memory import cap_malloc_arenas
 from realtime.service.service import Service
@@ -145,6 +145,8 @@ async def serve_command(args: argparse.Namespace) -> int:
                     )
                 except ListenError as exc:
                     raise CommandError(str(exc), EXIT_RUNTIME) from None
+                except DuplicateNode as exc:  # another live worker has this --node: exit 2, one line
+                    raise CommandError(str(exc)) from None
                 except FleetUnavailable as exc:
                     raise CommandError(f"cannot join fleet {config.fleet.name!r}: {exc}", EXIT_RUNTIME) from None
                 # One budget for stopping streams and flushing, so the whole drain fits the grace period.

@@ -40,6 +40,15 @@ class FleetCollector(Collector):
                                 ("released", c.released), ("contended", c.contended), ("failed", c.errors)):
                 leases.add_metric([name], value)
         yield leases
+        refused = CounterMetricFamily("vidsentry_fleet_desired_values_skipped",
+                                      "Desired-bucket values this worker will not run, once per key and revision",
+                                      labels=["why"])
+        refused.add_metric(["policy"], worker.counters.refused)
+        refused.add_metric(["unreadable"], worker.counters.skipped)
+        yield refused
+        yield CounterMetricFamily("vidsentry_fleet_duplicate_node_records",
+                                  "Records of this worker's node name written by another worker (shared --node)",
+                                  value=worker.counters.duplicate_nodes)
         yield CounterMetricFamily("vidsentry_fleet_fenced_events",
                                   "Events dropped because this worker's lease on the stream was not valid",
                                   value=worker.counters.fenced_events)

@@ -1,4 +1,8 @@
-"""A fleet worker's settings, resolved (the config's `fleet:` section plus --fleet / --node)."""
+"""A fleet worker's settings, resolved (the config's `fleet:` section plus --fleet / --node).
+
+They include the worker's `sources:` policy: anyone who can write the fleet's desired bucket could
+otherwise make the worker open what no API client may (see realtime.fleet.worker).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from dataclasses import dataclass
 
 from realtime.config import Config
 from realtime.fleet.records import InvalidFleetName, check_fleet_name
+from realtime.sources.policy import SourcePolicy
 
 STREAMS_PER_CORE = 2  # a 2-core box runs a handful of cameras at the default detection rate
 
@@ -29,6 +34,8 @@ class FleetOptions:
     slack: int = 0
     max_streams: int = 1024  # desired streams in the whole fleet
     replicas: int = 1  # JetStream copies of the buckets (nats.replicas)
+    # What a desired stream that is not one of this worker's config-file streams may open.
+    source_policy: SourcePolicy = SourcePolicy()
 
     @property
     def orphan_after_s(self) -> float:
@@ -66,4 +73,5 @@ def fleet_options(config: Config) -> FleetOptions | None:
         slack=fleet.slack,
         max_streams=fleet.max_streams,
         replicas=config.nats.replicas,
+        source_policy=config.sources.to_policy(),
     )

@@ -67,6 +67,7 @@ class NodeRecord:
     capacity: int
     draining: bool = False
     states: dict[str, str] = field(default_factory=dict)  # stream id -> state, for the others' listings
+    instance: str = ""  # this run of the worker (random per process): tells two workers of one name apart
 
     @property
     def streams(self) -> int:
@@ -82,7 +83,9 @@ class NodeRecord:
         if not isinstance(node, str) or not isinstance(capacity, int) or not isinstance(states, dict):
             return None
         clean = {str(k): str(v) for k, v in states.items()}
-        return cls(node, capacity, bool(body.get("draining", False)), clean)
+        instance = body.get("instance")
+        return cls(node, capacity, bool(body.get("draining", False)), clean,
+                   instance if isinstance(instance, str) else "")
 
 
 def _object(raw: bytes) -> dict[str, Any]:

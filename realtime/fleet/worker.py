@@ -7,14 +7,33 @@ any change seen in either bucket, and every interval: claim and shed by `claim.p
 local `StreamRegistry` stays the only place runs start and stop; this worker only writes its
 desired set (`add` / `remove`), so fencing a stream is a `remove` there plus the `FencedSink`
 that already drops its events.
+
+The desired bucket is a trust boundary: anyone with write access to NATS can put a value in it,
+without the API's checks. So a desired stream that is not one of this worker's own config-file
+streams is held to this worker's `sources:` policy, as an API stream is: at claim time the checks
+that touch neither a file nor the network (`SourcePolicy.check_form`: scheme, local files only
+under `sources.local_dirs`, never /proc, /sys, /dev) decide whether this worker claims it at all
+(a refused stream is not claimed, so a worker whose policy allows it can take it; the refusal is
+logged once per key and revision and counted); the stream's source then runs the whole policy
+(`SourcePolicy.admit`: regular files, public hosts unless allowed) before every connect (see
+realtime.sources.supervisor), since DNS answers change. The reasons are the policy's own, which
+never say whether a file outside the allowed directories exists. Values that are not a stream of
+the key's id are skipped, logged once per key and revision, and counted.
+
+Two workers must never share a node name: each would take the other's leases for a crashed run of
+its own. A worker that finds a record of its name in the lease bucket when it joins waits until
+that record is rewritten by its owner (then it refuses to start: `DuplicateNode`) or expires or is
+deleted (a crashed or stopped run: it joins), at most the lease TTL plus one renewal interval.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +60,7 @@ from realtime.service.registry import (
     StreamRegistry,
     UnknownStream,
 )
+from realtime.sources.spec import InvalidSource
 from realtime.streams.view import PENDING, StreamView, public_url
 
 log = logging.getLogger(__name__)
@@ -48,11 +68,23 @@ log = logging.getLogger(__name__)
 SYNC_TIMEOUT_S = 10.0
 STATE_CHECK_S = 0.25  # how often stream states are compared with the last node record
 UNOWNED_REASON = "waiting for a worker with room to take it"
+UNOPENED_URL = "rtsp://unopened.invalid/"  # stands in for a refused path while the rest of its value is read
 _NATS_ERRORS = (nats.errors.Error, TimeoutError, OSError)
 
 
 class FleetUnavailable(Exception):
     """The fleet's key-value store cannot be reached; nothing changed."""
+
+
+class DuplicateNode(Exception):
+    """Another live worker of this fleet runs under this worker's node name."""
+
+    def __init__(self, fleet: str, node: str) -> None:
+        super().__init__(
+            f"another worker of fleet {fleet!r} is running as node {node!r}: give each worker its own --node"
+        )
+        self.fleet = fleet
+        self.node = node
 
 
 class FleetLimitReached(StreamLimitReached):
@@ -69,6 +101,9 @@ class FleetCounters:
     fenced_events: int = 0  # events dropped because the lease was not valid
     claim_rounds: int = 0
     shed: int = 0
+    refused: int = 0  # desired values refused by this worker's sources policy (once per key and revision)
+    skipped: int = 0  # desired values that are not a stream of their key's id (once per key and revision)
+    duplicate_nodes: int = 0  # node records of this name written by another instance, seen after joining
 
 
 class FleetWorker:
@@ -86,7 +121,12 @@ class FleetWorker:
         self._desired: KvMirror | None = None
         self._leases: KvMirror | None = None
         self._keeper: LeaseKeeper | None = None
-        self._parsed: dict[str, tuple[int, AnyStreamSettings | None]] = {}  # id -> (revision, settings)
+        # id -> (revision, settings, why this worker may not open it)
+        self._parsed: dict[str, tuple[int, AnyStreamSettings | None, str | None]] = {}
+        self._config_streams: dict[str, AnyStreamSettings] = {}  # this worker's own, trusted
+        self.instance = uuid.uuid4().hex  # this run: a node record of this name with another is another worker
+        self._duplicate_seen: set[int] = set()  # revisions of such records already logged
+        self._joined = False  # past the node-name check: a record of this name by another is a duplicate
         self._started: dict[str, AnyStreamSettings] = {}  # what this worker put into its registry
         self._handing_back: set[str] = set()  # leases kept until their runs have ended, then released
         self._unowned_since: dict[str, float] = {}
@@ -129,7 +169,17 @@ class FleetWorker:
         async with asyncio.timeout(SYNC_TIMEOUT_S):
             await self._desired.synced.wait()
             await self._leases.synced.wait()
-        for settings in config_streams:
+        try:
+            await self._check_node_name()  # before this worker writes anything
+        except DuplicateNode:
+            for task in self._mirror_tasks:
+                task.cancel()
+            self._stopped = True
+            self._keeper = None  # so stop() never deletes the other worker's record
+            raise
+        self._joined = True
+        self._config_streams = {settings.id: settings for settings in config_streams}
+        for settings in self._config_streams.values():
             await self._seed(settings)
         log.info("fleet joined", extra={"fleet": options.name, "node": self.node, "capacity": self.capacity,
                                         "lease_ttl_s": self._buckets.lease_ttl_s,
@@ -146,6 +196,34 @@ class FleetWorker:
         finally:
             for task in self._mirror_tasks:
                 task.cancel()
+
+    async def _check_node_name(self) -> None:
+        """DuplicateNode if another live worker holds this node name. A record of this name that
+        exists now is another process's; it is live if it is rewritten before it expires."""
+        leases = self._leases
+        assert leases is not None and self._buckets is not None
+        key = node_key(self.node)
+        first = leases.get(key)
+        if first is None:
+            return
+        record = NodeRecord.decode(first.value)
+        log.info("a record of this node name exists; waiting to see whether its worker is alive",
+                 extra={"node": self.node, "instance": record.instance if record is not None else None,
+                        "revision": first.revision, "wait_s": round(self._stale_after(), 1)})
+        deadline = time.monotonic() + self._stale_after()
+        while time.monotonic() < deadline:
+            seen = leases.get(key)
+            if seen is None:
+                return  # expired or deleted: a crashed or stopped run of this node
+            if seen.revision != first.revision:
+                other = NodeRecord.decode(seen.value)
+                if other is None or other.instance != self.instance:
+                    log.error("another worker is running under this node name; not joining",
+                              extra={"fleet": self.options.name, "node": self.node,
+                                     "other_instance": other.instance if other is not None else None})
+                    raise DuplicateNode(self.options.name, self.node)
+            await asyncio.sleep(0.05)
+        # Neither renewed nor expired within a TTL and a renewal (a missed expiry marker): not alive.
 
     def drain(self) -> None:
         """Shutting down: claim nothing more (leases stay renewed while the streams stop)."""
@@ -258,10 +336,16 @@ class FleetWorker:
             return {**self.registry.get(stream_id).to_json(), "owner": self.node}
         owner = owners.get(stream_id)
         state, reason = PENDING, UNOWNED_REASON if owner is None else None
+        refused = self._refusal(stream_id)
+        if refused is not None and owner is None:
+            reason = f"this worker may not open it: {refused}"
         if owner is not None:
             record = records.get(owner)
             state = record.states.get(stream_id, PENDING) if record is not None else PENDING
-        shown = public_url(settings.url) if isinstance(settings, CameraStreamSettings) else None
+        shown: str | None = None
+        if isinstance(settings, CameraStreamSettings):
+            # A refused path as written: public_url would look at the file (and say whether it exists).
+            shown = settings.url if refused is not None else public_url(settings.url)
         view = StreamView(settings=settings, shown_url=shown, state=state, reason=reason, restarts=0,
                           restart_in=None, counters=zero_counters())
         return {**view.to_json(), "owner": owner}
@@ -310,7 +394,7 @@ class FleetWorker:
         keeper = self._keeper
         assert keeper is not None
         self.counters.claim_rounds += 1
-        desired = self._desired_ids()
+        desired = [sid for sid in self._desired_ids() if self._refusal(sid) is None]
         wanted = set(desired)
         owners = self._owners()
         now = time.monotonic()
@@ -362,6 +446,9 @@ class FleetWorker:
             wanted = self._settings(stream_id)
             if wanted is None:
                 continue
+            if self._refusal(stream_id) is not None:  # changed to what this worker may not open
+                self._handing_back.add(stream_id)
+                continue
             try:
                 self.registry.add(wanted)
             except (StreamExists, StreamLimitReached, RegistryClosed) as exc:
@@ -391,7 +478,7 @@ class FleetWorker:
         assert buckets is not None and leases is not None
         states = self._states()
         self._published_states = states
-        record = NodeRecord(self.node, self.capacity, self._draining, states).encode()
+        record = NodeRecord(self.node, self.capacity, self._draining, states, self.instance).encode()
         try:
             revision = await buckets.leases.put(node_key(self.node), record)
         except _NATS_ERRORS:
@@ -406,17 +493,60 @@ class FleetWorker:
         return [key for key, _ in self._desired.items() if self._settings(key) is not None]
 
     def _settings(self, stream_id: str) -> AnyStreamSettings | None:
-        if self._desired is None:
-            return None
-        seen = self._desired.get(stream_id)
+        return self._decoded(stream_id)[0]
+
+    def _refusal(self, stream_id: str) -> str | None:
+        """Why this worker may not open a desired stream (None: it may, or there is no such stream)."""
+        return self._decoded(stream_id)[1]
+
+    def _decoded(self, stream_id: str) -> tuple[AnyStreamSettings | None, str | None]:
+        """A desired stream's settings and why this worker may not open it, decided once per key and
+        revision (a refusal and an unreadable value are logged and counted then)."""
+        seen = self._desired.get(stream_id) if self._desired is not None else None
         if seen is None:
-            return None
+            return None, None
         cached = self._parsed.get(stream_id)
         if cached is not None and cached[0] == seen.revision:
-            return cached[1]
-        settings = decode_stream(stream_id, seen.value)
-        self._parsed[stream_id] = (seen.revision, settings)
-        return settings
+            return cached[1], cached[2]
+        settings, why = self._judge(stream_id, seen.value, seen.revision)
+        if settings is None:
+            self.counters.skipped += 1
+        elif why is not None:
+            self.counters.refused += 1
+            log.warning("desired stream refused by this worker's sources policy; not claiming it",
+                        extra={"stream_id": stream_id, "revision": seen.revision, "reason": why})
+        self._parsed[stream_id] = (seen.revision, settings, why)
+        return settings, why
+
+    def _judge(self, stream_id: str, raw: bytes, revision: int) -> tuple[AnyStreamSettings | None, str | None]:
+        """Its own config-file streams are trusted; any other value is held to the sources policy.
+        The policy's form check comes first, as at the API: a path outside `sources.local_dirs` is
+        never looked at (validating the settings would), so its refusal is the same whether or not
+        the file exists."""
+        own = self._config_streams.get(stream_id)
+        body = _json_object(raw)
+        url = body.get("url") if body is not None else None
+        why: str | None = None
+        if not (isinstance(own, CameraStreamSettings) and url == own.url):  # its own path: the operator's
+            try:
+                self.options.source_policy.check_form(url)
+            except InvalidSource as exc:
+                why = str(exc)
+        if why is None:
+            settings = decode_stream(stream_id, raw, revision)
+        else:  # the rest of the value is read as usual; the path stays as written, unopened
+            assert body is not None and isinstance(url, str)
+            settings = decode_stream(stream_id, json.dumps({**body, "url": UNOPENED_URL}).encode(), revision)
+            settings = settings.model_copy(update={"url": url}) if settings is not None else None
+        if settings is None or why is not None or settings == own:
+            return settings, why
+        if isinstance(settings, WebRtcStreamSettings):
+            return settings, "browser sessions cannot be added to the desired set"
+        try:  # the URL as validated (the same as read above; checked again all the same)
+            self.options.source_policy.check_form(settings.url)
+        except InvalidSource as exc:
+            return settings, str(exc)
+        return settings, None
 
     def _stale_after(self) -> float:
         keeper = self._keeper
@@ -471,6 +601,8 @@ class FleetWorker:
         self._wake.set()
 
     def _lease_changed(self, key: str) -> None:
+        if key == node_key(self.node):
+            self._other_instance(key)
         if not key.startswith(LEASE_PREFIX) or self._keeper is None or self._leases is None:
             self._wake.set()  # a node record: the spread may have changed
             return
@@ -494,6 +626,23 @@ class FleetWorker:
         elif record is not None and record.node != self.node:
             self._keeper.forfeit(stream_id, f"now held by {record.node}")
             self._sync_registry()
+
+    def _other_instance(self, key: str) -> None:
+        """Two workers that joined at the same moment both saw no record of their name: the one that
+        sees the other's says so (the next start of either refuses)."""
+        seen = self._leases.get(key) if self._leases is not None else None
+        if not self._joined or seen is None or seen.revision in self._duplicate_seen:
+            return  # before joining, _check_node_name judges the record (a crashed run's is no duplicate)
+        record = NodeRecord.decode(seen.value)
+        if record is None or not record.instance or record.instance == self.instance:
+            return
+        if len(self._duplicate_seen) >= 64:
+            self._duplicate_seen.clear()
+        self._duplicate_seen.add(seen.revision)
+        self.counters.duplicate_nodes += 1
+        log.error("another worker writes this node's record: two workers share one --node",
+                  extra={"fleet": self.options.name, "node": self.node, "other_instance": record.instance,
+                         "revision": seen.revision})
 
     def _watch_reconnects(self) -> None:
         nc = self._connection()
@@ -524,13 +673,25 @@ def encode_stream(settings: AnyStreamSettings) -> bytes:
     return settings.model_dump_json().encode()
 
 
-def decode_stream(stream_id: str, raw: bytes) -> AnyStreamSettings | None:
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):  # decode_stream says what is wrong with it
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def decode_stream(stream_id: str, raw: bytes, revision: int | None = None) -> AnyStreamSettings | None:
+    """The stream a desired-bucket value holds, or None (logged) when it is not one of this key's id.
+    The worker calls it once per key and revision, so each bad value is logged once."""
     try:
         settings = STREAM_SETTINGS.validate_json(raw)
     except ValidationError as exc:
         log.warning("unreadable stream in the fleet's desired set; skipped",
-                    extra={"stream_id": stream_id, "error": str(exc).splitlines()[0]})
+                    extra={"stream_id": stream_id, "revision": revision, "error": str(exc).splitlines()[0]})
         return None
     if settings.id != stream_id:
+        log.warning("stream in the fleet's desired set under another key; skipped",
+                    extra={"stream_id": stream_id, "revision": revision, "value_id": settings.id[:64]})
         return None
     return settings

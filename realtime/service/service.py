@@ -144,9 +144,15 @@ class Service:
 
     def readiness(self) -> dict[str, bool]:
         """Every precondition of processing, by name: the shared engines' tasks are alive, the
-        publisher's background tasks too, NATS is connected, and the disk outbox (when there is
-        one) can write."""
-        checks = {"nats": self.publisher.connected, "publisher": self.publisher.alive, **self.engines.health()}
+        publisher's background tasks too, NATS is connected, its VIDSENTRY stream is there to
+        store durable events (false while a missing stream is checked for or made again), and the
+        disk outbox (when there is one) can write."""
+        checks = {
+            "nats": self.publisher.connected,
+            "jetstream": self.publisher.durable_ready,
+            "publisher": self.publisher.alive,
+            **self.engines.health(),
+        }
         if self.publisher.outbox is not None:
             checks["outbox"] = self.publisher.outbox_writable
         if self.fleet is not None:
@@ -222,7 +228,8 @@ class Service:
         # A fleet stream publishes only while this worker's lease on it is valid, with its fencing token.
         sink = self.fleet.sink_for(settings.id, self.fanout) if fleet and self.fleet is not None else self.fanout
         return StreamRunner(
-            stream_spec(settings, tracker=config.tracker, supervisor=config.supervisor, trusted=trusted),
+            stream_spec(settings, tracker=config.tracker, supervisor=config.supervisor, trusted=trusted,
+                        source_policy=self.app[SOURCE_POLICY]),  # checked again at every (re)connect
             self.engines,
             sink,
             on_frame=self.metrics.frame_observer(settings.id),

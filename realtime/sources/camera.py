@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pipelines.frames import StreamState
 from pipelines.graph import SourceOutputs, counter, register_counters
 from pipelines.graph.counters import Counters, frame_stage
+from realtime.sources.policy import SourcePolicy
 from realtime.sources.spec import SourceSpec
 from realtime.sources.supervisor import CameraSupervisor, SourceStats, SupervisorPolicy
 
@@ -23,6 +24,7 @@ register_counters(
         "corrupt_packets": counter("Undecodable packets skipped"),
         "connect_attempts": counter("Connect attempts"),
         "abandoned_readers": counter("Reader threads left to end at their own read timeout"),
+        "refused_connects": counter("Connects the sources policy refused (streams not from the config file)"),
     }
 )
 
@@ -34,6 +36,7 @@ class CameraSourceSpec:
     realtime: bool  # pace a file like a live camera (live sources are always real time)
     policy: SupervisorPolicy
     untrusted: bool = False  # added over the API: failure reasons in status events are generic
+    admit: SourcePolicy | None = None  # untrusted: the sources policy, checked before every (re)connect
 
 
 class CameraSource:
@@ -62,6 +65,7 @@ class CameraSource:
             policy=self.spec.policy,
             realtime=self.spec.realtime,
             untrusted=self.spec.untrusted,
+            admit=self.spec.admit,
         )
         if self._stop_requested:
             self.supervisor.stop()
@@ -81,4 +85,5 @@ class CameraSource:
             "corrupt_packets": stats.corrupt_packets,
             "connect_attempts": stats.connect_attempts,
             "abandoned_readers": stats.abandoned_readers,
+            "refused_connects": stats.refused_connects,
         }

@@ -1,8 +1,12 @@
-"""What a stream added over the HTTP API may open. Config-file streams are trusted and never checked.
+"""What a stream that did not come from the config file may open. Config-file streams are trusted
+and never checked.
 
-An API client could otherwise make the service read local files, devices and FIFOs, or probe
-the networks the service can reach (the failure reasons would tell open ports from closed).
-`SourcePolicy.admit` is called before the stream is accepted:
+An API client, or anyone who can write a fleet's desired bucket in NATS, could otherwise make the
+service read local files, devices and FIFOs, or probe the networks the service can reach (the
+failure reasons would tell open ports from closed). `SourcePolicy.admit` is called before an API
+stream is accepted and, for every untrusted stream, again before each connect of its source
+(realtime.sources.supervisor); `check_form` alone, which touches neither a file nor the network,
+before a fleet worker claims a stream from the bucket and before a file path is parsed:
 
 - network schemes only (rtsp, rtsps, http, https), unless `local_dirs` lists directories:
   then local files under them, regular files only (no FIFOs, devices, directories), never
@@ -11,8 +15,8 @@ the networks the service can reach (the failure reasons would tell open ports fr
   private, link-local, CGNAT, multicast and reserved ranges are not public).
 
 Refusals say what rule applies, never whether a file exists outside the allowed directories.
-Limits: the name is resolved when the stream is added; a host that later resolves elsewhere
-(DNS rebinding), or an HTTP server that redirects, is not checked again.
+Limits: the name is resolved before each connect, and the backend resolves it again itself (a
+DNS answer that changes in between is not seen); an HTTP server that redirects is not checked.
 """
 
 from __future__ import annotations

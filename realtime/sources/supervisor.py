@@ -22,6 +22,13 @@ is replaced or stopped is signalled (stop event + `interrupt()`) and waited for 
 time; if it is stuck in a blocking read it is abandoned: it can no longer deliver frames
 and ends at its own read timeout.
 
+A source that did not come from the config file (added over the API, or read from a fleet's
+desired bucket) is given the `sources:` policy (`admit`): it is checked before every connect,
+the first and each reconnect, because a host name may resolve elsewhere by then (DNS
+rebinding). A refusal ends the run FAILED with the policy's reason (which never says whether a
+file outside the allowed directories exists) before anything is opened, and is counted
+(`refused_connects`); the registry retries a network source after its back-off, checking again.
+
 Every state change is reported once, in order, through `on_status` on the event loop
 thread. When `run()` returns, the mailbox and the audio buffer are closed, so consumers
 awaiting them see `MailboxClosed`.
@@ -46,8 +53,9 @@ from pipelines.frames import AudioChunk, StatusChange, StreamState, VideoFrame, 
 from pipelines.graph.source import AudioInput, FrameInput
 from realtime.sources.backends import create_session, normalize_backend
 from realtime.sources.pacing import NoPacing, RealtimePacer
+from realtime.sources.policy import SourcePolicy
 from realtime.sources.session import BackendUnavailable, SessionOptions, SourceError, SourceSession
-from realtime.sources.spec import SourceSpec
+from realtime.sources.spec import InvalidSource, SourceSpec
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +125,7 @@ class SourceStats:
     stalls: int = 0  # times the watchdog declared the stream STALLED
     corrupt_packets: int = 0  # undecodable packets skipped
     abandoned_readers: int = 0  # reader threads left to finish at their own timeout
+    refused_connects: int = 0  # connects the sources policy refused (untrusted sources only)
     last_error: str | None = None
 
 
@@ -210,6 +219,7 @@ class CameraSupervisor:
         realtime: bool = False,
         max_frames: int | None = None,
         untrusted: bool = False,
+        admit: SourcePolicy | None = None,
     ) -> None:
         self.stream_id = validate_stream_id(stream_id)
         self.spec = spec
@@ -221,6 +231,7 @@ class CameraSupervisor:
         # would make the service a port scanner, so status events carry UNTRUSTED_REASON and
         # only the log has the detail.
         self.untrusted = untrusted
+        self.admit = admit  # checked before every connect: None for trusted sources
         self._video = video
         self._audio = audio
         self._on_status = on_status
@@ -296,6 +307,11 @@ class CameraSupervisor:
             if self._stop_requested.is_set():
                 return self._finish(StreamState.STOPPED, "stopped")
             self._transition(StreamState.CONNECTING, attempt=failures + 1)
+            refused = await self._refused()
+            if refused is not None:
+                if self._stop_requested.is_set():
+                    return self._finish(StreamState.STOPPED, "stopped")
+                return self._finish(StreamState.FAILED, refused, attempt=failures + 1)
             outcome = await self._attempt(failures + 1)
             if outcome.kind == "stopped":
                 return self._finish(StreamState.STOPPED, "stopped")
@@ -328,6 +344,27 @@ class CameraSupervisor:
             )
             if await self._sleep_unless_stopped(delay):
                 return self._finish(StreamState.STOPPED, "stopped")
+
+    async def _refused(self) -> str | None:
+        """Why the sources policy refuses this connect (None: allowed, or a trusted source). Bounded
+        by the policy's resolve timeout, and by stop()."""
+        if self.admit is None:
+            return None
+        check = asyncio.ensure_future(self.admit.admit(self.spec.url))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({check, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not check.done():
+            check.cancel()
+            return "stopped"
+        try:
+            check.result()
+        except InvalidSource as exc:
+            self._stats.refused_connects += 1
+            return f"source not allowed: {exc}"
+        return None
 
     def _shown(self, outcome: _Outcome) -> str | None:
         """The reason status events may carry for a network source's failed session."""

@@ -208,6 +208,7 @@ async def test_probes_metrics_and_draining(svc: LiveService, rtsp_server: RtspSe
     ready = await svc.call("GET", "/readyz")
     assert ready.status == 200 and ready.body["checks"] == {
         "nats": True,
+        "jetstream": True,
         "publisher": True,
         "detector": True,
         "accepting": True,
