@@ -291,12 +291,17 @@ class SourceSettings(_Strict):
 
     # Local files only under these directories (regular files, never /proc, /sys or /dev); none: no files.
     local_dirs: list[Path] = []
-    # Hosts on loopback, private, link-local or other non-public addresses (off: public hosts only).
-    allow_private_hosts: bool = False
+    # Hosts on private networks (RFC 1918, ULA, carrier-grade NAT), where nearly every camera lives.
+    allow_private_hosts: bool = True
+    # Hosts on loopback, link-local (cloud metadata included), multicast, unspecified or reserved
+    # addresses: this machine and its link, which a client must not reach through the service.
+    allow_local_hosts: bool = False
 
     def to_policy(self) -> SourcePolicy:
         dirs = tuple(Path(os.path.realpath(d.expanduser())) for d in self.local_dirs)
-        return SourcePolicy(local_dirs=dirs, allow_private_hosts=self.allow_private_hosts)
+        return SourcePolicy(
+            local_dirs=dirs, allow_private_hosts=self.allow_private_hosts, allow_local_hosts=self.allow_local_hosts
+        )
 
 
 def _captions(name: str) -> Any:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from pipelines.captions.engine import CaptionEngine
 from pipelines.describe.settings import DescribeEngine
@@ -167,6 +168,8 @@ class Service:
         self.context.hosts = HostPolicy(host, http.allowed_hosts, token_set=self.context.api_token is not None)
         server = HttpServer(self.app, max_connections=http.max_connections, idle_timeout_s=http.idle_timeout_s)
         self.url = await server.start(host, port)  # before any stream starts: a bad address costs nothing
+        # A source on the service's own port would have it read itself: refused for API and fleet streams.
+        self.app[SOURCE_POLICY].own_ports.add(urlsplit(self.url).port or port)
         try:
             if self.fleet is not None:
                 await self.fleet.start(self.config.streams)  # seeds the config's streams into the fleet

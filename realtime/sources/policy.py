@@ -11,8 +11,11 @@ before a fleet worker claims a stream from the bucket and before a file path is 
 - network schemes only (rtsp, rtsps, http, https), unless `local_dirs` lists directories:
   then local files under them, regular files only (no FIFOs, devices, directories), never
   under /proc, /sys or /dev, wherever a symlink points;
-- the host must resolve only to public addresses unless `allow_private_hosts` (loopback,
-  private, link-local, CGNAT, multicast and reserved ranges are not public).
+- the host must resolve to addresses the service may reach for a client: private networks (RFC 1918,
+  ULA, carrier-grade NAT: where nearly every camera lives) unless `allow_private_hosts` is turned
+  off; loopback, link-local (cloud metadata at 169.254.169.254 and fd00:ec2::254 included),
+  multicast, unspecified and reserved addresses only with `allow_local_hosts`; and never one of the
+  service's own listening ports on one of its own addresses (`own_ports`).
 
 Refusals say what rule applies, never whether a file exists outside the allowed directories.
 Limits: the name is resolved before each connect, and the backend resolves it again itself (a
@@ -26,7 +29,7 @@ import ipaddress
 import os
 import socket
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -43,10 +46,37 @@ class SourceNotAllowed(InvalidSource):
     """The source is valid but an API client may not use it (`sources` settings)."""
 
 
+METADATA_ADDRESSES = frozenset({ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")})
+THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
+
+
+def local_reason(address: IpAddress) -> str | None:
+    """Why the service must not send to `address` for a client unless its operator said so (this
+    machine, its link, cloud metadata, groups, nothing), or None. Private networks are not local."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address in METADATA_ADDRESSES:
+        return "cloud metadata"
+    if address.is_unspecified or (isinstance(address, ipaddress.IPv4Address) and address in THIS_NETWORK):
+        return "unspecified"
+    if address.is_loopback:
+        return "loopback"
+    if address.is_link_local:
+        return "link-local"
+    if address.is_multicast:
+        return "multicast"
+    if address.is_reserved:
+        return "reserved"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class SourcePolicy:
     local_dirs: tuple[Path, ...] = ()  # resolved absolute directories; empty: no local files
-    allow_private_hosts: bool = False
+    allow_private_hosts: bool = True  # RFC 1918, ULA, CGNAT: where cameras live
+    allow_local_hosts: bool = False  # loopback, link-local, metadata, multicast, unspecified, reserved
+    # The service's listening ports, never a source on its own host; filled in once it listens.
+    own_ports: set[int] = field(default_factory=set)
 
     async def admit(self, url: str) -> SourceSpec:
         """The parsed source if an API client may use it; SourceNotAllowed (or InvalidSource) if not."""
@@ -55,7 +85,7 @@ class SourcePolicy:
         if spec.is_file:
             assert spec.path is not None
             self._check_file(spec.path)
-        elif not self.allow_private_hosts:
+        else:
             await self._check_host(spec)
         return spec
 
@@ -91,13 +121,27 @@ class SourcePolicy:
             raise SourceNotAllowed("not a regular file (FIFOs, devices and sockets are not allowed)")
 
     async def _check_host(self, spec: SourceSpec) -> None:
-        refused = SourceNotAllowed(
-            f"host {spec.host} does not resolve to public addresses only "
-            "(an operator may allow loopback and private networks with sources.allow_private_hosts)"
-        )
+        if self.allow_private_hosts and self.allow_local_hosts and not self.own_ports:
+            return  # nothing to judge: the backend resolves the name itself
         addresses = await _resolve(spec.host, spec.port)
-        if not addresses or not all(_is_public(address) for address in addresses):
-            raise refused
+        if not addresses:
+            raise SourceNotAllowed(f"host {spec.host} does not resolve")
+        for address in addresses:
+            reason = self._refused(address, spec.port)
+            if reason is not None:
+                raise SourceNotAllowed(f"host {spec.host} resolves to {reason}")
+
+    def _refused(self, address: IpAddress, port: int) -> str | None:
+        local = local_reason(address)
+        if port and port in self.own_ports and (local in ("loopback", "unspecified") or _is_own(address)):
+            return "this service's own port (never a source)"
+        if local is not None and not self.allow_local_hosts:
+            article = "an" if local[0] in "aeiou" else "a"
+            return (f"{article} {local} address (an operator may allow loopback, link-local and other local "
+                    "addresses with sources.allow_local_hosts)")
+        if local is None and not _is_public(address) and not self.allow_private_hosts:
+            return "a private address (sources.allow_private_hosts is off)"
+        return None
 
     def _dirs(self) -> str:
         return ", ".join(str(d) for d in self.local_dirs)
@@ -109,6 +153,21 @@ def _file_url_path(url: str) -> str:
 
 def _is_system(path: Path) -> bool:
     return any(path == d or path.is_relative_to(d) for d in SYSTEM_DIRS)
+
+
+def _is_own(address: IpAddress) -> bool:
+    """One of this machine's own addresses (as its host name resolves)."""
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None)
+    except OSError:
+        return False
+    own = set()
+    for info in infos:
+        try:
+            own.add(ipaddress.ip_address(str(info[4][0]).partition("%")[0]))
+        except ValueError:
+            continue
+    return address in own
 
 
 def _is_public(address: IpAddress) -> bool:

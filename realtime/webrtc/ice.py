@@ -38,13 +38,12 @@ from aioice import stun
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection
 
 from realtime.config import IceServerSettings
+from realtime.sources.policy import local_reason
 
 STUN_RATE = 10.0  # STUN requests a second, per session, on average
 STUN_BURST = 20  # at once; a browser's pairs (a few per interface) fit in it
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-METADATA_ADDRESSES = frozenset({ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254")})
-THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
 
 
 def rtc_configuration(servers: Sequence[IceServerSettings]) -> RTCConfiguration:
@@ -75,22 +74,9 @@ def is_mdns_candidate(line: str) -> bool:
 
 
 def refused_address(address: IpAddress) -> str | None:
-    """Why the service must not send to `address` for a client, or None when it may."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    if address in METADATA_ADDRESSES:
-        return "cloud metadata"
-    if address.is_unspecified or (isinstance(address, ipaddress.IPv4Address) and address in THIS_NETWORK):
-        return "unspecified"
-    if address.is_loopback:
-        return "loopback"
-    if address.is_link_local:
-        return "link-local"
-    if address.is_multicast:
-        return "multicast"
-    if address.is_reserved:
-        return "reserved"
-    return None
+    """Why the service must not send to `address` for a client, or None when it may (the same rule
+    as for camera sources: private LAN addresses are fine, this machine and its link are not)."""
+    return local_reason(address)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,7 @@ class Fleet:
             "detector": {"model": str(model), "engine": "onnx-cpu", "threads": 1},
             "supervisor": FAST_SUPERVISOR,
             "captions": {"enabled": False},
-            "sources": {"allow_private_hosts": True, "local_dirs": [str(d) for d in local_dirs or []]},
+            "sources": {"allow_local_hosts": True, "local_dirs": [str(d) for d in local_dirs or []]},
             "http": {"max_streams": 600, "shutdown_timeout_s": 5},
             "fleet": {"name": name, "capacity": capacity, **(fleet or TEST_FLEET)},
         })

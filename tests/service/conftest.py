@@ -110,7 +110,7 @@ class LiveService:
 
 
 # Tests add loopback cameras and local clips over the API: open the source policy (see test_source_policy.py).
-OPEN_SOURCES = {"allow_private_hosts": True, "local_dirs": ["/"]}
+OPEN_SOURCES = {"allow_private_hosts": True, "allow_local_hosts": True, "local_dirs": ["/"]}
 
 
 def make_config(**overrides: Any) -> Config:

@@ -25,7 +25,7 @@ from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.sources.supervisor import UNTRUSTED_REASON
 from tests.service.conftest import LiveService, Reply, live_service, make_config, wait_until
 
-STRICT = {"allow_private_hosts": False, "local_dirs": []}
+STRICT = {"allow_private_hosts": False, "allow_local_hosts": False, "local_dirs": []}
 
 
 def closed_port() -> int:
@@ -87,7 +87,7 @@ async def test_a_url_with_cr_lf_is_refused_and_reaches_no_camera(
     detector: Detector, shared_nats_server: EmbeddedNatsServer
 ) -> None:
     """Issue 7, item 9: the CR/LF used to go out as extra RTSP request lines to any host:port."""
-    async with Listener() as camera, service(detector, shared_nats_server, allow_private_hosts=True) as svc:
+    async with Listener() as camera, service(detector, shared_nats_server, allow_local_hosts=True) as svc:
         base = f"rtsp://127.0.0.1:{camera.port}"
         injected = f"{base}/a\r\nX-Injected: yes\r\nCSeq: 99\r\n\r\nTEARDOWN {base}/other"
         for url in (injected, f"{base}/a%0d%0aX-Injected:%20yes", f"{base}/a b", f"{base}/" + "a" * 3000):
@@ -113,14 +113,15 @@ async def test_api_clients_may_not_open_local_files_devices_or_internal_hosts(
         "/proc/self/environ": "local files are not allowed",
         "/dev/ptmx": "local files are not allowed",
         str(fifo): "local files are not allowed",
-        f"http://127.0.0.1:{port}/": "does not resolve to public addresses",
-        f"rtsp://localhost:{port}/x": "does not resolve to public addresses",
-        "rtsp://[::1]/x": "does not resolve to public addresses",
-        "rtsp://[::ffff:127.0.0.1]/x": "does not resolve to public addresses",
-        "rtsp://2130706433/x": "does not resolve to public addresses",  # 127.0.0.1 as a number
-        "http://10.1.2.3/x": "does not resolve to public addresses",
-        "http://169.254.169.254/latest/meta-data": "does not resolve to public addresses",
-        "rtsp://no-such-host.invalid/x": "does not resolve to public addresses",
+        f"http://127.0.0.1:{port}/": "a loopback address",
+        f"rtsp://localhost:{port}/x": "a loopback address",
+        "rtsp://[::1]/x": "a loopback address",
+        "rtsp://[::ffff:127.0.0.1]/x": "a loopback address",
+        "rtsp://2130706433/x": "a loopback address",  # 127.0.0.1 as a number
+        "http://10.1.2.3/x": "a private address (sources.allow_private_hosts is off)",
+        "http://169.254.169.254/latest/meta-data": "a cloud metadata address",
+        "rtsp://[fd00:ec2::254]/x": "a cloud metadata address",
+        "rtsp://no-such-host.invalid/x": "does not resolve",
     }
     async with service(detector, shared_nats_server) as svc:
         for url, needle in refused.items():
@@ -164,7 +165,7 @@ async def test_api_streams_get_generic_failure_reasons_config_streams_the_detail
     port = closed_port()
     url = f"rtsp://127.0.0.1:{port}/x"
     streams = [{"id": "from-config", "url": url, "audio": False}]
-    async with service(detector, shared_nats_server, allow_private_hosts=True, streams=streams) as svc:
+    async with service(detector, shared_nats_server, allow_local_hosts=True, streams=streams) as svc:
         assert (await svc.call("POST", "/api/streams", json_body={"id": "from-api", "url": url})).status == 201
         reasons = {}
         for stream_id in ("from-config", "from-api"):
@@ -186,7 +187,7 @@ async def test_secrets_in_urls_never_come_back(
     api_url = f"rtsp://tok3n-user-0123@127.0.0.1:{port}/x?token=s3cr3t-t0ken-9876&ch=1"
     api_display = f"rtsp://***@127.0.0.1:{port}/x?token=***&ch=1"
     streams = [{"id": "cfg", "url": config_url, "audio": False}]
-    async with service(detector, shared_nats_server, allow_private_hosts=True, streams=streams) as svc:
+    async with service(detector, shared_nats_server, allow_local_hosts=True, streams=streams) as svc:
         reply = await svc.call("POST", "/api/streams", json_body={"id": "api", "url": api_url})
         assert reply.status == 201 and reply.body["url"] == api_display
         events: list[dict[str, Any]] = []
@@ -215,3 +216,32 @@ async def read_status_events(response: aiohttp.ClientResponse, into: list[dict[s
             kind = line.removeprefix("event: ")
         elif line.startswith("data: ") and kind == "status":
             into.append(json.loads(line.removeprefix("data: ")))
+
+
+async def test_by_default_cameras_on_private_networks_are_welcome_and_this_host_is_not(
+    detector: Detector, shared_nats_server: EmbeddedNatsServer
+) -> None:
+    """Issue 23: nearly every camera lives on an RFC 1918 / ULA network; loopback, link-local, the
+    metadata addresses and the service's own port are refused unless an operator allows them."""
+    defaults = {"allow_private_hosts": True, "allow_local_hosts": False, "local_dirs": []}
+    async with service(detector, shared_nats_server, **defaults) as svc:
+        for sid, url in (("lan", "rtsp://10.1.2.3:554/stream1"), ("ula", "rtsp://[fd12:3456::7]/live")):
+            reply = await svc.call("POST", "/api/streams", json_body={"id": sid, "url": url})
+            assert reply.status == 201, reply
+        own = svc.url.rsplit(":", 1)[1]
+        refused = {
+            "rtsp://127.0.0.1/x": "sources.allow_local_hosts",
+            "rtsp://[fe80::1]/x": "a link-local address",
+            "http://169.254.169.254/latest": "a cloud metadata address",
+            "rtsp://224.0.0.1/x": "a multicast address",
+            "rtsp://0.0.0.0/x": "an unspecified address",
+        }
+        for url, needle in refused.items():
+            message = url_problem(await svc.call("POST", "/api/streams", json_body={"id": "x", "url": url}))
+            assert needle in message, (url, message)
+    async with service(detector, shared_nats_server, allow_local_hosts=True) as svc:
+        own = svc.url.rsplit(":", 1)[1]
+        message = url_problem(
+            await svc.call("POST", "/api/streams", json_body={"id": "me", "url": f"http://127.0.0.1:{own}/"})
+        )
+        assert "this service's own port" in message, message

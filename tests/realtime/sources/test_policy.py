@@ -19,20 +19,45 @@ async def test_public_addresses_are_admitted(url: str) -> None:
 @pytest.mark.parametrize(
     "url",
     [
-        "rtsp://127.0.0.2/x",
-        "rtsp://0.0.0.0/x",
+        "rtsp://10.1.2.3/x",
+        "rtsp://192.168.1.64:554/Streaming/Channels/101",
+        "rtsp://172.16.0.5/x",
         "rtsp://100.64.0.1/x",  # carrier-grade NAT
-        "rtsp://224.0.0.1/x",  # multicast
         "rtsp://192.0.2.1/x",  # documentation range
-        "rtsp://[fe80::1]/x",
         "rtsp://[fd00::1]/x",
         "rtsp://[::ffff:10.0.0.1]/x",
     ],
 )
-async def test_other_addresses_need_allow_private_hosts(url: str) -> None:
-    with pytest.raises(SourceNotAllowed, match="sources.allow_private_hosts"):
+async def test_private_networks_are_admitted_unless_turned_off(url: str) -> None:
+    assert (await SourcePolicy().admit(url)).is_network
+    with pytest.raises(SourceNotAllowed, match="sources.allow_private_hosts is off"):
+        await SourcePolicy(allow_private_hosts=False).admit(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "what"),
+    [
+        ("rtsp://127.0.0.2/x", "loopback"),
+        ("rtsp://[::ffff:127.0.0.1]/x", "loopback"),
+        ("rtsp://0.0.0.0/x", "unspecified"),
+        ("rtsp://224.0.0.1/x", "multicast"),
+        ("rtsp://[fe80::1]/x", "link-local"),
+        ("rtsp://169.254.169.254/x", "cloud metadata"),
+        ("rtsp://[fd00:ec2::254]/x", "cloud metadata"),
+        ("rtsp://240.0.0.1/x", "reserved"),
+    ],
+)
+async def test_this_machine_and_its_link_need_allow_local_hosts(url: str, what: str) -> None:
+    with pytest.raises(SourceNotAllowed, match=f"an? {what} address .*sources.allow_local_hosts"):
         await SourcePolicy().admit(url)
-    assert (await SourcePolicy(allow_private_hosts=True).admit(url)).is_network
+    assert (await SourcePolicy(allow_local_hosts=True).admit(url)).is_network
+
+
+async def test_the_services_own_port_is_never_a_source() -> None:
+    policy = SourcePolicy(allow_local_hosts=True, own_ports={8080})
+    with pytest.raises(SourceNotAllowed, match="this service's own port"):
+        await policy.admit("http://127.0.0.1:8080/api/streams")
+    assert (await policy.admit("rtsp://127.0.0.1:8554/x")).is_network
 
 
 async def test_a_bad_url_is_reported_as_such_not_as_a_policy_refusal() -> None:
