@@ -46,7 +46,7 @@ from pipelines.event_bodies import description_event
 from pipelines.events import Event, EventKind, EventSink
 from pipelines.frames import VideoFrame
 from pipelines.graph import StageContext, counter, register_counters
-from pipelines.graph.counters import Counters
+from pipelines.graph.counters import Counters, summed
 from pipelines.mailbox import FrameMailbox, MailboxClosed
 from pipelines.rules.publishing import AlertPublisher, AlertStats
 from pipelines.rules.snapshots import SnapshotStore
@@ -72,6 +72,9 @@ register_counters(
         "vlm_cached_tokens": counter("Prompt tokens the VLM server found in its prefix cache"),
     }
 )
+# The frame loop reports these for its rules' alerts; the describer for its `vlm` rules' alerts:
+# the stream's counters hold the sum (`alerts`: alerts started on this stream, whatever the rule).
+summed("alerts", "alerts_suppressed", "snapshot_failures")
 
 
 @dataclass(slots=True)
@@ -177,6 +180,10 @@ class DescribeStage:
             "vlm_epochs": stats.epochs,
             "vlm_prompt_tokens": stats.prompt_tokens,
             "vlm_cached_tokens": stats.cached_tokens,
+            # Summed with the frame loop's (see `summed` above): this stage's part of the stream's.
+            "alerts": self._alert_stats.started,
+            "alerts_suppressed": self.checks.suppressed,
+            "snapshot_failures": self._alert_stats.snapshots_failed,
         }
 
     # -- what the stream does (its other stages' events) -------------------------------------------

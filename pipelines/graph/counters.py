@@ -6,6 +6,10 @@ stage that keeps it. `metric` / `label` fold several keys into one labelled Prom
 (`frames_in` and `frames_dropped` are `vidsentry_stream_frames_total{stage="in"|"dropped"}`);
 without them a key `k` is exported as `vidsentry_stream_<k>_total` (counter) or
 `vidsentry_stream_<k>` (gauge).
+
+A key is normally reported by one stage. A key that several stages report, each for its own part
+of the stream, is declared `summed`: the stream's value is their sum (`alerts` counts the frame
+loop's rule alerts and the describer's `vlm` alerts alike: alerts started on this stream).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ def queue_depth(queue: str) -> CounterInfo:
 
 
 _CATALOGUE: dict[str, CounterInfo] = {}
+_SUMMED: set[str] = set()
 
 
 def register_counters(entries: Mapping[str, CounterInfo]) -> None:
@@ -60,9 +65,22 @@ def register_counters(entries: Mapping[str, CounterInfo]) -> None:
             raise ValueError(f"counter {key!r} is already described differently")
 
 
+def summed(*keys: str) -> None:
+    """`keys` may be reported by several stages of one stream, each counting its own part: the
+    stream's counters hold their sum."""
+    _SUMMED.update(keys)
+
+
+def merge_counters(into: Counters, part: Mapping[str, float]) -> None:
+    """Merge one stage's (or the source's) counters into a stream's: a key declared `summed` adds
+    up over the stages that report it; any other key takes the value reported."""
+    for key, value in part.items():
+        into[key] = into[key] + value if key in _SUMMED and key in into else value
+
+
 def zero_counters() -> Counters:
     """Every described counter at 0: the shape of a stream's counters before (or without) a run,
-    so clients see the same keys for every stream."""
+    so clients see the same keys for every stream. Stages' counters merge into it (`merge_counters`)."""
     return dict.fromkeys(_CATALOGUE, 0)
 
 

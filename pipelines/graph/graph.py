@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from pipelines.events import EventSink
 from pipelines.frames import StatusChange, StreamState
-from pipelines.graph.counters import Counters, zero_counters
+from pipelines.graph.counters import Counters, merge_counters, zero_counters
 from pipelines.graph.engines import SharedEngines
 from pipelines.graph.source import MediaSource, SourceOutputs
 from pipelines.graph.spec import ProcessingSpec
@@ -130,9 +130,9 @@ class StreamGraph:
     def counters(self) -> Counters:
         """Every counter of the source and the stages, plus the graph's own (cheap: for every scrape)."""
         merged = zero_counters()
-        merged.update(self.source.counters())
+        merge_counters(merged, self.source.counters())
         for stage in self.stages:
-            merged.update(stage.counters())
+            merge_counters(merged, stage.counters())
         merged["status_events_dropped"] = self._status.dropped
         merged["status_queue_depth"] = self._status.depth
         return merged

@@ -6,6 +6,14 @@ A subject is what an alert is about: one track (zone, line, fall rules) or the w
 - while it lasts, an alert is one start event, never one event per frame;
 - it ends only after the condition has been false for `clear_s` (detector flicker rides over);
 - after it ends, the same subject cannot start another for `cooldown_s`.
+
+Times: holds, clears, cooldowns and durations run on the stream clock (`Moment.t`, which never
+runs backwards). An alert reports its times on one timeline, that of the frame it started on:
+`started_pts` is that frame's media pts, and `ended_pts` is `started_pts` plus the stream time
+that passed until the end. Within one connection that is the end's own media pts; across a
+camera reconnect (pts restart near 0) it still comes after the start, and `ended_pts -
+started_pts` is `duration_s` (to the rounding). The events' `pts` stay each decision frame's
+media pts.
 """
 
 from __future__ import annotations
@@ -56,6 +64,16 @@ def new_alert_id() -> str:
     # Random rather than derived from stream/rule/track/pts: track ids and pts restart with the
     # stream, so derived ids would repeat across restarts.
     return uuid.uuid4().hex
+
+
+def on_timeline_of(started: Moment, ended: Moment) -> float:
+    """`ended` in the media pts of the connection `started` was on: its own pts while the stream
+    clock's offset from pts is unchanged, else `started.pts` plus the stream time between them (a
+    reconnect restarted pts, or the clock held over jitter). Never before `started.pts`."""
+    shift = (ended.t - ended.pts) - (started.t - started.pts)
+    if abs(shift) < 1e-9:  # one connection: pts moved as the stream clock did
+        return max(ended.pts, started.pts)
+    return started.pts + max(ended.t - started.t, 0.0)
 
 
 class AlertLifecycle:
@@ -194,7 +212,7 @@ class AlertLifecycle:
             evidence=evidence,
             started_pts=alert.started.pts,
             pts=now.pts,
-            ended_pts=ended.pts,
+            ended_pts=on_timeline_of(alert.started, ended),
             duration_s=round(max(ended.t - alert.started.t, 0.0), 3),
         )
 

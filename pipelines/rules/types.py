@@ -57,6 +57,8 @@ class AlertChange:
     evidence: Mapping[str, Any]
     started_pts: float
     pts: float  # media time of the frame this change was decided on
-    ended_pts: float | None = None  # when the condition stopped holding (end only)
+    # When the condition stopped holding (end only), on the timeline of the start's frame: across a
+    # reconnect (media pts restarted) it is started_pts plus the stream-clock time since, never earlier.
+    ended_pts: float | None = None
     duration_s: float | None = None  # end only
     snapshot: bool = False  # a start whose rule asks for a snapshot of the frame

@@ -101,3 +101,21 @@ def test_the_longest_overdue_question_goes_first() -> None:
     assert checks.due(0.0) is b
     checks.ask(b, 0.0)
     assert checks.due(5.0) is a
+
+
+def test_an_alert_across_a_media_time_restart_ends_after_it_started() -> None:
+    # A camera reconnects while the alert is open: pts start again near 0, the stream clock goes on.
+    rule = vlm_rule(cadence_s=1, for_s=0, clear_s=2)
+    checks = VlmChecks([rule])
+    start = checks.verdict(rule, Moment(54.2, 54.2), Verdict(True, "yes"), model="m")
+    assert start is not None and start.started_pts == 54.2
+    assert checks.verdict(rule, Moment(55.2, 55.2), Verdict(True, "yes"), model="m") is None
+    assert checks.verdict(rule, Moment(60.0, 0.0), Verdict(False, "no"), model="m") is None  # reconnected
+    end = checks.verdict(rule, Moment(62.0, 2.0), Verdict(False, "no"), model="m")
+    assert end is not None and end.kind is AlertEventKind.END and end.pts == 2.0
+    assert end.duration_s == 5.8 and end.ended_pts == pytest.approx(60.0)  # 54.2 + 5.8, not 0.0
+    # Ended by the stream stopping after a restart: the same.
+    start = checks.verdict(rule, Moment(200.0, 100.0), Verdict(True, "yes"), model="m")
+    assert start is not None
+    (end,) = checks.finish(Moment(203.0, 0.5))
+    assert end.ended_pts == pytest.approx(103.0) and end.duration_s == 3.0

@@ -293,3 +293,99 @@ async def test_slow_answers_time_out_and_malformed_ones_are_skipped_then_descrip
         count = len(descriptions(h.events))
         await h.feed_until(lambda: len(descriptions(h.events)) >= count + 2, 200, "descriptions after them")
     assert all(d["text"] for d in descriptions(h.events))
+
+
+class ReconnectingCamera:
+    """A camera whose pts run from 54.0 until `reconnect` is set, then start again at 0 (a
+    reconnect): frames 0.1 s of media time apart, played in real time, until `stop`."""
+
+    display = "fake://reconnecting"
+    lossless = False
+
+    def __init__(self) -> None:
+        self.reconnect = asyncio.Event()
+        self.reconnected = False
+        self.sent = 0
+        self._stop = asyncio.Event()
+
+    async def run(self, outputs: Any) -> Any:
+        from pipelines.frames import StatusChange, StreamState
+
+        outputs.status(StatusChange("cam", StreamState.LIVE, None, time.time()))
+        pts, seq = 54.0, 0
+        while not self._stop.is_set() and seq < 2000:
+            if self.reconnect.is_set() and not self.reconnected:
+                self.reconnected, pts = True, 0.0  # pts restart near 0 after the reconnect
+                await asyncio.sleep(0.3)  # the outage
+            outputs.video.put(VideoFrame("cam", seq, round(pts, 3), time.time(), frame(seq).image))
+            self.sent, seq, pts = self.sent + 1, seq + 1, pts + FRAME_STEP_S
+            await asyncio.sleep(FRAME_STEP_S)
+        outputs.status(StatusChange("cam", StreamState.STOPPED, StreamState.LIVE, time.time(), reason="end"))
+        return StreamState.STOPPED
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def counters(self) -> dict[str, float]:
+        return {"frames_in": self.sent}
+
+
+async def test_a_vlm_alert_across_a_reconnect_ends_after_it_started_and_the_stream_counts_it() -> None:
+    # A camera reconnects while a vlm alert is open: its pts start again near 0. The alert's end
+    # still comes after its start (one timeline), and the stream's `alerts` counter holds both the
+    # frame loop's alert and the describer's.
+    from pipelines import frame_loop
+    from pipelines.describe import stage as describe_stage
+    from pipelines.detect import DetectionBatcher
+    from pipelines.graph import SharedEngines, StreamGraph
+    from tests.pipelines.test_graph import Boxes, ListSink, spec
+
+    camera = ReconnectingCamera()
+
+    def answer(body: dict[str, Any]) -> str:
+        if "Question:" in body["messages"][-1]["content"][-1]["text"]:
+            yes = not camera.reconnected
+            return json.dumps({"answer": "yes" if yes else "no", "reason": "a man lies on the floor"})
+        description = {"description": "A man lies on the floor.", "people": 1, "activity": "lying", "unusual": True}
+        return json.dumps(description)
+
+    rules = TypeAdapter(RuleList).validate_python(
+        [
+            {"id": "down", "type": "vlm", "question": "Is anyone lying on the floor?", "cadence_s": 1.0,
+             "clear_s": 0},
+            {"id": "someone", "type": "present", "classes": ["Normal"]},
+        ]
+    )  # fmt: skip
+    sink = ListSink()
+
+    def vlm_alerts() -> list[dict[str, Any]]:
+        return [dict(e.data) for e in sink.kinds(EventKind.ALERTS) if e.data["rule_type"] == "vlm"]
+
+    async with VllmSimulator(answer=answer) as sim, DetectionBatcher(Boxes()) as batcher:
+        vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model))
+        engines = SharedEngines(batcher, describe=DescribeEngine(vlm, sim.model, FAST))
+        graph = StreamGraph(
+            spec(rules=tuple(rules), describe=False), camera, [frame_loop.build, describe_stage.build], engines, sink
+        )
+        running = asyncio.create_task(graph.run())
+        try:
+            await wait_until(lambda: len(vlm_alerts()) >= 1, 20, "the vlm alert to start")
+            camera.reconnect.set()
+            await wait_until(lambda: len(vlm_alerts()) >= 2, 20, "the vlm alert to end after the reconnect")
+        finally:
+            camera.stop()
+            await asyncio.wait_for(running, 10)
+            await vlm.aclose()
+    start, end = vlm_alerts()
+    assert start["event"] == "start" and end["event"] == "end" and end["evidence"]["reason"] == "cleared"
+    assert start["started_pts"] >= 54.0 and end["started_pts"] == start["started_pts"]
+    assert end["ended_pts"] >= end["started_pts"]  # not 0.x: the media pts after the reconnect
+    assert end["duration_s"] >= 0.3  # the outage at least
+    assert end["ended_pts"] == pytest.approx(end["started_pts"] + end["duration_s"], abs=0.002)
+    frame_loop_alerts = [e for e in sink.kinds(EventKind.ALERTS) if e.data["rule_type"] == "present"]
+    assert [e.data["event"] for e in frame_loop_alerts] == ["start", "end"]
+    for e in frame_loop_alerts:  # the frame loop's alert spans the reconnect too
+        assert e.data["ended_pts" if e.data["event"] == "end" else "started_pts"] >= 54.0
+    counters = graph.counters()
+    assert counters["alerts"] == 2  # the frame loop's present alert and the describer's vlm alert
+    assert counters["vlm_checks"] >= 2
