@@ -1104,6 +1104,7 @@ function drawWatch() {
   $("watch-frame").textContent = [
     `frame ${watch.seq}`,
     `${drawn} box${drawn === 1 ? "" : "es"}${matched}`,
+    body && body.inference === "predicted" ? "predicted by the tracker (dashed)" : "",
     `${tracked} tracked`,
     active ? `${active} active alert${active === 1 ? "" : "s"}` : "",
   ].filter(Boolean).join(" · ");
