@@ -6,7 +6,6 @@ a bad disk or a lossy transfer would."""
 
 from __future__ import annotations
 
-import asyncio
 import errno
 from pathlib import Path
 from typing import Any
@@ -16,12 +15,11 @@ import av.error
 import numpy as np
 import pytest
 
-from pipelines.frames import AudioChunk, StreamState
-from pipelines.mailbox import AudioBuffer, FrameMailbox
-from realtime.sources import CameraSupervisor, parse_source
+from pipelines.frames import StreamState
+from realtime.sources import parse_source
 from realtime.sources.pyav_source import MAX_CONSECUTIVE_CORRUPT, PyAVSession
 from realtime.sources.session import SessionOptions
-from tests.realtime.sources.util import FAST_POLICY, FrameLog, StatusLog, drain_audio, drain_frames
+from tests.realtime.sources.util import FrameLog, StatusLog, play_file
 
 CLIP_FRAMES = 795
 
@@ -69,25 +67,8 @@ def test_the_damaged_clip_has_what_the_issue_saw(damaged_clip: Path) -> None:
 
 
 async def _run(path: Path, backend: str, *, audio: bool = True) -> tuple[StreamState, StatusLog, Any, FrameLog, float]:
-    mailbox = FrameMailbox(blocking=True)
-    buffer = AudioBuffer(max_seconds=120.0) if audio else None
-    status = StatusLog()
-    supervisor = CameraSupervisor(
-        "damaged",
-        parse_source(str(path)),
-        video=mailbox,
-        audio=buffer,
-        on_status=status,
-        backend=backend,
-        policy=FAST_POLICY,
-    )
-    frames, chunks = FrameLog(), list[AudioChunk]()
-    async with asyncio.TaskGroup() as group:
-        group.create_task(drain_frames(mailbox, frames))
-        if buffer is not None:
-            group.create_task(drain_audio(buffer, chunks))
-        state = await asyncio.wait_for(supervisor.run(), timeout=120)
-    return state, status, supervisor, frames, sum(c.duration for c in chunks)
+    play = await play_file(path, backend, stream_id="damaged", audio=audio)
+    return play.state, play.status, play.supervisor, play.frames, sum(c.duration for c in play.chunks)
 
 
 async def test_a_damaged_file_plays_to_its_end(backend: str, damaged_clip: Path) -> None:

@@ -14,7 +14,15 @@ import pytest
 from pipelines.frames import AudioChunk, StreamState
 from pipelines.mailbox import AudioBuffer, FrameMailbox
 from realtime.sources import CameraSupervisor, parse_source
-from tests.realtime.sources.util import FAST_POLICY, FrameLog, StatusLog, drain_audio, drain_frames, strictly_increasing
+from tests.realtime.sources.util import (
+    FAST_POLICY,
+    FrameLog,
+    StatusLog,
+    drain_audio,
+    drain_frames,
+    play_file,
+    strictly_increasing,
+)
 
 CLIP_FRAMES = 795  # 79.5 s at 10 fps
 NARRATION_S = 50.1  # the AAC track: espeak narration, 16 kHz mono
@@ -22,24 +30,11 @@ NARRATION_S = 50.1  # the AAC track: espeak narration, 16 kHz mono
 
 async def test_whole_file_loses_nothing(backend: str, sample_clip: Path) -> None:
     """As fast as possible with a blocking mailbox: every frame and all the audio arrive."""
-    mailbox = FrameMailbox(blocking=True)
-    audio = AudioBuffer(max_seconds=120.0)
-    status = StatusLog()
-    supervisor = CameraSupervisor(
-        "clip",
-        parse_source(str(sample_clip)),
-        video=mailbox,
-        audio=audio,
-        on_status=status,
-        backend=backend,
-        policy=FAST_POLICY,
+    play = await play_file(sample_clip, backend)
+    state, status, supervisor, frames, chunks, mailbox, audio = (
+        play.state, play.status, play.supervisor, play.frames, play.chunks, play.mailbox, play.audio
     )
-    frames, chunks = FrameLog(), list[AudioChunk]()
-    async with asyncio.TaskGroup() as group:
-        group.create_task(drain_frames(mailbox, frames))
-        group.create_task(drain_audio(audio, chunks))
-        state = await supervisor.run()
-
+    assert audio is not None
     assert state is StreamState.STOPPED
     assert status.states == [StreamState.CONNECTING, StreamState.LIVE, StreamState.STOPPED]
     assert status.events[-1].reason == "end of file"

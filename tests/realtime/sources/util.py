@@ -8,12 +8,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from pipelines.frames import AudioChunk, StatusChange, StreamState
 from pipelines.mailbox import AudioBuffer, FrameMailbox, MailboxClosed
-from realtime.sources import SupervisorPolicy
+from realtime.sources import CameraSupervisor, SupervisorPolicy, parse_source
 
 # Short timings so failures show up fast; deadlines in tests are failure timeouts only.
 FAST_POLICY = SupervisorPolicy(
@@ -110,3 +111,42 @@ async def eventually(predicate: Callable[[], bool], *, within: float) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {within} s")
         await asyncio.sleep(0.05)
+
+
+@dataclass
+class FilePlay:
+    """What `play_file` saw: the end state, the status changes, the supervisor (its stats), the
+    frames and audio chunks taken, and the mailbox and audio buffer they came through."""
+
+    state: StreamState
+    status: StatusLog
+    supervisor: CameraSupervisor
+    frames: FrameLog
+    chunks: list[AudioChunk]
+    mailbox: FrameMailbox
+    audio: AudioBuffer | None
+
+
+async def play_file(
+    path: Path, backend: str, *, stream_id: str = "clip", audio: bool = True
+) -> FilePlay:
+    """Play a file as fast as it goes (a blocking mailbox: nothing dropped) under the supervisor."""
+    mailbox = FrameMailbox(blocking=True)
+    buffer = AudioBuffer(max_seconds=120.0) if audio else None
+    status = StatusLog()
+    supervisor = CameraSupervisor(
+        stream_id,
+        parse_source(str(path)),
+        video=mailbox,
+        audio=buffer,
+        on_status=status,
+        backend=backend,
+        policy=FAST_POLICY,
+    )
+    frames, chunks = FrameLog(), list[AudioChunk]()
+    async with asyncio.TaskGroup() as group:
+        group.create_task(drain_frames(mailbox, frames))
+        if buffer is not None:
+            group.create_task(drain_audio(buffer, chunks))
+        state = await asyncio.wait_for(supervisor.run(), timeout=120)  # a failure deadline only
+    return FilePlay(state, status, supervisor, frames, chunks, mailbox, buffer)
