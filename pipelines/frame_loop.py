@@ -183,6 +183,8 @@ class FrameLoop:
                 frame, detection = entry
                 if detection is None:
                     await self._process_predicted(frame)
+                    if self.mailbox.blocking:  # a file's predicted frames hold a slot (see _submit_every_frame)
+                        slots.release()
                     continue
                 try:
                     outcome = await detection
@@ -214,7 +216,7 @@ class FrameLoop:
             except MailboxClosed:
                 return
             if self._skip_for_cap(frame):  # detect_fps: boxes predicted, as on a live stream
-                slots.release()
+                # It keeps its slot until it is handled: the reader waits, frames never pile up.
                 submitted.put_nowait((frame, None))
                 continue
             self._last_submitted_at = frame.captured_at
@@ -283,7 +285,7 @@ class FrameLoop:
                 slots.release()
                 return
             grant = await budget.acquire_async(DETECTOR)
-            if not held:  # cannot happen (only this loop takes the held frame); never keep threads idle
+            if not held:  # a detect_fps-skipped frame came meanwhile and sent the held one to prediction
                 budget.release(grant)
                 slots.release()
                 continue
