@@ -92,7 +92,6 @@ class FrameLoopStats:
     latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     wait_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     inference_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
-    predicted_latency_ms: deque[float] = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     alerts: AlertStats = field(default_factory=AlertStats)  # alert events and their snapshots
 
 
@@ -391,10 +390,8 @@ class FrameLoop:
             batch_size=0,
         )
         await self.sink.publish(event)
-        latency_ms = (time.time() - frame.captured_at) * 1000
-        self.stats.predicted_latency_ms.append(latency_ms)
         if self.on_frame is not None:
-            self.on_frame(result, latency_ms)
+            self.on_frame(result, (time.time() - frame.captured_at) * 1000)
         if alert_changes and self.alerts is not None:
             await self.alerts.publish(alert_changes, captured_at=frame.captured_at, frame=frame)
 
