@@ -49,6 +49,9 @@ class FleetCollector(Collector):
         yield CounterMetricFamily("vidsentry_fleet_duplicate_node_records",
                                   "Records of this worker's node name written by another worker (shared --node)",
                                   value=worker.counters.duplicate_nodes)
+        yield CounterMetricFamily("vidsentry_fleet_watch_stalls",
+                                  "Bucket watches started again because this worker's own write never came through",
+                                  value=worker.watch_stalls)
         yield CounterMetricFamily("vidsentry_fleet_fenced_events",
                                   "Events dropped because this worker's lease on the stream was not valid",
                                   value=worker.counters.fenced_events)

@@ -4,6 +4,12 @@ Each entry remembers when this worker last saw it change (monotonic), so a recor
 expiry marker never arrived can still be judged stale. Writes this worker makes are put in
 at once (`note`), so its own API answers read what it just wrote. The copy holds at most what
 the bucket holds; deleted and expired keys leave it.
+
+A watch can go quiet without an error: its ephemeral consumer lived on a NATS node that died
+while this worker stayed connected to another. nats-py notices only after two missed 5 s
+heartbeats, and retries no faster. So a worker that writes to the bucket says so (`expect`),
+and a write its own watch has not delivered after a few seconds (`overdue`) means the watch is
+stalled and is started again.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ class KvMirror:
         self.synced = asyncio.Event()  # set once the first full replay has arrived
         self._restart = asyncio.Event()
         self.failures = 0  # watches that ended with an error (monotonic)
+        self.stalls = 0  # watches restarted because a write of this worker never came through
+        self._delivered = 0  # highest revision a watch delivered
+        self._expected: tuple[int, float] | None = None  # (revision, written at) not yet delivered
 
     def get(self, key: str) -> Seen | None:
         return self._entries.get(key)
@@ -81,8 +90,26 @@ class KvMirror:
             if self._on_change is not None:
                 self._on_change(key)
 
-    def restart(self) -> None:
+    def expect(self, revision: int) -> None:
+        """This worker wrote `revision`: its watch should deliver it soon."""
+        if revision > self._delivered and self._expected is None:
+            self._expected = (revision, time.monotonic())
+
+    def overdue(self, after_s: float) -> bool:
+        """A write expected more than `after_s` ago has not come through the watch."""
+        expected = self._expected
+        if expected is None:
+            return False
+        if self._delivered >= expected[0]:
+            self._expected = None
+            return False
+        return time.monotonic() - expected[1] > after_s
+
+    def restart(self, *, stalled: bool = False) -> None:
         """Watch again from the bucket's current state (after a reconnect the old watch may be gone)."""
+        if stalled:
+            self.stalls += 1
+        self._expected = None  # the new watch gets its own time to deliver
         self._restart.set()
 
     async def run(self) -> None:
@@ -110,6 +137,8 @@ class KvMirror:
                     nxt.cancel()
                     return
                 entry = nxt.result()
+                if entry is not None:
+                    self._delivered = max(self._delivered, entry.revision)
                 if entry is None:  # the replay of what exists is complete
                     if replaying:
                         self._replace(fresh)

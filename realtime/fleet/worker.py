@@ -66,6 +66,8 @@ from realtime.streams.view import PENDING, StreamView, public_url
 log = logging.getLogger(__name__)
 
 SYNC_TIMEOUT_S = 10.0
+STALL_AFTER_RENEWALS = 3  # a node record the worker's own watch has not delivered after this many renewals
+STALL_MIN_S = 3.0  # ... and at least this long: the watch is stalled
 STATE_CHECK_S = 0.25  # how often stream states are compared with the last node record
 UNOWNED_REASON = "waiting for a worker with room to take it"
 UNOPENED_URL = "rtsp://unopened.invalid/"  # stands in for a refused path while the rest of its value is read
@@ -258,6 +260,10 @@ class FleetWorker:
     @property
     def keeper(self) -> LeaseKeeper | None:
         return self._keeper
+
+    @property
+    def watch_stalls(self) -> int:
+        return sum(m.stalls for m in (self._desired, self._leases) if m is not None)
 
     @property
     def desired_count(self) -> int:
@@ -484,6 +490,7 @@ class FleetWorker:
         except _NATS_ERRORS:
             return  # the next round tries again; others see this worker as gone after the TTL
         leases.note(node_key(self.node), record, revision)
+        leases.expect(revision)
 
     # -- reading the mirrors ---------------------------------------------------------------
 
@@ -653,6 +660,16 @@ class FleetWorker:
             self._reconnects = reconnects
             self._desired.restart()
             self._leases.restart()
+        elif self._leases.overdue(self._stall_after_s()):
+            # This worker's node record went out a while ago and its own watch has not seen it: the
+            # watch's consumer is gone with a NATS node. The desired watch most likely went with it.
+            log.warning("fleet watch stalled; watching again",
+                        extra={"fleet": self.options.name, "node": self.node})
+            self._desired.restart(stalled=True)
+            self._leases.restart(stalled=True)
+
+    def _stall_after_s(self) -> float:
+        return max(STALL_AFTER_RENEWALS * self.options.renew_interval_s, STALL_MIN_S)
 
     async def _seed(self, settings: AnyStreamSettings) -> None:
         assert self._buckets is not None and self._desired is not None

@@ -16,7 +16,8 @@ from engines.detector import Detector
 from pipelines.frames import VideoFrame
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.http.preview import ENCODE_WINDOW_S, PREVIEWS, FramePreviews, encode_jpeg
-from tests.service.conftest import LiveService, live_service, wait_until
+from tests.service.conftest import LiveService, live_service
+from tests.support.waiting import wait_until
 
 UNREACHABLE = "rtsp://127.0.0.1:1/cam"  # refused at once: the stream never has a frame
 

@@ -15,9 +15,10 @@ from playwright.async_api import Browser
 from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.browser.test_page import WIDE
-from tests.service.conftest import CaptionModels, LiveService, live_service, make_config, wait_until
+from tests.service.conftest import CaptionModels, LiveService, live_service, make_config
 from tests.support.browser import SPEECH, open_page, start_session
 from tests.support.speech import looped_wer, words_of
+from tests.support.waiting import wait_until
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

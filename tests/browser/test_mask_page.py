@@ -18,8 +18,9 @@ from realtime.bus.publisher import NatsEventPublisher
 from realtime.cli.bootstrap import open_segmentation
 from realtime.service.service import Service
 from tests.engines.segment import models
-from tests.service.conftest import LiveService, make_config, wait_until
+from tests.service.conftest import LiveService, make_config
 from tests.support.browser import open_page
+from tests.support.waiting import wait_until
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

@@ -11,7 +11,6 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from realtime.sources.spec import parse_source
 from realtime.sources.supervisor import CameraSupervisor, SupervisorPolicy
 from tests.service.serve_process import ServeProcess, http, poll, write_config
 from tests.support.rtsp import RtspServer
+from tests.support.waiting import wait_until
 
 FAST = SupervisorPolicy(backoff_initial=0.1, backoff_max=0.2, watchdog_s=1.0, stall_restart_s=2.0,
                         open_timeout_s=2.0, read_timeout_s=2.0, max_failed_connects=None)
@@ -57,11 +57,6 @@ def skipped_metric(worker: FleetWorker) -> dict[str, float]:
             for sample in family.samples if sample.name == "vidsentry_fleet_desired_values_skipped_total"}
 
 
-async def until(condition: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
 
 
 def test_a_worker_does_not_claim_what_its_sources_policy_refuses(
@@ -89,7 +84,7 @@ def test_a_worker_does_not_claim_what_its_sources_policy_refuses(
             for key, url in written.items():
                 await put_raw(nc, "trust", key, {"id": key, "url": url})
             run = asyncio.create_task(worker.run())
-            await until(lambda: "allowed" in worker.registry, 10, "the allowed stream is claimed")
+            await wait_until(lambda: "allowed" in worker.registry, 10, "the allowed stream is claimed")
             await asyncio.sleep(1.5)  # three more claim rounds
             assert [sid for sid in written if sid in worker.registry] == ["allowed"]
             assert worker.keeper is not None and worker.keeper.held() == ["allowed"]
@@ -125,7 +120,7 @@ def test_a_value_under_another_keys_id_is_skipped_and_logged_once(
         try:
             await worker.start([])
             await put_raw(nc, "ids", "cam", {"id": "other", "url": str(small_clip)})
-            await until(lambda: worker._desired is not None and worker._desired.get("cam") is not None, 5, "seen")
+            await wait_until(lambda: worker._desired is not None and worker._desired.get("cam") is not None, 5, "seen")
             for _ in range(3):
                 assert worker.views() == []
             assert worker.counters.skipped == 1
@@ -304,7 +299,7 @@ def test_the_sample_nats_config_lets_workers_write_the_buckets_and_the_reader_on
             await worker.start([])  # creates both buckets and writes to them
             await put_raw(worker_nc, "site1", "cam", {"id": "cam", "url": "rtsp://camera.example/x"})
             run = asyncio.create_task(worker.run())  # writes its node record and claims the stream
-            await until(lambda: worker.keeper is not None and worker.keeper.held() == ["cam"], 5, "claimed")
+            await wait_until(lambda: worker.keeper is not None and worker.keeper.held() == ["cam"], 5, "claimed")
             for bucket in (desired_bucket("site1"), desired_bucket("site1") + "-leases"):
                 kv = await reader_nc.jetstream().key_value(bucket)
                 assert await kv.keys()  # watching, listing and getting are allowed

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import nats
@@ -22,18 +21,13 @@ from realtime.sources.supervisor import SupervisorPolicy
 from realtime.streams.runner import StreamRunner
 from tests.support.rtsp import RtspServer
 from tests.support.streams import camera_spec
+from tests.support.waiting import wait_until
 
 FAST_POLICY = SupervisorPolicy(
     backoff_initial=0.2, backoff_max=1.0, watchdog_s=1.5, stall_restart_s=4.0, open_timeout_s=3.0
 )
 
 
-async def wait_until(condition: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture

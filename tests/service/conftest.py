@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from realtime.bus.publisher import NatsEventPublisher
 from realtime.cli.bootstrap import compute_budget
 from realtime.config import Config
 from realtime.service.service import Service
+from tests.support.waiting import wait_until
 
 CaptionModels = tuple[SpeechRecognizer, VadModel]  # the session-wide `caption_models` fixture
 
@@ -40,12 +41,6 @@ FAST_SUPERVISOR = {
 }
 
 
-async def wait_until(condition: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @dataclass

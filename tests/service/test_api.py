@@ -13,8 +13,9 @@ import pytest
 
 from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
-from tests.service.conftest import LiveService, Reply, live_service, make_config, wait_until
+from tests.service.conftest import LiveService, Reply, live_service, make_config
 from tests.support.rtsp import RtspServer
+from tests.support.waiting import wait_until
 
 UNREACHABLE = "rtsp://127.0.0.1:1/cam"  # refused at once; the stream keeps retrying, cheaply
 

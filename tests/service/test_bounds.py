@@ -19,8 +19,9 @@ from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.config import CameraStreamSettings, ConfigError, HttpSettings, load_config
 from realtime.service.registry import StreamLimitReached, StreamRegistry
 from realtime.streams.runner import StreamRunner
-from tests.service.conftest import LiveService, live_service, make_config, wait_until
+from tests.service.conftest import LiveService, live_service, make_config
 from tests.service.test_api import assert_error
+from tests.support.waiting import wait_until
 
 UNREACHABLE = "rtsp://127.0.0.1:1/cam"  # refused at once; the stream keeps retrying, cheaply
 

@@ -18,10 +18,11 @@ import pytest
 
 from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
-from tests.service.conftest import CaptionModels, LiveService, live_service, make_config, wait_until
+from tests.service.conftest import CaptionModels, LiveService, live_service, make_config
 from tests.support.peer import connect, load_frames, load_speech
 from tests.support.rtsp import RtspServer
 from tests.support.speech import script_prefix_wer, words_of
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -23,9 +23,10 @@ from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.cli.bootstrap import open_describer, with_vlm_url
 from realtime.config import Config, ConfigError, VlmConfig, config_vlm_problems, load_config
-from tests.service.conftest import LiveService, live_service, make_config, wait_until
+from tests.service.conftest import LiveService, live_service, make_config
 from tests.support.cli import one_error_line, vidsentry
 from tests.support.vllm_sim import VllmSimulator
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -25,9 +25,10 @@ from realtime.http.app import CONNECTION_STATS
 from realtime.http.headers import CONTENT_SECURITY_POLICY
 from realtime.http.hosts import HostPolicy
 from realtime.logs import KeyValueFormatter
-from tests.service.conftest import FAST_SUPERVISOR, LiveService, live_service, make_config, wait_until
+from tests.service.conftest import FAST_SUPERVISOR, LiveService, live_service, make_config
 from tests.service.serve_process import ServeProcess, write_config
 from tests.service.test_api import assert_error
+from tests.support.waiting import wait_until
 
 UNREACHABLE = "rtsp://127.0.0.1:1/cam"
 STREAM = {"id": "cam", "url": UNREACHABLE, "audio": False}

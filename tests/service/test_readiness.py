@@ -10,7 +10,8 @@ import numpy as np
 from engines.detector import Detector
 from engines.types import Detections
 from realtime.bus.embedded import EmbeddedNatsServer
-from tests.service.conftest import live_service, wait_until
+from tests.service.conftest import live_service
+from tests.support.waiting import wait_until
 
 
 class DropsAResult:

@@ -20,7 +20,7 @@ from realtime.service.registry import RegistryClosed, RestartPolicy, StreamExist
 from realtime.sources.supervisor import SupervisorPolicy
 from realtime.streams.runner import StreamRunner
 from realtime.streams.spec import stream_spec
-from tests.service.conftest import wait_until
+from tests.support.waiting import wait_until
 
 REFUSED = "rtsp://127.0.0.1:1/cam"  # connection refused at once
 

@@ -23,7 +23,8 @@ import pytest
 from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.sources.supervisor import UNTRUSTED_REASON
-from tests.service.conftest import LiveService, Reply, live_service, make_config, wait_until
+from tests.service.conftest import LiveService, Reply, live_service, make_config
+from tests.support.waiting import wait_until
 
 STRICT = {"allow_private_hosts": False, "allow_local_hosts": False, "local_dirs": []}
 

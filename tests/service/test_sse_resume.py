@@ -16,7 +16,8 @@ import aiohttp
 from engines.detector import Detector
 from pipelines.events import Event, EventKind
 from realtime.bus.embedded import EmbeddedNatsServer
-from tests.service.conftest import LiveService, live_service, make_config, wait_until
+from tests.service.conftest import LiveService, live_service, make_config
+from tests.support.waiting import wait_until
 
 UNREACHABLE = "rtsp://127.0.0.1:1/cam"  # the stream exists and keeps retrying; only its events matter
 

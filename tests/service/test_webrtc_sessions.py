@@ -18,8 +18,9 @@ from aiortc import RTCPeerConnection
 
 from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
-from tests.service.conftest import LiveService, live_service, make_config, wait_until
+from tests.service.conftest import LiveService, live_service, make_config
 from tests.support.peer import connect, load_frames, load_speech
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -55,11 +54,3 @@ def frame(index: int) -> VlmImage:
 def frames() -> list[VlmImage]:
     return [frame(i) for i in range(12)]
 
-
-async def until(condition: Callable[[], bool], timeout_s: float = 3.0) -> None:
-    """Poll `condition` (state in another task or server) until it holds; fail after timeout_s."""
-    for _ in range(int(timeout_s / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"condition not met within {timeout_s} s")

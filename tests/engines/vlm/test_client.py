@@ -19,8 +19,9 @@ from engines.vlm.errors import (
 )
 from engines.vlm.types import VlmImage
 from tests.engines.vlm.builders import SCHEMA, append_only, question, sliding
-from tests.engines.vlm.conftest import MakeClient, until
+from tests.engines.vlm.conftest import MakeClient
 from tests.support.vllm_sim import VllmSimulator
+from tests.support.waiting import wait_until
 
 
 async def test_a_description_with_images_and_a_schema_returns_fields_and_usage(
@@ -117,7 +118,7 @@ async def test_a_slow_server_times_out_and_the_request_is_abandoned(
     assert asyncio.get_running_loop().time() - started < 2.0
     assert isinstance(caught.value, VlmUnavailable)
     assert client.stats().timeouts == 1 and client.stats().in_flight == 0
-    await until(lambda: sim.open_connections == 0)
+    await wait_until(lambda: sim.open_connections == 0)
 
 
 async def test_malformed_model_json_is_a_bad_response_and_the_endpoint_stays_healthy(
@@ -208,12 +209,12 @@ async def test_cancelling_mid_stream_closes_the_connection_and_leaves_no_task(ma
         client = await make_client(sim.url)
         before = asyncio.all_tasks()
         call = asyncio.create_task(client.complete(question(timeout_s=20)))
-        await until(lambda: sim.in_flight == 1)
+        await wait_until(lambda: sim.in_flight == 1)
         await asyncio.sleep(0.05)  # some of the answer has streamed
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-        await until(lambda: sim.in_flight == 0 and sim.open_connections == 0)
+        await wait_until(lambda: sim.in_flight == 0 and sim.open_connections == 0)
         assert sim.disconnects == 1
         assert client.stats().in_flight == 0
         assert client.stats().endpoints[0].breaker == "closed"  # a cancel is no verdict on the server

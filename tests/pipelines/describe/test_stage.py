@@ -27,6 +27,7 @@ from pipelines.graph.stage import ObservedSink
 from pipelines.mailbox import FrameMailbox
 from pipelines.rules.specs import RuleList, VlmRule
 from tests.support.vllm_sim import VllmSimulator
+from tests.support.waiting import wait_until
 
 FAST = DescribeSettings(min_interval_s=0.2, max_interval_s=0.4, describe_interval_s=0.4, max_frames=12)
 FRAME_STEP_S = 0.1  # media time between frames
@@ -68,12 +69,6 @@ class Harness:
         assert condition(), f"not within {within_frames} frames: {what}"
 
 
-async def wait_until(condition: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def frame(seq: int) -> VideoFrame:

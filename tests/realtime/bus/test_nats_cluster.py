@@ -23,9 +23,10 @@ from realtime.bus.jetstream import STREAM_NAME
 from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import NatsEventPublisher
 from tests.support.nats_cluster import NatsCluster, move_stream_leader, nats_cluster  # noqa: F401
+from tests.support.waiting import wait_until
 
 from .jetstream_log import Stored, assert_exactly_once_in_order, stored_events
-from .util import camera, event, wait_until
+from .util import camera, event
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -92,14 +93,14 @@ async def test_losing_a_nats_node_loses_and_duplicates_no_durable_event(
                     pub, stream, stop, produced[stream], rate=RATE_PER_STREAM, next_event=next_event
                 )
                 tg.create_task(paced, name=f"camera-{stream}")
-            await wait_until(lambda: len(acks.acked) >= 60, limit_s=10, what="events acked before the kill")
+            await wait_until(lambda: len(acks.acked) >= 60, within_s=10, what="events acked before the kill")
             victim.server.kill()
-            await wait_until(lambda: pub.stats.reconnects >= 1, limit_s=15, what="publisher reconnected")
+            await wait_until(lambda: pub.stats.reconnects >= 1, within_s=15, what="publisher reconnected")
             assert pub.nc.connected_url.port != victim.server.port
             acked_at_kill = len(acks.acked)
             await wait_until(
                 lambda: len(acks.acked) > acked_at_kill + 60,
-                limit_s=20,
+                within_s=20,
                 what=lambda: f"events acked after the kill ({len(acks.acked) - acked_at_kill}) {pub.stats}",
             )
             stop.set()

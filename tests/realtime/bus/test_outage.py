@@ -9,8 +9,9 @@ import pytest
 from pipelines.events import EventKind
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
+from tests.support.waiting import wait_until
 
-from .util import event, inspector, wait_until
+from .util import event, inspector
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -33,7 +34,7 @@ async def test_publisher_survives_broker_kill_and_restart(nats_server: EmbeddedN
         assert pub.stats.kind("detections").dropped == 10  # live-only data is not buffered
 
         nats_server.restart()
-        await wait_until(lambda: pub.connected, limit_s=20, what="publisher reconnected")
+        await wait_until(lambda: pub.connected, within_s=20, what="publisher reconnected")
         after = [event(EventKind.STATUS, state="live", note="after restart") for _ in range(10)]
         for ev in after:
             await pub.publish(ev)
@@ -94,7 +95,7 @@ async def test_broker_back_without_its_store_gets_the_stream_recreated(
         assert nats_server.store_dir is not None
         shutil.rmtree(nats_server.store_dir / "jetstream")
         nats_server.restart()
-        await wait_until(lambda: pub.connected, limit_s=20, what="publisher reconnected")
+        await wait_until(lambda: pub.connected, within_s=20, what="publisher reconnected")
         ev = event(EventKind.STATUS, state="live")
         await pub.publish(ev)
         assert await pub.flush(30)

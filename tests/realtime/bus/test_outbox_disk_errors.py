@@ -12,11 +12,12 @@ from pipelines.events import EventKind
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.outbox import Outbox, OutboxWriteError
 from realtime.bus.publisher import NatsEventPublisher
+from tests.support.waiting import wait_until
 
 from .disk_faults import fill, read_only, small_disk
 from .jetstream_log import assert_exactly_once_in_order, stored_events
 from .test_outbox import wire
-from .util import event, wait_until
+from .util import event
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -47,7 +48,7 @@ async def test_a_read_only_outbox_directory_during_an_outage_sends_no_acked_even
         # the replay still writes its removals to the open acks log, but no file can be deleted.
         with read_only(box):
             nats_server.restart()
-            await wait_until(lambda: pub.stats.outbox_depth == 0, limit_s=30, what="the outbox to drain")
+            await wait_until(lambda: pub.stats.outbox_depth == 0, within_s=30, what="the outbox to drain")
             assert await pub.flush(10)
             stats = pub.stats
             assert pub.alive, pub.failure
@@ -55,7 +56,7 @@ async def test_a_read_only_outbox_directory_during_an_outage_sends_no_acked_even
             assert stats.outbox_disk_errors.get("delete", 0) >= 1, stats.outbox_disk_errors
             assert not pub.outbox_writable
         # Writable again: the outbox's housekeeping finishes what it could not do.
-        await wait_until(lambda: pub.outbox_writable, limit_s=10, what="the outbox to recover")
+        await wait_until(lambda: pub.outbox_writable, within_s=10, what="the outbox to recover")
     finally:
         await pub.close()
 

@@ -13,9 +13,10 @@ from pipelines.events import Event, EventKind
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import NatsEventPublisher
+from tests.support.waiting import wait_until
 
 from .jetstream_log import assert_exactly_once_in_order, stored_events
-from .util import camera, event, wait_until
+from .util import camera, event
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -55,7 +56,7 @@ async def test_thirty_second_outage_loses_and_duplicates_nothing(
             await asyncio.sleep(OUTAGE_S)
             during = pub.stats
             nats_server.restart()
-            await wait_until(lambda: pub.connected, limit_s=20, what="publisher reconnected")
+            await wait_until(lambda: pub.connected, within_s=20, what="publisher reconnected")
             await asyncio.sleep(3.0)  # production goes on while the outbox drains
             stop.set()
         assert await pub.flush(30)

@@ -16,9 +16,10 @@ from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import STREAM_NAME
 from realtime.bus.outbox import Outbox, OutboxWriteError
 from realtime.bus.publisher import NatsEventPublisher
+from tests.support.waiting import wait_until
 
 from .jetstream_log import assert_exactly_once_in_order, stored_events
-from .util import event, inspector, wait_until
+from .util import event, inspector
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -103,7 +104,7 @@ async def test_no_duplicates_when_the_broker_returns_while_acks_are_in_flight(
 
         nats_server.restart()
         # Kill it again mid-replay, with replays in flight, then bring it back for good.
-        await wait_until(lambda: pub.stats.outbox_replayed > 0, limit_s=20, what="replay started")
+        await wait_until(lambda: pub.stats.outbox_replayed > 0, within_s=20, what="replay started")
         nats_server.kill()
         await wait_until(lambda: not pub.connected, what="publisher noticed the second crash")
         nats_server.restart()

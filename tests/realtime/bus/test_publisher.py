@@ -18,8 +18,9 @@ from realtime.bus.delivery import WireMessage
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import DURABLE_SUBJECTS, STREAM_NAME
 from realtime.bus.publisher import NatsEventPublisher
+from tests.support.waiting import wait_until
 
-from .util import event, inspector, wait_until
+from .util import event, inspector
 
 pytestmark = pytest.mark.timeout(60)
 

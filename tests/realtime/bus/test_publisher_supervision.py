@@ -13,8 +13,9 @@ from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.retrying import RetryingDelivery
 from realtime.bus.spooling import SpoolingDelivery
+from tests.support.waiting import wait_until
 
-from .util import event, wait_until
+from .util import event
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -23,10 +23,11 @@ from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import STREAM_NAME
 from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import NatsEventPublisher
+from tests.support.waiting import wait_until
 
 from .jetstream_log import assert_exactly_once_in_order, stored_events
 from .test_outbox_publisher import Produced, mixed
-from .util import Inspector, inspector, wait_until
+from .util import Inspector, inspector
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,7 +90,7 @@ async def test_with_an_outbox_a_stream_deleted_under_a_subscriber_is_made_again_
         async with inspector(nats_server.url) as insp:  # the plain subscriber, there throughout
             await insp.js.delete_stream(STREAM_NAME)
             seen_at = await publish_paced(pub, produced, [mixed(i) for i in range(100)], insp)
-            await wait_for_stream(insp, limit_s=15)
+            await wait_for_stream(insp, within_s=15)
             assert await pub.flush(30), pub.stats
             assert pub.durable_ready
             assert len(insp.live) >= 100  # it heard every durable event while the stream was gone
@@ -118,7 +119,7 @@ async def test_without_an_outbox_a_deleted_stream_is_made_again_and_no_event_is_
         async with inspector(nats_server.url, "vidsentry.>" if subscriber else "elsewhere.>") as insp:
             await insp.js.delete_stream(STREAM_NAME)
             await publish_paced(pub, produced, [mixed(i) for i in range(60)], insp)
-            await wait_for_stream(insp, limit_s=15)
+            await wait_for_stream(insp, within_s=15)
             assert await pub.flush(30), pub.stats
         stored = [s.event_id for s in await stored_events(nats_server.url)]
         everything = [i for ids in produced.by_stream.values() for i in ids]
@@ -198,7 +199,7 @@ async def test_a_broker_back_without_its_store_under_a_subscriber_still_gets_eve
             for i in range(10, 30):
                 await produced.publish(pub, mixed(i))
             nats_server.restart()
-            await wait_for_stream(insp, limit_s=20)
+            await wait_for_stream(insp, within_s=20)
             for i in range(30, 55):
                 await produced.publish(pub, mixed(i))
             assert await pub.flush(30), pub.stats

@@ -64,18 +64,6 @@ async def inspector(url: str, subject: str = "vidsentry.>") -> AsyncIterator[Ins
         await nc.close()
 
 
-async def wait_until(
-    predicate: Callable[[], bool], limit_s: float = 10.0, what: str | Callable[[], str] = "condition"
-) -> None:
-    """Poll a condition; a bound against hangs, not a timing assertion."""
-    try:
-        async with asyncio.timeout(limit_s):
-            while True:
-                if predicate():
-                    return
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"gave up waiting for: {what() if callable(what) else what}") from None
 
 
 async def camera(

@@ -1,0 +1,21 @@
+"""Waiting in tests for state another task, thread or process changes: a bound against hangs,
+never a timing assertion."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+
+async def wait_until(
+    condition: Callable[[], bool], within_s: float = 10.0, what: str | Callable[[], str] = "condition"
+) -> None:
+    """Poll `condition` every 20 ms until it holds; fail naming `what` after `within_s`."""
+    try:
+        async with asyncio.timeout(within_s):
+            while True:
+                if condition():
+                    return
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {within_s} s waiting for {what() if callable(what) else what}") from None
