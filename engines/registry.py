@@ -160,7 +160,7 @@ def auto_precision(model_path: str | Path, backend: str = "auto") -> str:
 
 
 def _auto_order() -> list[str]:
-    from engines.tensorrt_backend import tensorrt_available
+    from engines.tensorrt.availability import tensorrt_available
 
     order = []
     if tensorrt_available()[0]:
@@ -183,7 +183,7 @@ def _open_backend(
     name: str, info: ModelInfo, *, threads: int | None, max_batch: int | None, fp16: bool, workers: int | None = None
 ) -> InferenceBackend:
     if name == "tensorrt":
-        from engines.tensorrt_backend import DEFAULT_MAX_BATCH, TensorRTBackend
+        from engines.tensorrt.backend import DEFAULT_MAX_BATCH, TensorRTBackend
 
         return TensorRTBackend(info.path, info, fp16=fp16, max_batch=max_batch or DEFAULT_MAX_BATCH)
     from engines.onnx_backend import OnnxRuntimeBackend
@@ -205,7 +205,7 @@ class EngineCheck:
 
 def doctor() -> list[EngineCheck]:
     """Which engines can run on this machine, and why not. Fast; never downloads anything."""
-    from engines.tensorrt_backend import tensorrt_available
+    from engines.tensorrt.availability import tensorrt_available
 
     checks = [EngineCheck("tensorrt", *tensorrt_available())]
     checks.append(EngineCheck("onnxruntime-cuda", *_onnx_cuda_status()))

@@ -17,7 +17,7 @@ def pick_backend(backend: str) -> str:
             raise ValueError(f"unknown segmentation backend {backend!r}; choose one of: {', '.join(SEGMENT_BACKENDS)}")
         return backend
     from engines.onnx_backend import cuda_ep_available
-    from engines.tensorrt_backend import tensorrt_available
+    from engines.tensorrt.availability import tensorrt_available
 
     if tensorrt_available()[0]:
         return "tensorrt"

@@ -1,6 +1,6 @@
 """TensorRT 10 runner for many-input graphs (the SAM encoder and prompt decoder, YOLO-seg).
 
-Like `engines.tensorrt_backend`: the engine is built once from the ONNX file, cached under a key
+Like `engines.tensorrt`: the engine is built once from the ONNX file, cached under a key
 that hashes the ONNX bytes with everything the engine depends on, and run with
 `execute_async_v3` on one CUDA stream through pycuda. Device buffers are sized for each input's
 largest profile shape and allocated once; pinned host buffers are reused between calls.
@@ -22,7 +22,8 @@ import numpy as np
 
 from engines.errors import EngineError, EngineUnavailable
 from engines.segment.runtime import ShapeRange
-from engines.tensorrt_backend import DEFAULT_CACHE_DIR, INSTALL_HINT, tensorrt_available
+from engines.tensorrt.availability import INSTALL_HINT, tensorrt_available
+from engines.tensorrt.cache import DEFAULT_CACHE_DIR
 
 log = logging.getLogger(__name__)
 
