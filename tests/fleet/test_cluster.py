@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 STREAMS = [f"cam{i}" for i in range(4)]
 # Writes to a bucket whose leader was lost stall until the survivors elect a new one (5-6 s
 # measured here, up to ~9 s by nats-server's election timeouts), and a renewal sent meanwhile
-# waits out its request timeout: the TTL must outlast both (README: "Running many workers").
+# waits out its request timeout: the TTL must outlast both (docs/operations.md, "Running many workers").
 LEASES = {"lease_ttl_s": 15.0, "renew_interval_s": 1.0}
 FLEET = "c"
 LATE_STREAM = "late"
