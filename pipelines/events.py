@@ -19,10 +19,45 @@ class EventKind(StrEnum):
     STATUS = "status"
 
 
-# Kinds that must survive a subscriber or broker outage: JetStream, acked.
-DURABLE_KINDS: frozenset[EventKind] = frozenset(
-    {EventKind.TRACKS, EventKind.ALERTS, EventKind.CAPTIONS, EventKind.DESCRIPTIONS, EventKind.STATUS}
-)
+class Delivery(StrEnum):
+    """What a reader that falls behind (a browser's DataChannel, an SSE client) may skip."""
+
+    LATEST = "latest"  # a newer event makes a waiting one worthless: only the newest waits
+    EVERY = "every"  # each one counts, but it may be dropped (counted) when the reader is far behind
+    CRITICAL = "critical"  # never dropped while the reader reads
+
+
+@dataclass(frozen=True, slots=True)
+class KindSpec:
+    """One declaration per event kind: the bus, the DataChannel and the run summary read these."""
+
+    kind: EventKind
+    durable: bool  # must survive a subscriber or broker outage: JetStream, acked, kept in the outbox
+    delivery: Delivery
+
+
+KINDS: Mapping[EventKind, KindSpec] = {
+    spec.kind: spec
+    for spec in (
+        KindSpec(EventKind.DETECTIONS, durable=False, delivery=Delivery.LATEST),
+        KindSpec(EventKind.TRACKS, durable=True, delivery=Delivery.EVERY),
+        KindSpec(EventKind.ALERTS, durable=True, delivery=Delivery.CRITICAL),
+        KindSpec(EventKind.PARTIALS, durable=False, delivery=Delivery.LATEST),
+        KindSpec(EventKind.CAPTIONS, durable=True, delivery=Delivery.CRITICAL),
+        KindSpec(EventKind.DESCRIPTIONS, durable=True, delivery=Delivery.EVERY),
+        KindSpec(EventKind.STATUS, durable=True, delivery=Delivery.EVERY),
+    )
+}
+
+
+def kinds_where(*, durable: bool | None = None, delivery: Delivery | None = None) -> frozenset[EventKind]:
+    return frozenset(
+        k for k, spec in KINDS.items()
+        if (durable is None or spec.durable == durable) and (delivery is None or spec.delivery is delivery)
+    )
+
+
+DURABLE_KINDS: frozenset[EventKind] = kinds_where(durable=True)
 
 
 def new_event_id() -> str:

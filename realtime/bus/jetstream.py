@@ -16,15 +16,12 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, BadRequestError, NotFoundError
 
-from pipelines.events import EventKind
+from pipelines.events import DURABLE_KINDS, EventKind
 
 log = logging.getLogger(__name__)
 
 STREAM_NAME = "VIDSENTRY"
-DURABLE_SUBJECTS: tuple[str, ...] = tuple(
-    f"vidsentry.*.{kind.value}"
-    for kind in (EventKind.TRACKS, EventKind.ALERTS, EventKind.CAPTIONS, EventKind.DESCRIPTIONS, EventKind.STATUS)
-)
+DURABLE_SUBJECTS: tuple[str, ...] = tuple(f"vidsentry.*.{kind.value}" for kind in EventKind if kind in DURABLE_KINDS)
 DUPLICATE_WINDOW_S = 120.0  # JetStream drops a re-sent Nats-Msg-Id within this window
 _STREAM_NAME_IN_USE = 10058  # JetStream err_code: "stream name already in use with a different configuration"
 
@@ -113,7 +110,7 @@ def check_replicas(replicas: int) -> int:
 def desired_config(max_age_s: float, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
         name=STREAM_NAME,
-        description="vidsentry durable events (tracks, alerts, captions, descriptions, status)",
+        description=f"vidsentry durable events ({', '.join(k.value for k in EventKind if k in DURABLE_KINDS)})",
         subjects=list(DURABLE_SUBJECTS),
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,

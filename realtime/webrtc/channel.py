@@ -21,13 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.events import Event, EventKind
+from pipelines.events import Delivery, Event, EventKind, kinds_where
 from realtime.streams.fanout import SseMessage
 
 log = logging.getLogger(__name__)
 
-LATEST_ONLY = frozenset({EventKind.DETECTIONS, EventKind.PARTIALS})  # a newer one makes a waiting one worthless
-CRITICAL = frozenset({EventKind.ALERTS, EventKind.CAPTIONS})  # never dropped while the page reads
+LATEST_ONLY = kinds_where(delivery=Delivery.LATEST)
+CRITICAL = kinds_where(delivery=Delivery.CRITICAL)
 LAG_WINDOW = 2048
 
 
