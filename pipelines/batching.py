@@ -13,6 +13,11 @@ gathered whenever a worker is free. A runtime that runs concurrent calls in para
 (CTranslate2 with `inter_threads`) then uses a small CPU better than one wide call: a greedy
 decoder step is too small to keep two threads busy, two decodes side by side are not.
 
+A call that hangs (a driver deadlock, a model stuck in a loop) cannot be cancelled from Python,
+but it is noticed: a call running longer than `stuck_after_s` is counted once (`stuck_calls`),
+logged, and `stuck` is true while it runs, which readiness reports. That is the watchdog Frigate
+keeps on its detector process, without the restart a thread does not allow.
+
 The batcher is supervised: if its runner task ends for any reason other than `aclose()`, if
 the model breaks its contract (not one result per item), or if `max_consecutive_failures`
 model calls in a row raise, the batcher is dead. It logs why once, `alive` turns False,
@@ -26,7 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -51,6 +58,9 @@ DEFAULT_MAX_PENDING = 256
 # Model calls in a row that may raise before the model is declared broken: enough that a few
 # bad items do not take every stream down, few enough that a dead model is noticed in seconds.
 DEFAULT_MAX_CONSECUTIVE_FAILURES = 5
+# A model call running this long is stuck: far past any call of the models here on the slowest
+# CPU they are sized for, short enough that a hung call shows in readiness within a scrape or two.
+DEFAULT_STUCK_AFTER_S = 20.0
 
 
 class ModelFailed(RuntimeError):
@@ -86,6 +96,7 @@ class BatcherStats:
     failures: int = 0  # model calls that raised
     busy_s: float = 0.0
     rejected: int = 0  # submit() calls refused as full
+    stuck_calls: int = 0  # calls seen running past stuck_after_s (each counted once)
 
     @property
     def frames(self) -> int:  # the detector's name for its items
@@ -108,6 +119,7 @@ class ModelBatcher(Generic[In, Out]):
         thread_name: str | None = None,
         compute: ComputeBudget | None = None,
         workers: int = 1,
+        stuck_after_s: float = DEFAULT_STUCK_AFTER_S,
     ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be at least 1, got {max_pending}")
@@ -143,6 +155,12 @@ class ModelBatcher(Generic[In, Out]):
         self._recent: deque[tuple[float, float]] = deque(maxlen=1024)  # (ended, model seconds) of calls
         self._load = (float("-inf"), 0.0)  # (worked out at, value)
         self.stats = BatcherStats()
+        self.stuck_after_s = stuck_after_s
+        # Model calls running now: id -> perf_counter() at the model's start (worker threads write it).
+        self._calls: dict[int, float] = {}
+        self._calls_lock = threading.Lock()
+        self._call_ids = itertools.count()
+        self._stuck_seen: set[int] = set()
 
     async def __aenter__(self) -> Self:
         self.start()
@@ -177,6 +195,28 @@ class ModelBatcher(Generic[In, Out]):
             spent = sum(min(model_s, ended - since) for ended, model_s in self._recent)
             self._load = (now, spent / (LOAD_WINDOW_S * self.workers))
         return self._load[1]
+
+    def oldest_call_s(self) -> float:
+        """How long the longest-running model call has been running (0 when none runs)."""
+        now = time.perf_counter()
+        with self._calls_lock:
+            starts = list(self._calls.items())
+            newly = [(i, now - t) for i, t in starts if now - t > self.stuck_after_s and i not in self._stuck_seen]
+            self._stuck_seen.update(i for i, _ in newly)
+        for _, running_s in newly:
+            self._count_stuck(running_s)
+        return now - min(t for _, t in starts) if starts else 0.0
+
+    def _count_stuck(self, running_s: float) -> None:
+        with self._calls_lock:  # worker threads count too
+            self.stats.stuck_calls += 1
+        log.error(f"{self.name} call stuck: still running; streams waiting on it get no results",
+                  extra={"running_s": round(running_s, 1), "stuck_after_s": self.stuck_after_s})
+
+    @property
+    def stuck(self) -> bool:
+        """A model call has been running for longer than stuck_after_s."""
+        return self.oldest_call_s() > self.stuck_after_s
 
     @property
     def busy(self) -> bool:
@@ -358,15 +398,31 @@ class ModelBatcher(Generic[In, Out]):
         if grant is not None:  # threads granted before the items were chosen
             try:
                 with granted(grant.threads):
-                    started = time.perf_counter()
-                    return self._model_call(items), time.perf_counter() - started
+                    return self._watched_call(items)
             finally:
                 self._release(grant)
         turn = self.compute.turn(self.name) if self.compute is not None else contextlib.nullcontext()
         with turn:
-            started = time.perf_counter()
-            results = self._model_call(items)
-            return results, time.perf_counter() - started
+            return self._watched_call(items)
+
+    def _watched_call(self, items: list[In]) -> tuple[list[Out], float]:
+        """The model call itself (after any wait for the CPU), seen by the watchdog while it runs."""
+        call_id = next(self._call_ids)
+        started = time.perf_counter()
+        with self._calls_lock:
+            self._calls[call_id] = started
+        try:
+            return self._model_call(items), time.perf_counter() - started
+        finally:
+            ran_s = time.perf_counter() - started
+            with self._calls_lock:
+                del self._calls[call_id]
+                seen = call_id in self._stuck_seen
+                self._stuck_seen.discard(call_id)
+            if seen:
+                log.warning(f"{self.name} call that was stuck has returned", extra={"ran_s": round(ran_s, 1)})
+            elif ran_s > self.stuck_after_s:  # stuck while nobody looked: counted all the same
+                self._count_stuck(ran_s)
 
     def _runner_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():

@@ -4,7 +4,9 @@ constructor argument threaded through every layer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from pipelines.batching import ModelBatcher
 from pipelines.captions.engine import CaptionEngine
 from pipelines.describe.settings import DescribeEngine
 from pipelines.detect import DetectionBatcher
@@ -21,8 +23,13 @@ class SharedEngines:
     segment: SegmentEngine | None = None  # the shared segmenter; None: no masks anywhere
 
     def health(self) -> dict[str, bool]:
-        """Named liveness checks of the shared engines (for readiness)."""
-        checks = {"detector": self.detector.alive}
+        """Named checks of the shared engines (for readiness): each batcher serves, and none of its
+        model calls has run past its stuck deadline (`<name>_responsive`)."""
+        batchers: dict[str, ModelBatcher[Any, Any]] = {"detector": self.detector}
         if self.captions is not None:
-            checks["asr"] = self.captions.batcher.alive
+            batchers["asr"] = self.captions.batcher
+        checks: dict[str, bool] = {}
+        for name, batcher in batchers.items():
+            checks[name] = batcher.alive
+            checks[f"{name}_responsive"] = not batcher.stuck
         return checks

@@ -59,6 +59,7 @@ class MetricSources:
     sse_rejected: Callable[[], int]  # viewers refused by the per-stream or total cap
     publisher_alive: Callable[[], bool]
     detector_alive: Callable[[], bool]
+    detector_oldest_call_s: Callable[[], float]
     max_streams: Callable[[], int]
     streams_rejected: Callable[[], int]
     outbox_depth: Callable[[], tuple[int, int] | None]  # (events, bytes) or None without an outbox
@@ -300,7 +301,14 @@ class _ServiceCollector(Collector):
             "1 while the shared detector can process frames",
             value=float(self.sources.detector_alive()),
         )
-        yield from (calls, frames, failures, busy, rejected, alive)
+        stuck = CounterMetricFamily(
+            "vidsentry_detector_stuck_calls", "Model calls that ran past the stuck deadline", value=stats.stuck_calls
+        )
+        oldest = GaugeMetricFamily(
+            "vidsentry_detector_oldest_call_seconds", "How long the longest-running model call has run (0: none)",
+            value=self.sources.detector_oldest_call_s(),
+        )
+        yield from (calls, frames, failures, busy, rejected, alive, stuck, oldest)
 
     def _viewers(self) -> Iterable[Metric]:
         viewers = GaugeMetricFamily(

@@ -29,6 +29,13 @@ class RecognizerCollector(Collector):
             "vidsentry_asr_rejected", "Decodes refused: too many waiting", value=stats.rejected
         )
         yield GaugeMetricFamily("vidsentry_asr_alive", "1 while the shared recognizer serves", value=int(batcher.alive))
+        yield CounterMetricFamily(
+            "vidsentry_asr_stuck_calls", "Recognizer calls that ran past the stuck deadline", value=stats.stuck_calls
+        )
+        yield GaugeMetricFamily(
+            "vidsentry_asr_oldest_call_seconds", "How long the longest-running recognizer call has run (0: none)",
+            value=batcher.oldest_call_s(),
+        )
 
 
 class ComputeCollector(Collector):

@@ -98,6 +98,7 @@ class Service:
                 streams_rejected=lambda: self.registry.rejected,
                 publisher_alive=lambda: publisher.alive,
                 detector_alive=lambda: batcher.alive,
+                detector_oldest_call_s=batcher.oldest_call_s,
                 outbox_depth=lambda: outbox_depth(publisher, config),
             )
         )

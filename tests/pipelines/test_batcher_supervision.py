@@ -16,6 +16,8 @@ import pytest
 
 from engines.types import Detections, ModelInfo
 from pipelines.detect import BatcherFull, DetectionBatcher, DetectorFailed
+from pipelines.graph.engines import SharedEngines
+from tests.support.waiting import wait_until
 
 IMAGE = np.zeros((8, 8, 3), np.uint8)
 PROMPT_S = 2.0  # everything here should take milliseconds; this only turns a hang into a failure
@@ -260,3 +262,26 @@ def test_bounds_must_be_positive() -> None:
         DetectionBatcher(FakeDetector(one_each), max_pending=0)
     with pytest.raises(ValueError, match="max_consecutive_failures"):
         DetectionBatcher(FakeDetector(one_each), max_consecutive_failures=0)
+
+
+async def test_a_call_past_the_stuck_deadline_is_counted_once_and_fails_readiness_until_it_returns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = Gate()
+    async with DetectionBatcher(FakeDetector(gate), max_batch=1) as batcher:
+        batcher.stuck_after_s = 0.2
+        engines = SharedEngines(detector=batcher)
+        in_flight = asyncio.create_task(batcher.detect(IMAGE))
+        await gate.wait_entered()
+        assert not batcher.stuck and engines.health() == {"detector": True, "detector_responsive": True}
+        await wait_until(lambda: batcher.stuck, PROMPT_S, "the held call to count as stuck")
+        assert batcher.oldest_call_s() > 0.2
+        assert engines.health() == {"detector": True, "detector_responsive": False}
+        assert batcher.stats.stuck_calls == 1 and batcher.alive  # stuck is not dead: it may return
+        gate.release.set()
+        async with asyncio.timeout(PROMPT_S):
+            await in_flight
+        assert not batcher.stuck and batcher.oldest_call_s() == 0.0
+        assert engines.health()["detector_responsive"] and batcher.stats.stuck_calls == 1
+    said = [r.getMessage() for r in caplog.records]
+    assert any("call stuck" in m for m in said) and any("was stuck has returned" in m for m in said)
