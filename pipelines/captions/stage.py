@@ -87,6 +87,9 @@ register_counters(
         "asr_decodes": counter("Decodes of this stream's audio by the shared speech recognizer"),
         "asr_rejected": counter("Decodes not used: a repetition loop or no speech (Whisper's failure modes)"),
         "asr_errors": counter("Decodes that failed or were refused (recognizer busy or dead)"),
+        "asr_short_windows": counter(
+            "Decodes made with a short window and the committed words forced, the shared recognizer being loaded"
+        ),
     }
 )
 
@@ -100,6 +103,7 @@ class CaptionStats:
     decodes: int = 0
     rejected: int = 0
     errors: int = 0
+    short_windows: int = 0
 
 
 class CaptionStage:
@@ -194,6 +198,7 @@ class CaptionStage:
             "asr_decodes": stats.decodes,
             "asr_rejected": stats.rejected,
             "asr_errors": stats.errors,
+            "asr_short_windows": stats.short_windows,
         }
 
     # -- audio in --------------------------------------------------------------------------------
@@ -254,7 +259,9 @@ class CaptionStage:
             return
         start = self.window.start
         self._decoded_to = self.window.end
-        prefix = self._prefix(start) if self._loaded() else ""
+        loaded = self._loaded()
+        prefix = self._prefix(start) if loaded else ""
+        self.stats.short_windows += loaded
         request = AsrRequest(self.window.audio(), prompt=self._prompt(start), prefix=prefix)
         result = await self._recognize(request)
         if result is None:
@@ -273,6 +280,7 @@ class CaptionStage:
                         "stream_id": self.stream_id,
                         "window": [round(start, 2), round(self.window.end, 2)],
                         "final": final,
+                        "loaded": loaded,
                         "heard": join_words(words),
                         "committed": join_words(committed),
                     },
