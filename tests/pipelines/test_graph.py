@@ -25,17 +25,7 @@ from pipelines.graph.counters import Counters
 from pipelines.mailbox import FrameMailbox, MailboxClosed
 from pipelines.stages import DEFAULT_STAGES
 from pipelines.tracker import TrackerConfig
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    async def publish(self, event: Event) -> None:
-        self.events.append(event)
-
-    def kinds(self, kind: EventKind) -> list[Event]:
-        return [e for e in self.events if e.kind is kind]
+from tests.support.sinks import ListSink
 
 
 class FakeSource:

@@ -18,14 +18,7 @@ from realtime.streams.fanout import (
     ViewerClosed,
     ViewerLimitReached,
 )
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    async def publish(self, event: Event) -> None:
-        self.events.append(event)
+from tests.support.sinks import ListSink
 
 
 def event(stream_id: str, n: int, kind: EventKind = EventKind.DETECTIONS) -> Event:

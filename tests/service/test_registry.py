@@ -12,7 +12,6 @@ import pytest
 
 from engines.detector import Detector
 from pipelines.detect import DetectionBatcher
-from pipelines.events import Event
 from pipelines.frames import StreamState
 from pipelines.graph import SharedEngines
 from realtime.config import CameraStreamSettings
@@ -20,17 +19,11 @@ from realtime.service.registry import RegistryClosed, RestartPolicy, StreamExist
 from realtime.sources.supervisor import SupervisorPolicy
 from realtime.streams.runner import StreamRunner
 from realtime.streams.spec import stream_spec
+from tests.support.sinks import ListSink
 from tests.support.waiting import wait_until
 
 REFUSED = "rtsp://127.0.0.1:1/cam"  # connection refused at once
 
-
-class ListSink:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    async def publish(self, event: Event) -> None:
-        self.events.append(event)
 
 
 class HeldRunner(StreamRunner):

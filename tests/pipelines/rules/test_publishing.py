@@ -9,22 +9,16 @@ import numpy as np
 import pytest
 
 from pipelines.clock import Moment
-from pipelines.events import Event
 from pipelines.frames import VideoFrame
 from pipelines.rules.publishing import AlertPublisher
 from pipelines.rules.types import AlertChange
 from tests.pipelines.rules.script import engine, person
+from tests.support.sinks import ListSink
 
 FRAME = VideoFrame("cam", 7, 1.0, 1e9, np.full((48, 64, 3), (200, 30, 30), np.uint8))
 
 
-class ListSink:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    async def publish(self, event: Event) -> None:
-        self.events.append(event)
-
+class RuleSink(ListSink):
     def bodies(self) -> list[tuple[str, str, str | None]]:
         return [(e.data["rule_id"], e.data["event"], e.data["snapshot"]) for e in self.events]
 
@@ -58,7 +52,7 @@ def instant_alerts() -> tuple[list[AlertChange], list[AlertChange]]:
 
 
 async def test_start_waits_for_its_snapshot_and_its_end_queues_behind_it() -> None:
-    sink, store = ListSink(), GatedStore()
+    sink, store = RuleSink(), GatedStore()
     first, second = instant_alerts()
     async with asyncio.TaskGroup() as tasks:
         publisher = AlertPublisher("cam", sink, tasks, store)
@@ -77,7 +71,7 @@ async def test_start_waits_for_its_snapshot_and_its_end_queues_behind_it() -> No
 
 
 async def test_a_failing_store_costs_only_the_picture() -> None:
-    sink, store = ListSink(), GatedStore(fail=True)
+    sink, store = RuleSink(), GatedStore(fail=True)
     store.gate.set()
     first, second = instant_alerts()
     async with asyncio.TaskGroup() as tasks:
@@ -91,7 +85,7 @@ async def test_a_failing_store_costs_only_the_picture() -> None:
 
 
 async def test_a_slow_store_times_out_and_the_alert_goes_out() -> None:
-    sink, store = ListSink(), GatedStore()  # never opens
+    sink, store = RuleSink(), GatedStore()  # never opens
     first, _ = instant_alerts()
     async with asyncio.TaskGroup() as tasks:
         publisher = AlertPublisher("cam", sink, tasks, store, timeout_s=0.05)
@@ -101,7 +95,7 @@ async def test_a_slow_store_times_out_and_the_alert_goes_out() -> None:
 
 @pytest.mark.parametrize("with_store", [True, False])
 async def test_over_the_bound_or_without_a_store_the_snapshot_is_skipped(with_store: bool) -> None:
-    sink, store = ListSink(), GatedStore()
+    sink, store = RuleSink(), GatedStore()
     async with asyncio.TaskGroup() as tasks:
         publisher = AlertPublisher("cam", sink, tasks, store if with_store else None, max_in_flight=1)
         for _ in range(3):
