@@ -17,7 +17,8 @@ register_counters(
         "audio_seconds": counter("Seconds of audio decoded"),
         "audio_dropped_seconds": counter("Seconds of audio dropped because its reader fell behind"),
         "audio_buffered_s": gauge("Audio waiting, in seconds", metric="audio_buffered_seconds"),
-    }
+    },
+    section="audio",
 )
 
 
@@ -64,7 +65,7 @@ def audio_counters(audio: AudioBuffer) -> Counters:
 
 
 def build(ctx: StageContext) -> AudioMeter | None:
-    if ctx.engines.captions is not None and ctx.spec.captions:
-        return None  # the caption stage takes the audio
+    if ctx.audio_taken:
+        return None  # a stage before it (captions) takes the audio and counts it
     audio = ctx.audio(STAGE_NAME, max_seconds=AUDIO_BUFFER_SECONDS)
     return None if audio is None else AudioMeter(audio)

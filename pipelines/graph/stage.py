@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from pipelines.events import Event, EventSink
 from pipelines.frames import FrameResult
@@ -20,6 +20,8 @@ from pipelines.graph.engines import SharedEngines
 from pipelines.graph.spec import ProcessingSpec
 from pipelines.graph.tee import AudioTee, FrameTee
 from pipelines.mailbox import AudioBuffer, FrameMailbox
+
+T = TypeVar("T")
 
 # Called after each processed frame's detections event is published, with the frame's result
 # and its capture → publish latency in ms (metrics hang off this).
@@ -61,6 +63,16 @@ class StageContext:
     def stage(self, name: str) -> Stage | None:
         """A stage built before this one (factories run in order), e.g. to read its state."""
         return next((s for s in self.built if s.name == name), None)
+
+    def provider(self, role: type[T]) -> T | None:
+        """The first stage built before this one that plays `role` (a runtime-checkable protocol):
+        a stage asks for what it needs, not for another stage by name."""
+        return next((s for s in self.built if isinstance(s, role)), None)
+
+    @property
+    def audio_taken(self) -> bool:
+        """A stage built before this one consumes the stream's audio."""
+        return self.audio_tee is not None and bool(self.audio_tee.consumers)
 
     def frames(self, name: str, *, primary: bool = False) -> FrameMailbox:
         """A latest-frame mailbox of this stream's video for one consumer. At most one consumer is

@@ -73,6 +73,11 @@ class AudioTee:
         self._buffers: dict[str, AudioBuffer] = {}
         self._closed = False
 
+    @property
+    def consumers(self) -> tuple[str, ...]:
+        """The names of the consumers attached so far."""
+        return tuple(self._buffers)
+
     def attach(self, name: str, *, max_seconds: float) -> AudioBuffer:
         if name in self._buffers:
             raise ValueError(f"audio consumer {name!r} is attached already")

@@ -44,7 +44,8 @@ register_counters(
         "masks": counter("Object masks computed by the segmenter"),
         "masks_skipped": counter("Objects that needed a mask but waited (max_per_frame, or a busy segmenter)"),
         "masks_failed": counter("Segmenter calls that failed"),
-    }
+    },
+    section="masks",
 )
 
 
@@ -164,9 +165,9 @@ def build(ctx: StageContext) -> SegmentStage | None:
             f"segmentation.every_frame_classes: {', '.join(map(repr, unknown))} not among the model's classes "
             f"({', '.join(sorted(names))})"
         )
-    detect = ctx.stage("detect")
-    if not isinstance(detect, ProcessedFrames):
-        raise StageFailed("segmentation needs the detect stage before it")
+    detect = ctx.provider(ProcessedFrames)  # type: ignore[type-abstract]  # a protocol is what is asked for
+    if detect is None:
+        raise StageFailed("segmentation needs a stage before it that says which frame its detections are of")
     stage = SegmentStage(ctx.stream_id, ctx.frames(STAGE_NAME), engine, detect)
     ctx.observe(stage.observe)
     return stage
