@@ -69,10 +69,16 @@ register_counters(
         "tracks": counter("Tracks confirmed"),
         "track_events": counter("Track lifecycle events"),
         "tracks_evicted": counter("Tracks ended early because the tracker was at max_tracks"),
+    },
+    section="tracking",
+)
+register_counters(
+    {
         "alerts": counter("Alerts started"),
         "alerts_suppressed": counter("Alert starts held back by a rule's cooldown"),
         "snapshot_failures": counter("Alert snapshots that could not be stored"),
-    }
+    },
+    section="alerts",
 )
 
 

@@ -90,7 +90,8 @@ register_counters(
         "asr_short_windows": counter(
             "Decodes made with a short window and the committed words forced, the shared recognizer being loaded"
         ),
-    }
+    },
+    section="captions",
 )
 
 

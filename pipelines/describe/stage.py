@@ -70,7 +70,8 @@ register_counters(
         "vlm_epochs": counter("Description windows started (epoch rolls, the first included)"),
         "vlm_prompt_tokens": counter("Prompt tokens of this stream's VLM requests"),
         "vlm_cached_tokens": counter("Prompt tokens the VLM server found in its prefix cache"),
-    }
+    },
+    section="vlm",
 )
 # The frame loop reports these for its rules' alerts; the describer for its `vlm` rules' alerts:
 # the stream's counters hold the sum (`alerts`: alerts started on this stream, whatever the rule).

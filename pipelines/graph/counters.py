@@ -7,6 +7,10 @@ stage that keeps it. `metric` / `label` fold several keys into one labelled Prom
 without them a key `k` is exported as `vidsentry_stream_<k>_total` (counter) or
 `vidsentry_stream_<k>` (gauge).
 
+Each registration names its `section` (the capability that keeps the keys: "captions", "vlm",
+...), so the run summary prints every counter a stream reported, grouped and labelled, without a
+line of its own per capability.
+
 A key is normally reported by one stage. A key that several stages report, each for its own part
 of the stream, is declared `summed`: the stream's value is their sum (`alerts` counts the frame
 loop's rule alerts and the describer's `vlm` alerts alike: alerts started on this stream).
@@ -15,7 +19,7 @@ loop's rule alerts and the describer's `vlm` alerts alike: alerts started on thi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 Counters = dict[str, float]
@@ -27,6 +31,7 @@ class CounterInfo:
     help: str
     metric: str | None = None  # Prometheus name without the vidsentry_stream_ prefix
     label: tuple[str, str] | None = None  # (label name, value) within that family
+    section: str | None = None  # the capability that keeps it, for the run summary (set at registration)
 
 
 def counter(help: str, *, metric: str | None = None, label: tuple[str, str] | None = None) -> CounterInfo:
@@ -45,8 +50,12 @@ FRAMES_HELP = (
 QUEUE_DEPTH_HELP = "Items waiting per stream queue: mailbox (frames), status (events), channel (browser events)"
 
 
+FRAMES = "frames"
+STATUS = "status"
+
+
 def frame_stage(stage: str) -> CounterInfo:
-    return counter(FRAMES_HELP, metric="frames", label=("stage", stage))
+    return replace(counter(FRAMES_HELP, metric=FRAMES, label=("stage", stage)), section=FRAMES)
 
 
 def queue_depth(queue: str) -> CounterInfo:
@@ -57,9 +66,11 @@ _CATALOGUE: dict[str, CounterInfo] = {}
 _SUMMED: set[str] = set()
 
 
-def register_counters(entries: Mapping[str, CounterInfo]) -> None:
-    """Describe counter keys; a key described twice must mean the same thing."""
-    for key, info in entries.items():
+def register_counters(entries: Mapping[str, CounterInfo], *, section: str) -> None:
+    """Describe counter keys of one capability (`section`); a key described twice must mean the
+    same thing."""
+    for key, described in entries.items():
+        info = described if described.section is not None else replace(described, section=section)
         known = _CATALOGUE.setdefault(key, info)
         if known != info:
             raise ValueError(f"counter {key!r} is already described differently")
@@ -93,5 +104,35 @@ register_counters(
     {
         "status_events_dropped": counter("Status events dropped (queue full)"),
         "status_queue_depth": queue_depth("status"),
-    }
+    },
+    section=STATUS,
 )
+
+
+FRAME_STAGES = ("in", "processed", "predicted", "dropped", "skipped", "failed")  # a frame's way, in order
+
+
+def summary_lines(counters: Mapping[str, float]) -> list[tuple[str, str]]:
+    """(section, "label value, ...") for every counter a stream reported: the frames first, then
+    each capability in the order the stream reported it (its source, then its stages in graph
+    order), the graph's own status queue last. A section with nothing counted is left out, as are
+    gauges (a queue's depth now says nothing about a finished run) and undescribed keys."""
+    sections: dict[str, list[tuple[int, str, float]]] = {}
+    for key, value in counters.items():
+        info = _CATALOGUE.get(key)
+        if info is None or info.kind != "counter" or info.section is None:
+            continue
+        label = key.removeprefix(f"{info.section}_").replace("_", " ")
+        rank = FRAME_STAGES.index(info.label[1]) if info.section == FRAMES and info.label else 0
+        sections.setdefault(info.section, []).append((rank, label, value))
+    order = [FRAMES, *(name for name in sections if name not in (FRAMES, STATUS)), STATUS]
+    lines = []
+    for name in order:
+        entries = sorted(sections.get(name, []), key=lambda entry: entry[0])
+        if any(value for _, _, value in entries):
+            lines.append((name, ", ".join(f"{label} {_number(value)}" for _, label, value in entries)))
+    return lines
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"

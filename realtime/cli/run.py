@@ -9,6 +9,7 @@ import json
 import logging
 import signal
 import sys
+import textwrap
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,6 +19,7 @@ from pipelines.detect import DetectionBatcher
 from pipelines.events import DURABLE_KINDS, Event, EventKind, EventSink
 from pipelines.frames import StatusChange, StreamState
 from pipelines.graph import SharedEngines
+from pipelines.graph.counters import summary_lines
 from realtime.cli import checks
 from realtime.cli.bootstrap import (
     compute_budget,
@@ -156,24 +158,12 @@ def summary_text(s: StreamSummary, extra: dict[str, Any]) -> str:
         return "n/a" if value is None else f"{value:.0f} ms"
 
     why = f" ({s.reason})" if s.reason not in (None, s.state) else ""
-    c = s.get
     lines = [
         f"vidsentry run: stream {s.stream_id} {s.state}{why}",
-        f"  frames      in {c('frames_in'):.0f}, processed {c('frames_processed'):.0f}, "
-        f"predicted {c('frames_predicted'):.0f} (boxes carried by the tracker), "
-        f"dropped {c('frames_dropped'):.0f}, skipped {c('frames_skipped'):.0f}, failed {c('frames_failed'):.0f}",
         f"  speed       {s.fps_processed:.2f} fps processed over {s.elapsed_s:.1f} s",
-        f"  detections  {c('detections'):.0f} in {c('tracks'):.0f} tracks ({c('track_events'):.0f} track events, "
-        f"{c('tracks_evicted'):.0f} evicted)",
-        f"  audio       {c('audio_seconds'):.1f} s decoded ({c('audio_dropped_seconds'):.1f} s dropped), "
-        f"captions {extra['captions']}",
-        f"  vlm         descriptions {extra['descriptions']} ({c('description_failures'):.0f} failed), "
-        f"checks {c('vlm_checks'):.0f}, prompt tokens {c('vlm_prompt_tokens'):.0f} "
-        f"({c('vlm_cached_tokens'):.0f} cached)",
-        f"  alerts      {c('alerts'):.0f} ({c('alerts_suppressed'):.0f} held back by cooldowns, "
-        f"{c('snapshot_failures'):.0f} snapshots failed)",
-        f"  source      reconnects {c('reconnects'):.0f}, stalls {c('stalls'):.0f}, "
-        f"corrupt packets {c('corrupt_packets'):.0f}, abandoned readers {c('abandoned_readers'):.0f}",
+        # Every counter the stream's source and stages reported, grouped by the capability that
+        # keeps it (the counter catalogue): this command names none of them.
+        *(_wrapped(section, values) for section, values in summary_lines(s.counters)),
         f"  latency     capture→publish p50 {ms(s.latency_p50_ms)}, p99 {ms(s.latency_p99_ms)}; "
         f"model p50 {ms(s.inference_p50_ms)}",
         f"  events      published {extra['events_published']}, stored {extra['events_acked']}, "
@@ -189,6 +179,10 @@ def summary_text(s: StreamSummary, extra: dict[str, Any]) -> str:
         )
         lines.append(f"  compute     budget of {extra['compute']['cores']} cores: {shares}")
     return "\n".join(lines)
+
+
+def _wrapped(section: str, values: str) -> str:
+    return textwrap.fill(values, width=110, initial_indent=f"  {section:<11} ", subsequent_indent=" " * 14)
 
 
 def compute_summary(budget: ComputeBudget | None, elapsed_s: float) -> dict[str, Any] | None:

@@ -25,7 +25,8 @@ register_counters(
         "connect_attempts": counter("Connect attempts"),
         "abandoned_readers": counter("Reader threads left to end at their own read timeout"),
         "refused_connects": counter("Connects the sources policy refused (streams not from the config file)"),
-    }
+    },
+    section="source",
 )
 
 

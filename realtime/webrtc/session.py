@@ -48,7 +48,8 @@ register_counters(
         "channel_dropped": counter("Events not sent to the browser: stale detections, overflow"),
         "channel_lost": counter("Alerts or captions dropped because the page never opened its DataChannel"),
         "channel_queue_depth": queue_depth("channel"),
-    }
+    },
+    section="browser",
 )
 
 
