@@ -212,6 +212,7 @@ async def test_probes_metrics_and_draining(svc: LiveService, rtsp_server: RtspSe
         "jetstream": True,
         "publisher": True,
         "detector": True,
+        "detector_responsive": True,
         "accepting": True,
     }
 

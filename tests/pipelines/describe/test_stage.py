@@ -21,11 +21,12 @@ from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
 from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from pipelines.describe.stage import DescribeStage
 from pipelines.event_bodies import caption_event
-from pipelines.events import Event, EventKind
+from pipelines.events import EventKind
 from pipelines.frames import VideoFrame
 from pipelines.graph.stage import ObservedSink
 from pipelines.mailbox import FrameMailbox
 from pipelines.rules.specs import RuleList, VlmRule
+from tests.support.sinks import ListSink
 from tests.support.vllm_sim import VllmSimulator
 from tests.support.waiting import wait_until
 
@@ -34,23 +35,12 @@ FRAME_STEP_S = 0.1  # media time between frames
 WALL_STEP_S = 0.02  # five times faster than real time
 
 
-class Events:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    async def publish(self, event: Event) -> None:
-        self.events.append(event)
-
-    def of(self, kind: EventKind) -> list[Event]:
-        return [e for e in self.events if e.kind is kind]
-
-
 @dataclass
 class Harness:
     stage: DescribeStage
     mailbox: FrameMailbox
     sink: ObservedSink
-    events: Events
+    events: ListSink
     client: VlmClient
     task: asyncio.Task[None]
     seq: int = 0
@@ -83,7 +73,7 @@ async def describer(
     sim: VllmSimulator, settings: DescribeSettings = FAST, rules: tuple[VlmRule, ...] = (), **client: Any
 ) -> AsyncIterator[Harness]:
     vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model, **client))
-    events = Events()
+    events = ListSink()
     sink = ObservedSink(events)
     mailbox = FrameMailbox(asyncio.get_running_loop())
     stage = DescribeStage("cam", mailbox, DescribeEngine(vlm, sim.model, settings), sink, rules=rules)
@@ -110,8 +100,8 @@ def flat(body: dict[str, Any]) -> list[str]:
     return out
 
 
-def descriptions(events: Events) -> list[dict[str, Any]]:
-    return [dict(e.data) for e in events.of(EventKind.DESCRIPTIONS)]
+def descriptions(events: ListSink) -> list[dict[str, Any]]:
+    return [dict(e.data) for e in events.kinds(EventKind.DESCRIPTIONS)]
 
 
 async def test_descriptions_come_from_requests_that_each_extend_the_last() -> None:
@@ -212,13 +202,13 @@ async def test_a_sustained_yes_is_a_vlm_alert_with_the_models_reason() -> None:
     )
     assert isinstance(rule, VlmRule)
     async with VllmSimulator(answer=answer) as sim, describer(sim, rules=(rule,)) as h:
-        await h.feed_until(lambda: bool(h.events.of(EventKind.ALERTS)), 200, "a vlm alert")
+        await h.feed_until(lambda: bool(h.events.kinds(EventKind.ALERTS)), 200, "a vlm alert")
         await h.feed(10)
     checks = [b for b in sim.requests if "Question:" in b["messages"][-1]["content"][-1]["text"]]
     assert checks and all(b["max_tokens"] <= 40 and b.get("priority", 0) == 0 for b in checks)
     described = [b for b in sim.requests if b not in checks]
     assert described and all(b["priority"] == 10 for b in described)  # checks go first
-    start, *others = [dict(e.data) for e in h.events.of(EventKind.ALERTS)]
+    start, *others = [dict(e.data) for e in h.events.kinds(EventKind.ALERTS)]
     assert start["event"] == "start" and start["rule_type"] == "vlm" and start["severity"] == "critical"
     assert start["evidence"]["reason"] == "a man lies on the floor"
     assert start["evidence"]["question"] == "Is anyone lying on the floor?" and start["evidence"]["held_s"] >= 2.0
@@ -229,7 +219,7 @@ async def test_a_sustained_yes_is_a_vlm_alert_with_the_models_reason() -> None:
 async def test_a_stream_that_ends_mid_request_cancels_it_and_leaves_nothing() -> None:
     async with VllmSimulator(latency_s=30.0) as sim:
         vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model))
-        events = Events()
+        events = ListSink()
         mailbox = FrameMailbox(asyncio.get_running_loop())
         stage = DescribeStage("cam", mailbox, DescribeEngine(vlm, sim.model, FAST), ObservedSink(events))
         task = asyncio.create_task(stage.run())
@@ -247,7 +237,7 @@ async def test_a_stream_that_ends_mid_request_cancels_it_and_leaves_nothing() ->
         assert sim.in_flight == 0 and sim.disconnects >= 1  # the HTTP request was aborted
         assert vlm.stats().in_flight == 0
         assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("cam-")]
-        assert not events.of(EventKind.DESCRIPTIONS)
+        assert not events.kinds(EventKind.DESCRIPTIONS)
         await vlm.aclose()
 
 
@@ -259,7 +249,7 @@ async def test_a_stream_with_descriptions_off_only_asks_its_questions(describe: 
     assert isinstance(rule, VlmRule)
     async with VllmSimulator() as sim:
         vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model))
-        events = Events()
+        events = ListSink()
         mailbox = FrameMailbox(asyncio.get_running_loop())
         stage = DescribeStage(
             "cam", mailbox, DescribeEngine(vlm, sim.model, FAST), ObservedSink(events), rules=(rule,), describe=describe
@@ -333,7 +323,7 @@ async def test_a_vlm_alert_across_a_reconnect_ends_after_it_started_and_the_stre
     from pipelines.describe import stage as describe_stage
     from pipelines.detect import DetectionBatcher
     from pipelines.graph import SharedEngines, StreamGraph
-    from tests.pipelines.test_graph import Boxes, ListSink, spec
+    from tests.pipelines.test_graph import Boxes, spec
 
     camera = ReconnectingCamera()
 

@@ -71,11 +71,11 @@ async def publish_paced(
     return seen_at
 
 
-async def wait_for_stream(insp: Inspector, limit_s: float) -> None:
-    deadline = time.monotonic() + limit_s
+async def wait_for_stream(insp: Inspector, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
     while not await stream_exists(insp):
         if time.monotonic() > deadline:
-            raise AssertionError(f"stream {STREAM_NAME} not made again within {limit_s} s while a subscriber listens")
+            raise AssertionError(f"stream {STREAM_NAME} not made again within {within_s} s while a subscriber listens")
         await asyncio.sleep(0.05)
 
 
