@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from engines.asr.vad import VadModel
-from pipelines.captions.engine import CaptionEngine, CaptionSettings, SpeechBatcher
+from pipelines.captions.engine import CaptionEngine, CaptionPolicy, SpeechBatcher
 from pipelines.captions.stage import CaptionStage
 from pipelines.events import Event, EventKind
 from pipelines.frames import AudioChunk
@@ -88,7 +88,7 @@ class _Sink:
 async def stream_file(
     batcher: SpeechBatcher,
     vad: VadModel,
-    settings: CaptionSettings,
+    settings: CaptionPolicy,
     audio: np.ndarray,
     *,
     lead_s: float,

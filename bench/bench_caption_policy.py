@@ -8,7 +8,7 @@ bench_realtime.py's offline side hears them, go through the production caption s
 both at once on one recognizer (--together: their decodes share calls, as two live streams' do).
 WER over the whole speech, against the offline transcription bench_realtime.py uses (the same model
 on Whisper's padded window, pieces of at most 28 s cut between sentences, each prompted with the
-text before it). --set key=value (repeatable) overrides CaptionSettings fields.
+text before it). --set key=value (repeatable) overrides CaptionPolicy fields.
 
 Usage: .venv/bin/python bench/bench_caption_policy.py [--together] [--set edge_s=0.5] [--show]
 Results: bench/results/bench_caption_policy.json
@@ -27,7 +27,7 @@ from _speech_set import stream_file
 
 from engines.asr.vad import VadModel
 from engines.asr.whisper import create_recognizer
-from pipelines.captions.engine import CaptionSettings, SpeechBatcher
+from pipelines.captions.engine import CaptionPolicy, SpeechBatcher
 from tests.support.speech import wer
 
 
@@ -39,15 +39,15 @@ class _Run:
     speech: live.Speech
 
 
-def settings_from(pairs: list[str]) -> CaptionSettings:
-    fields = {f.name: f.type for f in dataclasses.fields(CaptionSettings)}
+def settings_from(pairs: list[str]) -> CaptionPolicy:
+    fields = {f.name: f.type for f in dataclasses.fields(CaptionPolicy)}
     values: dict[str, Any] = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
         if key not in fields:
-            raise SystemExit(f"--set {pair}: CaptionSettings has no field {key!r} (fields: {', '.join(fields)})")
+            raise SystemExit(f"--set {pair}: CaptionPolicy has no field {key!r} (fields: {', '.join(fields)})")
         values[key] = float(value) if "." in value else int(value)
-    return CaptionSettings(**values)
+    return CaptionPolicy(**values)
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -88,7 +88,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--together", action="store_true", help="both streams at once on one recognizer")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a CaptionSettings field")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a CaptionPolicy field")
     parser.add_argument("--show", action="store_true", help="print the streamed and offline texts")
     args = parser.parse_args()
     result = asyncio.run(main_async(args))

@@ -75,7 +75,7 @@ from engines.asr.vad import StreamVad, VadModel
 from engines.asr.whisper import create_recognizer
 from engines.models import default_detector_model
 from engines.registry import create_detector
-from pipelines.captions.engine import RECOGNIZER, CaptionEngine, CaptionSettings, SpeechBatcher, recognizer_claim
+from pipelines.captions.engine import RECOGNIZER, CaptionEngine, CaptionPolicy, SpeechBatcher, recognizer_claim
 from pipelines.captions.stage import CaptionStage
 from pipelines.compute import ComputeBudget
 from pipelines.detect import DETECTOR, DetectionBatcher, detector_claim
@@ -102,7 +102,7 @@ SAMPLE_EVERY_S = 0.1
 CAMERA_FPS = 10.0  # vtest.avi's rate
 CPU_SHARE = 0.75  # the compute budget's bound on captions (compute.captions_max_share)
 DETECTOR_ALONE_S = 8.0
-SETTINGS = CaptionSettings()  # the service's defaults; --step-s changes the latency/accuracy knob
+SETTINGS = CaptionPolicy()  # the service's defaults; --step-s changes the latency/accuracy knob
 
 
 # -- the reference ------------------------------------------------------------------------------
@@ -832,7 +832,7 @@ def main() -> None:
     parser.add_argument("--streams", default="1,2,4,6,8")
     parser.add_argument("--batches", default="8,1", help="SpeechBatcher max_batch values")
     parser.add_argument("--repeat", type=int, default=2, help="runs of the one-stream latency/WER part")
-    parser.add_argument("--step-s", type=float, default=None, help="CaptionSettings.step_s (default: the service's)")
+    parser.add_argument("--step-s", type=float, default=None, help="CaptionPolicy.step_s (default: the service's)")
     parser.add_argument("--model", type=Path, default=None, help="CTranslate2 Whisper dir (default: bundled tiny.en)")
     parser.add_argument("--compute-type", default="int8", help="CTranslate2 compute type of both recognizers")
     parser.add_argument("--quick", action="store_true", help="15 s clips, streams 1,2,4")

@@ -56,7 +56,7 @@ from pydantic import (
 )
 
 from engines.vlm.client import VlmSettings
-from pipelines.captions.engine import CaptionSettings
+from pipelines.captions.engine import CaptionPolicy
 from pipelines.describe.settings import DescribeSettings
 from pipelines.frames import StreamId
 from pipelines.rules.engine import unknown_classes
@@ -305,7 +305,7 @@ class SourceSettings(_Strict):
 
 
 def _captions(name: str) -> Any:
-    return default_of(CaptionSettings, name)
+    return default_of(CaptionPolicy, name)
 
 
 class CaptionsSettings(_Strict):
@@ -333,8 +333,8 @@ class CaptionsSettings(_Strict):
     max_lag_s: float = Field(_captions("max_lag_s"), ge=1.0, le=120.0)  # audio waiting longer is dropped, oldest first
     max_batch: int = Field(8, ge=1, le=64)  # streams decoded in one recognizer call
 
-    def to_settings(self) -> CaptionSettings:
-        return CaptionSettings(
+    def to_policy(self) -> CaptionPolicy:
+        return CaptionPolicy(
             step_s=self.step_s,
             endpoint_s=self.endpoint_s,
             max_window_s=self.max_window_s,

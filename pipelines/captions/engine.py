@@ -33,7 +33,10 @@ class RecognizerBusy(QueueFull):
 
 
 @dataclass(frozen=True, slots=True)
-class CaptionSettings:
+class CaptionPolicy:
+    """The streaming policy's knobs, as the stage uses them (the config's `captions:` section,
+    `realtime.config.CaptionsSettings`, holds these and the recognizer's settings)."""
+
     # The latency/accuracy knob: the window is decoded again each time it has grown this much.
     # Smaller: earlier partials and finals, more compute; larger: fewer, better-informed decodes.
     step_s: float = 0.5
@@ -74,7 +77,7 @@ class CaptionEngine:
 
     batcher: SpeechBatcher
     vad: VadModel
-    settings: CaptionSettings = CaptionSettings()
+    settings: CaptionPolicy = CaptionPolicy()
 
     @property
     def model_name(self) -> str:

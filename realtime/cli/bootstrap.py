@@ -137,7 +137,7 @@ async def open_captions(
         compute.add(RECOGNIZER, recognizer_claim(recognizer))
     try:
         async with SpeechBatcher(recognizer, max_batch=settings.max_batch, compute=compute) as batcher:
-            yield CaptionEngine(batcher, vad, settings.to_settings())
+            yield CaptionEngine(batcher, vad, settings.to_policy())
     finally:
         recognizer.close()
 

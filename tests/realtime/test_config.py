@@ -31,7 +31,7 @@ def test_empty_config_is_valid(tmp_path: Path) -> None:
 
 def test_caption_settings_reach_the_stage(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, "captions:\n  max_window_s: 12\n  step_s: 0.4\n"), environ={})
-    settings = config.captions.to_settings()
+    settings = config.captions.to_policy()
     assert settings.max_window_s == 12.0 and settings.step_s == 0.4
 
 

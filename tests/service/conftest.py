@@ -146,7 +146,7 @@ async def live_service(
         engine = None
         if captions is not None:
             speech = await stack.enter_async_context(SpeechBatcher(captions[0], compute=budget))
-            engine = CaptionEngine(speech, captions[1], config.captions.to_settings())
+            engine = CaptionEngine(speech, captions[1], config.captions.to_policy())
         service = Service(config, batcher, publisher, api_token=token, captions=engine, describe=describe)
         stop = asyncio.Event()
         listening = asyncio.Event()

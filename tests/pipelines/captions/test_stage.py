@@ -13,7 +13,7 @@ import pytest
 
 from engines.asr.types import AsrRequest, AsrResult, SpeechRecognizer
 from engines.asr.vad import VadModel
-from pipelines.captions.engine import CaptionEngine, CaptionSettings, SpeechBatcher
+from pipelines.captions.engine import CaptionEngine, CaptionPolicy, SpeechBatcher
 from pipelines.captions.stage import CaptionStage
 from pipelines.events import Event, EventKind
 from pipelines.frames import AudioChunk
@@ -38,7 +38,7 @@ class Collect:
 async def engine(caption_models: tuple[SpeechRecognizer, VadModel]) -> AsyncIterator[CaptionEngine]:
     recognizer, vad = caption_models
     async with SpeechBatcher(recognizer) as batcher:
-        yield CaptionEngine(batcher, vad, CaptionSettings())
+        yield CaptionEngine(batcher, vad, CaptionPolicy())
 
 
 async def caption(
@@ -113,11 +113,11 @@ async def test_after_the_recognizer_dies_audio_is_taken_and_nothing_kept(
     batcher = SpeechBatcher(recognizer)
     batcher.start()
     await batcher.aclose()  # every submit now fails: the recognizer is gone
-    sink = await caption(CaptionEngine(batcher, vad, CaptionSettings()), narration[: 16_000 * 8], speed=8.0)
+    sink = await caption(CaptionEngine(batcher, vad, CaptionPolicy()), narration[: 16_000 * 8], speed=8.0)
     stage = sink.stage  # type: ignore[attr-defined]
     counters = stage.counters()
     assert counters["asr_errors"] == 1 and counters["captions"] == 0 and counters["audio_seconds"] >= 7.9
-    assert stage.window.duration <= CaptionSettings().pre_roll_s + 0.1
+    assert stage.window.duration <= CaptionPolicy().pre_roll_s + 0.1
 
 
 class Recording:
@@ -156,7 +156,7 @@ async def test_a_loaded_recognizer_gets_shorter_windows_and_fewer_decodes(
     for load in (0.0, 0.9):
         recording = Recording(recognizer)
         async with Loaded(recording, load) as batcher:
-            sink = await caption(CaptionEngine(batcher, vad, CaptionSettings()), narration)
+            sink = await caption(CaptionEngine(batcher, vad, CaptionPolicy()), narration)
         text = " ".join(str(f["text"]) for f in sink.of(EventKind.CAPTIONS))
         runs[load] = (float(np.mean(recording.seconds)), len(recording.seconds), script_prefix_wer(text))
         longest[load], prefixed[load] = max(recording.seconds), recording.prefixed
