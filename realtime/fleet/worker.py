@@ -168,16 +168,16 @@ class FleetWorker:
             asyncio.create_task(self._desired.run(), name="fleet-desired-watch"),
             asyncio.create_task(self._leases.run(), name="fleet-lease-watch"),
         ]
-        async with asyncio.timeout(SYNC_TIMEOUT_S):
-            await self._desired.synced.wait()
-            await self._leases.synced.wait()
         try:
+            async with asyncio.timeout(SYNC_TIMEOUT_S):
+                await self._desired.synced.wait()
+                await self._leases.synced.wait()
             await self._check_node_name()  # before this worker writes anything
-        except DuplicateNode:
-            for task in self._mirror_tasks:
-                task.cancel()
-            self._stopped = True
-            self._keeper = None  # so stop() never deletes the other worker's record
+        except BaseException as exc:  # not joined (no sync in time, a duplicate, cancelled): watch nothing
+            await self._stop_mirrors()
+            if isinstance(exc, DuplicateNode):
+                self._stopped = True
+                self._keeper = None  # so stop() never deletes the other worker's record
             raise
         self._joined = True
         self._config_streams = {settings.id: settings for settings in config_streams}
@@ -196,8 +196,14 @@ class FleetWorker:
                 group.create_task(self._claim_loop(), name="fleet-claim")
                 group.create_task(self._state_loop(), name="fleet-states")
         finally:
-            for task in self._mirror_tasks:
-                task.cancel()
+            await self._stop_mirrors()
+
+    async def _stop_mirrors(self) -> None:
+        """Cancel the bucket watches and wait for them to end (none is left behind unawaited)."""
+        tasks, self._mirror_tasks = self._mirror_tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _check_node_name(self) -> None:
         """DuplicateNode if another live worker holds this node name. A record of this name that
@@ -240,8 +246,7 @@ class FleetWorker:
         await asyncio.gather(*(keeper.release(sid) for sid in keeper.held()), return_exceptions=True)
         with contextlib.suppress(*_NATS_ERRORS, nats.js.errors.KeyValueError):
             await buckets.leases.delete(node_key(self.node))
-        for task in self._mirror_tasks:
-            task.cancel()
+        await self._stop_mirrors()
         log.info("fleet left", extra={"fleet": self.options.name, "node": self.node})
 
     # -- what the service asks -----------------------------------------------------------
@@ -254,7 +259,7 @@ class FleetWorker:
     def ready(self) -> bool:
         if self._desired is None or self._leases is None or self._stopped:
             return False
-        alive = all(not task.done() for task in self._mirror_tasks)
+        alive = bool(self._mirror_tasks) and all(not task.done() for task in self._mirror_tasks)
         return alive and self._desired.synced.is_set() and self._leases.synced.is_set()
 
     @property
