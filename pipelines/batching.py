@@ -43,6 +43,7 @@ from typing import Generic, Self, TypeVar
 
 from engines.cpu_grant import granted
 from pipelines.compute import ComputeBudget, Grant
+from pipelines.tasks import describe_error
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +371,7 @@ class ModelBatcher(Generic[In, Out]):
             if self._consecutive_failures >= self.max_consecutive_failures:
                 self._die(
                     f"{self.name} failed {self._consecutive_failures} model calls in a row; "
-                    f"last error: {describe(exc)}",
+                    f"last error: {describe_error(exc)}",
                     exc,
                 )
                 raise _Dead from None
@@ -431,7 +432,7 @@ class ModelBatcher(Generic[In, Out]):
             return
         exc = task.exception()  # retrieving it also keeps asyncio from logging it again
         if exc is not None:
-            self._die(f"{self.name} batcher crashed: {describe(exc)}", exc)
+            self._die(f"{self.name} batcher crashed: {describe_error(exc)}", exc)
         elif not self._closed:
             self._die(f"{self.name} batcher stopped")  # no-op after _run returned through _die
 
@@ -464,7 +465,3 @@ class ModelBatcher(Generic[In, Out]):
         # Wait for an in-flight model call so the model is not closed under it.
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown, True)
 
-
-def describe(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0].strip() if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -51,6 +51,7 @@ from pipelines.mailbox import FrameMailbox, MailboxClosed
 from pipelines.rules.publishing import AlertPublisher, AlertStats
 from pipelines.rules.snapshots import SnapshotStore
 from pipelines.rules.specs import VlmRule
+from pipelines.tasks import TaskOwner
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,8 @@ class DescribeStage:
         self._now: Moment | None = None  # the newest frame's moment
         self._sampled: VideoFrame | None = None  # the newest frame kept (alert snapshots show it)
         self._sampled_jpeg: bytes | None = None
+        # Its requests run beside the loop: a bug in one must not end the stream, nor stop the next.
+        self._requests = TaskOwner(f"{stream_id} describer")
         self._describing: asyncio.Task[None] | None = None
         self._checking: asyncio.Task[None] | None = None
         self._last_described_t = float("-inf")
@@ -240,28 +243,21 @@ class DescribeStage:
             rule = self.checks.due(now.t)
             if rule is not None:
                 self.checks.ask(rule, now.t)
-                self._checking = asyncio.create_task(self._check(rule, now), name=f"{self.stream_id}-vlm-check")
-                self._checking.add_done_callback(self._check_done)
+                self._checking = self._requests.spawn(self._check(rule, now), name=f"{self.stream_id}-vlm-check",
+                                                      critical=False, on_done=self._check_done)
         due = now.t - self._last_described_t >= self.settings.describe_interval_s
         # A description waits for a new frame: it always shows the scene as it is now (speech
         # alone asks the sampler for the next frame allowed).
         if self.describe and self._describing is None and due and self.window.has_new_frame:
             self._last_described_t = now.t
-            self._describing = asyncio.create_task(self._describe(), name=f"{self.stream_id}-describe")
-            self._describing.add_done_callback(self._describe_done)
+            self._describing = self._requests.spawn(self._describe(), name=f"{self.stream_id}-describe",
+                                                    critical=False, on_done=self._describe_done)
 
     def _describe_done(self, task: asyncio.Task[None]) -> None:
         self._describing = None
-        self._log_crash(task)
 
     def _check_done(self, task: asyncio.Task[None]) -> None:
         self._checking = None
-        self._log_crash(task)
-
-    def _log_crash(self, task: asyncio.Task[None]) -> None:
-        # A bug in one request must not go unseen, nor stop the next request.
-        if not task.cancelled() and (error := task.exception()) is not None:
-            log.error("describer request crashed", extra={"stream_id": self.stream_id}, exc_info=error)
 
     def _request(self, window: WindowRequest, *, max_tokens: int, schema: Any, priority: int) -> VlmRequest:
         settings = self.settings
@@ -388,12 +384,7 @@ class DescribeStage:
     # -- the end -----------------------------------------------------------------------------------------
 
     async def _cancel_requests(self) -> None:
-        tasks = [t for t in (self._describing, self._checking) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._requests.cancel_all()
 
     async def _finish_alerts(self) -> None:
         if self.alerts is None:

@@ -22,11 +22,11 @@ import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.js.api import PubAck
 
+from pipelines.tasks import TaskOwner
 from realtime.bus.ack_window import AckWindow, InFlight
 from realtime.bus.delivery import AckTimeoutError, PublisherClosedError, PublisherStats, WireMessage
 from realtime.bus.ledger import DeliveryLedger
 from realtime.bus.link import BusLink
-from realtime.bus.supervisor import TaskSupervisor
 
 
 class DurableDelivery(ABC):
@@ -38,7 +38,7 @@ class DurableDelivery(ABC):
         link: BusLink,
         window: AckWindow,
         ledger: DeliveryLedger,
-        supervisor: TaskSupervisor,
+        supervisor: TaskOwner,
         max_retries: int,
     ) -> None:
         self.max_retries = max_retries

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from nats.js.api import PubAck
 
+from pipelines.tasks import describe_error
 from realtime.bus.delivery import DeliveryHooks, PublisherStats, UnconfirmedError, WireMessage
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,8 @@ class DeliveryLedger:
     # -- error lines ----------------------------------------------------------------------------
 
     def note_error(self, what: str, msg: WireMessage, error: BaseException) -> None:
-        self.stats.last_error = f"{msg.kind.value}: {describe(error)}"
-        self.log_error_once(f"{what} kind={msg.kind.value}: {describe(error)}")
+        self.stats.last_error = f"{msg.kind.value}: {describe_error(error)}"
+        self.log_error_once(f"{what} kind={msg.kind.value}: {describe_error(error)}")
 
     def log_error_once(self, line: str) -> None:
         # An outage fails thousands of publishes the same way: log each distinct failure once.
@@ -101,6 +102,3 @@ class DeliveryLedger:
         self._logged_errors.clear()
 
 
-def describe(error: BaseException) -> str:
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -35,10 +35,10 @@ from collections.abc import Awaitable, Callable
 from nats.aio.client import Client as NatsClient
 from nats.js.client import JetStreamContext
 
+from pipelines.tasks import TaskOwner, describe_error
 from realtime.bus.delivery import RETRY_BACKOFF_S
 from realtime.bus.jetstream import STREAM_NAME, StreamSetup
-from realtime.bus.ledger import DeliveryLedger, describe
-from realtime.bus.supervisor import TaskSupervisor
+from realtime.bus.ledger import DeliveryLedger
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class BusLink:
         on_stream_ready: Callable[[], None],
         on_stream_lost: Callable[[], None],
         ledger: DeliveryLedger,
-        supervisor: TaskSupervisor,
+        supervisor: TaskOwner,
     ) -> None:
         self.nc: NatsClient | None = None
         self.js: JetStreamContext | None = None
@@ -94,7 +94,8 @@ class BusLink:
             return  # a check or re-creation is already under way
         self.stream_ready = False  # unknown until JetStream answers: hold replays and retries
         delay = max(0.0, self._last_check + _CHECK_INTERVAL_S - time.monotonic())
-        log.debug("durable send failed on a live connection (%s); checking stream %s", describe(error), STREAM_NAME)
+        log.debug("durable send failed on a live connection (%s); checking stream %s",
+                  describe_error(error), STREAM_NAME)
         self._reconcile_task = self._supervisor.spawn(self._reconcile_stream(delay), name="nats-stream-check")
 
     async def _reconcile_stream(self, delay: float) -> None:
@@ -109,9 +110,9 @@ class BusLink:
                 setup = await self._ensure_stream()
             except Exception as exc:
                 self.stream_ready = False
-                self._ledger.stats.last_error = f"ensure_stream: {describe(exc)}"
+                self._ledger.stats.last_error = f"ensure_stream: {describe_error(exc)}"
                 self._ledger.log_error_once(
-                    f"JetStream stream {STREAM_NAME} cannot take durable events: {describe(exc)}"
+                    f"JetStream stream {STREAM_NAME} cannot take durable events: {describe_error(exc)}"
                 )
                 if not self.connected:
                     return  # the next reconnect tries again

@@ -29,7 +29,7 @@ This class is the façade; the parts live in their own modules:
   durable.py     DurableDelivery: the direct send both modes share
   retrying.py    RetryingDelivery: without an outbox, retries with back-off
   spooling.py    SpoolingDelivery: with an outbox, spooling and in-order replay
-  supervisor.py  TaskSupervisor: background tasks; one that dies makes the publisher not `alive`
+  (pipelines/tasks.py TaskOwner: the background tasks; one that dies makes the publisher not `alive`)
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
 from pipelines.events import Event, EventKind
+from pipelines.tasks import TaskOwner, describe_error
 from realtime.bus import cloudevents
 from realtime.bus.ack_window import AckWindow
 from realtime.bus.async_acks import ErrorAwareJetStream
@@ -60,12 +61,11 @@ from realtime.bus.delivery import (
 )
 from realtime.bus.durable import DurableDelivery
 from realtime.bus.jetstream import StreamSetup, StreamSetupError, check_max_age, check_replicas, ensure_stream
-from realtime.bus.ledger import DeliveryLedger, describe
+from realtime.bus.ledger import DeliveryLedger
 from realtime.bus.link import BusLink
 from realtime.bus.outbox import Outbox
 from realtime.bus.retrying import RetryingDelivery
 from realtime.bus.spooling import SpoolingDelivery
-from realtime.bus.supervisor import TaskSupervisor
 
 __all__ = ["BusUnavailable", "NatsEventPublisher"]
 
@@ -113,7 +113,7 @@ class NatsEventPublisher:
 
         self._ledger = DeliveryLedger(hooks or NoHooks(), queued=(lambda: outbox.depth) if outbox is not None else None)
         self._window = AckWindow(max_pending_acks, ack_timeout)
-        self._supervisor = TaskSupervisor("NATS publisher")
+        self._supervisor = TaskOwner("NATS publisher")
         self._link = BusLink(
             ensure_stream=self.ensure_stream,
             on_stream_ready=self._on_stream_ready,
@@ -350,7 +350,7 @@ class NatsEventPublisher:
         snap.connected = self.connected
         snap.stream_ready = self.durable_ready
         snap.alive = self.alive
-        snap.task_failures = self._supervisor.deaths
+        snap.task_failures = self._supervisor.crashes
         self._delivery.add_stats(snap)
         return snap
 
@@ -437,8 +437,8 @@ class NatsEventPublisher:
         self._delivery.on_stream_lost()
 
     async def _on_error(self, exc: Exception) -> None:
-        self._ledger.stats.last_error = describe(exc)
-        self._ledger.log_error_once(f"NATS client error: {describe(exc)}")
+        self._ledger.stats.last_error = describe_error(exc)
+        self._ledger.log_error_once(f"NATS client error: {describe_error(exc)}")
 
     async def _on_closed(self) -> None:
         log.debug("NATS connection closed url=%s", self._shown_url)

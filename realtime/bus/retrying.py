@@ -21,6 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from pipelines.tasks import TaskOwner
 from realtime.bus.ack_window import AckWindow
 from realtime.bus.delivery import (
     RETRY_BACKOFF_S,
@@ -33,7 +34,6 @@ from realtime.bus.delivery import (
 from realtime.bus.durable import DurableDelivery
 from realtime.bus.ledger import DeliveryLedger
 from realtime.bus.link import BusLink
-from realtime.bus.supervisor import TaskSupervisor
 
 
 @dataclass(slots=True)
@@ -47,7 +47,7 @@ class RetryingDelivery(DurableDelivery):
     keeps_durable_events_in = "in memory"
 
     def __init__(
-        self, *, link: BusLink, window: AckWindow, ledger: DeliveryLedger, supervisor: TaskSupervisor, max_retries: int
+        self, *, link: BusLink, window: AckWindow, ledger: DeliveryLedger, supervisor: TaskOwner, max_retries: int
     ) -> None:
         super().__init__(link=link, window=window, ledger=ledger, supervisor=supervisor, max_retries=max_retries)
         self._retries: deque[_Retry] = deque()

@@ -25,6 +25,7 @@ import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.js.api import PubAck
 
+from pipelines.tasks import TaskOwner
 from realtime.bus.ack_window import AckWindow, InFlight
 from realtime.bus.connection import discard_unsent_publishes
 from realtime.bus.delivery import RETRY_BACKOFF_S, PublisherStats, WireMessage, is_permanent, is_retryable
@@ -32,7 +33,6 @@ from realtime.bus.durable import DurableDelivery
 from realtime.bus.ledger import DeliveryLedger
 from realtime.bus.link import BusLink
 from realtime.bus.outbox import Outbox, OutboxRecord, OutboxWriteError
-from realtime.bus.supervisor import TaskSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class SpoolingDelivery(DurableDelivery):
         link: BusLink,
         window: AckWindow,
         ledger: DeliveryLedger,
-        supervisor: TaskSupervisor,
+        supervisor: TaskOwner,
         max_retries: int,
     ) -> None:
         super().__init__(link=link, window=window, ledger=ledger, supervisor=supervisor, max_retries=max_retries)

@@ -60,7 +60,7 @@ async def test_a_read_only_outbox_directory_during_an_outage_sends_no_acked_even
     finally:
         await pub.close()
 
-    crashes = ("Exception in callback", "background job failed", "background task died")
+    crashes = ("Exception in callback", "background job failed", "task crashed")
     assert not [r for r in caplog.records if any(c in r.getMessage() for c in crashes)]
     delete_lines = [r for r in caplog.records if r.levelno >= logging.WARNING and "delete" in r.getMessage()]
     assert len(delete_lines) == 1, [r.getMessage() for r in delete_lines]  # one line per kind of error

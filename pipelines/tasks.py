@@ -1,0 +1,95 @@
+"""TaskOwner: background tasks that live beside a loop rather than inside its TaskGroup.
+
+A TaskGroup suits tasks that live and die together. Some tasks must not: a describer's VLM
+request that hits a bug must not end the stream, and a publisher's retry loop that dies must be
+seen (the publisher is then not `alive`) without taking the service down. Those are spawned on
+a TaskOwner, which keeps each referenced until it ends, names it, and knows how long it has run
+(`running`). A task that ends with an exception is logged once with its traceback and counted
+(`crashes`); a `critical` one also marks the owner failed for good (`failure`, the first such
+death). Cancelling is how the owner stops them (`cancel_all`, which waits for each), so a
+cancelled task is no crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for an exception: its type and the first line of its message."""
+    text = str(exc).splitlines()[0].strip() if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class _Spawned:
+    critical: bool
+    started: float  # time.monotonic()
+    on_done: Callable[[asyncio.Task[None]], None] | None
+
+
+class TaskOwner:
+    def __init__(self, owner: str) -> None:
+        self.owner = owner  # "NATS publisher", "cam1 describer": in logs and reasons
+        self.crashes = 0
+        self._failure: str | None = None
+        self._tasks: dict[asyncio.Task[None], _Spawned] = {}  # running, in start order
+
+    @property
+    def failure(self) -> str | None:
+        """Why the first critical task that died did (one line), or None while none has."""
+        return self._failure
+
+    def spawn(
+        self,
+        coro: Coroutine[Any, Any, None],
+        name: str,
+        *,
+        critical: bool = True,
+        on_done: Callable[[asyncio.Task[None]], None] | None = None,
+    ) -> asyncio.Task[None]:
+        """Start `coro` as a task named `name`; `on_done` runs when it ends, however it ends."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks[task] = _Spawned(critical, time.monotonic(), on_done)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def running(self) -> list[tuple[str, float]]:
+        """(name, seconds it has run) of every task still running, oldest first."""
+        now = time.monotonic()
+        return [(task.get_name(), now - spawned.started) for task, spawned in self._tasks.items()]
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def cancel_all(self) -> None:
+        """Cancel every task still running, in the order they were started, and wait for each."""
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # a crash is already logged
+                await task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        spawned = self._tasks.pop(task)
+        try:
+            if task.cancelled():
+                return
+            exc = task.exception()  # retrieving it also keeps asyncio from logging it again
+            if exc is None:
+                return
+            self.crashes += 1
+            reason = f"{task.get_name()} crashed: {describe_error(exc)}"
+            if spawned.critical and self._failure is None:
+                self._failure = reason
+            log.error("%s task crashed: %s", self.owner, reason, exc_info=exc)
+        finally:
+            if spawned.on_done is not None:
+                spawned.on_done(task)

@@ -1,0 +1,45 @@
+"""TaskOwner: tasks beside a loop are named, watched, reported when they crash, and cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from pipelines.tasks import TaskOwner, describe_error
+
+
+async def test_crashes_are_logged_and_counted_and_only_a_critical_one_fails_the_owner(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    owner = TaskOwner("cam1 describer")
+    ended: list[str] = []
+    gate = asyncio.Event()
+
+    async def crash(what: str) -> None:
+        raise RuntimeError(f"{what} broke\nsecond line")
+
+    async def wait() -> None:
+        await gate.wait()
+
+    owner.spawn(crash("request"), "cam1-describe", critical=False, on_done=lambda t: ended.append(t.get_name()))
+    owner.spawn(wait(), "cam1-wait")
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert ended == ["cam1-describe"] and owner.crashes == 1 and owner.failure is None
+    assert [name for name, _ in owner.running()] == ["cam1-wait"] and len(owner) == 1
+    critical = owner.spawn(crash("loop"), "nats-retry")
+    with pytest.raises(RuntimeError):
+        await critical
+    await asyncio.sleep(0)
+    assert owner.crashes == 2 and owner.failure == "nats-retry crashed: RuntimeError: loop broke"
+    assert sum("task crashed" in r.getMessage() and r.exc_info is not None for r in caplog.records
+               if r.levelno == logging.ERROR) == 2
+    await owner.cancel_all()  # waits for each: nothing is left running, a cancel is no crash
+    assert len(owner) == 0 and owner.crashes == 2
+
+
+def test_an_error_is_described_in_one_line() -> None:
+    assert describe_error(ValueError("bad\nmore")) == "ValueError: bad"
+    assert describe_error(TimeoutError()) == "TimeoutError"
