@@ -110,6 +110,7 @@ class DescribeStage:
         snapshots: SnapshotStore | None = None,
         wall: Callable[[], float] = time.time,
         compute: ComputeBudget | None = None,
+        tasks: TaskOwner | None = None,
     ) -> None:
         self.stream_id = stream_id
         # Frames are encoded in the budget's background turns, and sampled less while it is short.
@@ -137,7 +138,7 @@ class DescribeStage:
         self._sampled: VideoFrame | None = None  # the newest frame kept (alert snapshots show it)
         self._sampled_jpeg: bytes | None = None
         # Its requests run beside the loop: a bug in one must not end the stream, nor stop the next.
-        self._requests = TaskOwner(f"{stream_id} describer")
+        self._requests = tasks if tasks is not None else TaskOwner(f"{stream_id} describer")
         self._describing: asyncio.Task[None] | None = None
         self._checking: asyncio.Task[None] | None = None
         self._last_described_t = float("-inf")
@@ -417,6 +418,7 @@ def build(ctx: StageContext) -> DescribeStage | None:
         describe=ctx.spec.describe,
         snapshots=ctx.engines.snapshots,
         compute=ctx.engines.detector.compute,
+        tasks=ctx.tasks(STAGE_NAME),
     )
     ctx.observe(stage.observe)
     return stage

@@ -104,6 +104,8 @@ register_counters(
     {
         "status_events_dropped": counter("Status events dropped (queue full)"),
         "status_queue_depth": queue_depth("status"),
+        "tasks_running": gauge("Tasks the stream's stages run beside their loops (requests in flight)"),
+        "task_crashes": counter("Tasks of the stream's stages that ended with an error (logged with a traceback)"),
     },
     section=STATUS,
 )

@@ -22,6 +22,7 @@ from pipelines.graph.spec import ProcessingSpec
 from pipelines.graph.stage import FrameObserver, ObservedSink, Stage, StageContext, StageFactory
 from pipelines.graph.status import StatusRelay
 from pipelines.graph.tee import AudioTee, FrameTee
+from pipelines.tasks import TaskOwner
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class StreamGraph:
         self.started = time.monotonic()
         self._status = StatusRelay(spec.stream_id, sink, source=source.display)
         self._stop_requested = False
+        self._owners: list[TaskOwner] = []  # the stages' task owners, once built
 
     @property
     def stream_id(self) -> str:
@@ -74,6 +76,7 @@ class StreamGraph:
         frames = FrameTee(lossless=self.source.lossless)
         audio = AudioTee() if spec.audio else None
         context = StageContext(spec, self.engines, ObservedSink(self.sink), frames, audio, self._on_frame)
+        self._owners = context.owners
         status_task = asyncio.create_task(self._status.run(), name=f"{spec.stream_id}-status")
         try:
             # Built inside the try: a stage that cannot be built (rules that do not fit the model)
@@ -96,6 +99,8 @@ class StreamGraph:
             frames.close()
             if audio is not None:
                 audio.close()
+            for owner in context.owners:  # nothing a stage started outlives its stream
+                await owner.cancel_all()
             await self._status.drain_and_stop(status_task)  # queued changes get out first
         return self.state
 
@@ -135,6 +140,8 @@ class StreamGraph:
             merge_counters(merged, stage.counters())
         merged["status_events_dropped"] = self._status.dropped
         merged["status_queue_depth"] = self._status.depth
+        merged["tasks_running"] = sum(len(owner) for owner in self._owners)
+        merged["task_crashes"] = sum(owner.crashes for owner in self._owners)
         return merged
 
 

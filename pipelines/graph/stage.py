@@ -20,6 +20,7 @@ from pipelines.graph.engines import SharedEngines
 from pipelines.graph.spec import ProcessingSpec
 from pipelines.graph.tee import AudioTee, FrameTee
 from pipelines.mailbox import AudioBuffer, FrameMailbox
+from pipelines.tasks import TaskOwner
 
 T = TypeVar("T")
 
@@ -49,6 +50,7 @@ class StageContext:
     audio_tee: AudioTee | None
     on_frame: FrameObserver | None = None
     built: list[Stage] = field(default_factory=list, repr=False)  # the stages built so far, in order
+    owners: list[TaskOwner] = field(default_factory=list, repr=False)  # handed out by tasks(), in order
     _primary_taken: bool = field(default=False, repr=False)
 
     @property
@@ -90,6 +92,14 @@ class StageContext:
         if not isinstance(self.sink, ObservedSink):
             raise TypeError("this stage context's sink cannot be observed")
         self.sink.observers.append(observer)
+
+    def tasks(self, name: str) -> TaskOwner:
+        """The owner of one stage's tasks that live beside its loop (requests it must not wait
+        for): named after the stream and stage, counted in the stream's counters, and cancelled
+        by the graph when the stream ends if the stage has not done so itself."""
+        owner = TaskOwner(f"{self.stream_id} {name}")
+        self.owners.append(owner)
+        return owner
 
     def audio(self, name: str, *, max_seconds: float) -> AudioBuffer | None:
         """A bounded buffer of this stream's audio (16 kHz mono) for one consumer; None without audio."""

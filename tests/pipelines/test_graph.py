@@ -26,6 +26,7 @@ from pipelines.mailbox import FrameMailbox, MailboxClosed
 from pipelines.stages import DEFAULT_STAGES
 from pipelines.tracker import TrackerConfig
 from tests.support.sinks import ListSink
+from tests.support.waiting import wait_until
 
 
 class FakeSource:
@@ -192,6 +193,34 @@ async def test_stop_before_run_ends_the_graph_at_once() -> None:
         graph.stop()
         assert await asyncio.wait_for(graph.run(), 5) is StreamState.STOPPED
     assert len(built[0].seen) <= 1
+
+
+async def test_tasks_a_stage_leaves_behind_are_counted_and_end_with_the_stream() -> None:
+    forever = asyncio.Event()
+    seen: dict[str, float] = {}
+    owners = []
+
+    async def hang() -> None:
+        await forever.wait()
+
+    async def crash() -> None:
+        raise RuntimeError("a bug in one request")
+
+    def build(ctx: StageContext) -> Recorder:
+        owner = ctx.tasks("requests")
+        owner.spawn(hang(), "cam-hang", critical=False)
+        owner.spawn(crash(), "cam-crash", critical=False)
+        owners.append(owner)
+        return Recorder("r", ctx.frames("r", primary=True), 0.01)
+
+    async with DetectionBatcher(Boxes()) as batcher:
+        graph = StreamGraph(spec(), FakeSource(30, fps=50), [build], SharedEngines(batcher), ListSink())
+        running = asyncio.create_task(graph.run())
+        await wait_until(lambda: graph.counters()["task_crashes"] == 1, 5, "the crash to be counted")
+        seen.update(graph.counters())
+        assert await asyncio.wait_for(running, 5) is StreamState.STOPPED  # the hanging task did not hold it
+    assert seen["tasks_running"] == 1 and owners[0].owner == "cam requests"
+    assert graph.counters()["tasks_running"] == 0 and graph.counters()["task_crashes"] == 1
 
 
 def test_a_graph_has_one_primary_frame_consumer() -> None:
