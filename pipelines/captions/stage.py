@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import secrets
 from collections import deque
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ import numpy as np
 from engines.asr.types import AsrRequest, AsrResult
 from engines.asr.vad import StreamVad
 from pipelines.audio_meter import audio_counters
+from pipelines.captions import policy
 from pipelines.captions.agreement import LocalAgreement, Word, cut_repetition, join_words
 from pipelines.captions.engine import CaptionEngine, RecognizerBusy, RecognizerFailed
 from pipelines.captions.window import AudioWindow
@@ -50,32 +50,7 @@ STAGE_NAME = "captions"
 GAP_S = 0.5  # a jump in media time this large (dropped audio, a restarted clock) ends the utterance
 LOST_AUDIO_S = 0.02  # a smaller hole than GAP_S but at least this (lost packets) is filled with silence
 MIN_SPEECH_WINDOWS = 2  # 64 ms of speech starts an utterance; one loud click does not
-MIN_DECODE_S = 0.3
 COMMITTED_KEPT = 256  # committed words remembered for the prompt
-SENTENCE_END = re.compile(r"[.?!][\"')\]]*$")
-TRAILING_PUNCTUATION = re.compile(r"[^\w\s']+$")
-# A recognizer with room decodes the whole utterance up to max_window_s: Whisper hears each word
-# with the speech before it, as an offline transcription does. On the speech set (bench_captions.py,
-# wer part) the policy of cutting the window after each committed sentence (at most 12 s) and forcing
-# the committed words still in it as the decode's prefix was 3.3 WER points worse with tiny.en and
-# 5.5 with a Whisper base; the prefix alone cost 1.3 and 0.9 (a forced error steers the words after
-# it) and saved no decode time.
-# While the shared recognizer is loaded, windows are kept short for the streams' sake: cut after
-# each committed sentence (MIN_TRIM_S, SENTENCE_CONTEXT_S) and mid-sentence once committed words
-# fill more than COMMITTED_KEPT_S of it (a second of them stays as sound, the rest is prompt and
-# prefix): every decode re-reads the whole window, so committed audio left in it is paid for again
-# at every step. That halves a decode's cost, which doubled the streams kept in real time.
-MIN_TRIM_S = 2.5  # a window this long is cut after its committed sentence (loaded)
-SENTENCE_CONTEXT_S = 1.0  # of the committed sentence, kept as sound before the next one
-COMMITTED_KEPT_S = 2.0
-TRIM_CONTEXT_S = 1.0  # committed speech kept as sound by such a cut
-LOADED_MAX_WINDOW_S = 6.0  # max_window_s while the recognizer is that loaded
-TRIM_LOAD = 0.5  # recognizer load (share of its workers' time busy) from which windows are cut mid-sentence
-# Past this load every stream waits for a longer step before its next decode: fewer, slightly later
-# partials for all, instead of audio piling up until it is dropped.
-STRETCH_LOAD = 0.7
-STRETCH = 1.5
-MIN_CUT_S = 0.5  # smaller cuts are not worth a re-join of the window
 LOSSLESS_AUDIO_S = 300.0  # a bound still: 19 MB of float32 audio
 
 register_counters(
@@ -180,10 +155,8 @@ class CaptionStage:
             await self._bound_window()
 
     def _decode_due(self) -> bool:
-        grown = self.window.end - self._decoded_to
-        if grown < self.settings.step_s or self.window.duration < MIN_DECODE_S:
-            return False
-        return not self.live or grown >= STRETCH * self.settings.step_s or self.engine.batcher.load() < STRETCH_LOAD
+        return policy.decode_due(grown_s=self.window.end - self._decoded_to, window_s=self.window.duration,
+                                 step_s=self.settings.step_s, live=self.live, load=self.engine.batcher.load())
 
     def stop(self) -> None:
         """Nothing to do: the stage ends when its audio buffer closes."""
@@ -254,7 +227,7 @@ class CaptionStage:
     # -- decoding ----------------------------------------------------------------------------------
 
     async def _decode(self, *, final: bool) -> None:
-        if self._recognizer_gone or self.window.duration < MIN_DECODE_S:
+        if self._recognizer_gone or self.window.duration < policy.MIN_DECODE_S:
             if final:
                 await self._publish(self.agreement.flush(), [])
             return
@@ -324,71 +297,40 @@ class CaptionStage:
         return join_words(before)[-self.settings.prompt_chars :]
 
     def _loaded(self) -> bool:
-        """Windows are kept short (and forced to begin with their committed words) for other
-        streams' sake; a file read ahead has no deadline."""
-        return self.live and self.engine.batcher.load() >= TRIM_LOAD
+        return policy.short_windows(live=self.live, load=self.engine.batcher.load())
 
     def _prefix(self, window_start: float) -> str:
-        """The committed words still in the window, used while the recognizer is loaded (its
-        windows are then cut short, often mid-sentence): the decode must begin with them. Without
-        it, such a window is often heard as something else, and the decodes after it disagree
-        until the utterance ends."""
-        # The last word's punctuation is the decoder's to choose again: it was committed before the
-        # pause after it was heard, and a forced comma makes the next sentence's start a guess.
-        return TRAILING_PUNCTUATION.sub("", join_words([w for w in self._committed if w.end > window_start]))
+        return policy.forced_prefix(self._committed, window_start)
 
     async def _bound_window(self) -> None:
         """Keep decodes within max_window_s of continuous speech and, while the recognizer is
         loaded, short: cut after each committed sentence. Speakers pause between sentences for less
         than an endpoint, so without that cut every step would decode the whole monologue again."""
         loaded = self._loaded()
-        last = self._committed[-1] if self._committed else None
-        if loaded and last is not None and SENTENCE_END.search(last.text) and last.end > self._sentence_cut:
-            pending = self.agreement.pending
-            if not pending:
-                cut = last.end
-            elif pending[0].start > last.end:  # in the pause between the sentences, never into a word
-                cut = (last.end + pending[0].start) / 2
-            else:
-                cut = None
-            if cut is not None and cut - self.window.start >= MIN_TRIM_S:
-                # A second of the sentence before stays: cut right at a sentence's start, Whisper
-                # guesses its first words with no sound before them ("The weather" -> "But wherever").
-                # The words of that second are committed already and are recognised as such.
-                self.window.trim_before(cut - SENTENCE_CONTEXT_S)
-                self._sentence_cut = cut
-        limit = self.settings.max_window_s
         if loaded:
+            last = self._committed[-1] if self._committed else None
+            cut = policy.sentence_cut(self.window.start, last, self.agreement.pending, self._sentence_cut)
+            if cut is not None:
+                # The words of the second kept before the cut are committed already and are
+                # recognised as such.
+                self.window.trim_before(cut - policy.SENTENCE_CONTEXT_S)
+                self._sentence_cut = cut
             self._trim_committed()
-            # Decodes that keep disagreeing grow the window, which makes every decode dearer and
-            # slower: on a saturated recognizer that spirals. Give up on them sooner.
-            limit = min(limit, LOADED_MAX_WINDOW_S)
+        limit = policy.window_limit(self.settings.max_window_s, short=loaded)
         if self.window.duration <= limit:
             return
         # Cut before a committed word with a second of committed speech kept as sound: cut right at
-        # the committed end, the next words are decoded with no sound before them. On the speech set
-        # with edge_s 1.0 (windows reach the limit often) that cut cost 2.6 points of WER.
+        # the committed end, the next words are decoded with no sound before them.
         self._trim_committed(kept_s=0.0)
-        if self.window.duration > limit and self.agreement.committed_end > self.window.start + MIN_DECODE_S:
+        if self.window.duration > limit and self.agreement.committed_end > self.window.start + policy.MIN_DECODE_S:
             self.window.trim_before(self.agreement.committed_end)
         if self.window.duration > limit:  # nothing agreed for that long
             await self._publish(self.agreement.flush(), [])
             self.window.keep_last(self.settings.pre_roll_s)
 
-    def _trim_committed(self, kept_s: float = COMMITTED_KEPT_S) -> None:
-        """Cut the window before a committed word so that about TRIM_CONTEXT_S of committed
-        speech stays ahead of what is still pending; the cut lies in the gap before that word.
-        Nothing is cut while the window holds no more than `kept_s` of committed speech."""
-        end = self.agreement.committed_end
-        if end - self.window.start <= kept_s:
-            return
-        words = [w for w in self._committed if w.start >= self.window.start]
-        cut = None
-        for before, word in zip(words, words[1:], strict=False):
-            if word.start > end - TRIM_CONTEXT_S:
-                break
-            cut = (before.end + word.start) / 2
-        if cut is not None and cut - self.window.start >= MIN_CUT_S:
+    def _trim_committed(self, kept_s: float = policy.COMMITTED_KEPT_S) -> None:
+        cut = policy.committed_cut(self.window.start, self._committed, self.agreement.committed_end, kept_s)
+        if cut is not None:
             self.window.trim_before(cut)
 
     def _end_utterance(self) -> None:
