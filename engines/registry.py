@@ -105,8 +105,8 @@ def _int8_detector(
     return YoloDetector(runtime, info, conf=conf, iou=iou, max_det=max_det, max_batch=max_batch)
 
 
-# The quantizer's percentile calibration holds every activation of its 32 frames: building the people
-# model's copy peaked at 15.2 GB resident on the development machine (docs/compute.md).
+# The quantizer's percentile calibration holds every activation of its 32 frames, so a build needs
+# this much memory free (the measured peak is in docs/performance.md).
 INT8_BUILD_BYTES = 16 * 1024**3
 
 
