@@ -54,6 +54,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import JsonDict
 
 from engines.vlm.client import VlmSettings
 from pipelines.captions.engine import CaptionPolicy
@@ -200,13 +201,27 @@ class SupervisorSettings(_Strict):
         )
 
 
+# A per-stream stage switch: a bool field of a stream named after the stage it turns off.
+_STAGE_SWITCH: JsonDict = {"stage_switch": True}
+
+
 class _StreamBase(_Strict):
     id: StreamId
     audio: bool = True
-    captions: bool = True  # live captions of the audio (when `captions.enabled` and audio is on)
-    describe: bool = True  # rolling scene descriptions (when `vlm.endpoints` are set); vlm rules run either way
+    # live captions of the audio (when `captions.enabled` and audio is on)
+    captions: bool = Field(True, json_schema_extra=_STAGE_SWITCH)
+    # rolling scene descriptions (when `vlm.endpoints` are set); vlm rules run either way
+    describe: bool = Field(True, json_schema_extra=_STAGE_SWITCH)
     detect_fps: float | None = Field(None, gt=0, le=MAX_FPS)
     rules: RuleList = []
+
+    def stages_off(self) -> frozenset[str]:
+        """The stages this stream turns off (its stage switches set to false): the graph reads
+        these by stage name, so a new switch is one field here and nothing in between."""
+        return frozenset(
+            name for name, info in type(self).model_fields.items()
+            if info.json_schema_extra == _STAGE_SWITCH and getattr(self, name) is False
+        )
 
 
 class CameraStreamSettings(_StreamBase):

@@ -386,7 +386,7 @@ class CaptionStage:
 
 def build(ctx: StageContext) -> CaptionStage | None:
     engine = ctx.engines.captions
-    if engine is None or not ctx.spec.captions:
+    if engine is None or not ctx.spec.wants(STAGE_NAME):
         return None
     # A file played as fast as possible delivers audio far ahead of real time: keep it, do not drop it.
     max_seconds = LOSSLESS_AUDIO_S if ctx.lossless else engine.settings.max_lag_s

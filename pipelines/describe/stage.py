@@ -407,7 +407,7 @@ def build(ctx: StageContext) -> DescribeStage | None:
                 extra={"stream_id": ctx.stream_id, "rules": [r.id for r in rules]},
             )
         return None
-    if not ctx.spec.describe and not rules:
+    if not ctx.spec.wants(STAGE_NAME) and not rules:
         return None
     stage = DescribeStage(
         ctx.stream_id,
@@ -415,7 +415,7 @@ def build(ctx: StageContext) -> DescribeStage | None:
         engine,
         ctx.sink,
         rules=rules,
-        describe=ctx.spec.describe,
+        describe=ctx.spec.wants(STAGE_NAME),
         snapshots=ctx.engines.snapshots,
         compute=ctx.engines.detector.compute,
         tasks=ctx.tasks(STAGE_NAME),

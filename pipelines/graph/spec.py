@@ -16,8 +16,12 @@ class ProcessingSpec:
     detect_fps: float | None  # cap on the detection rate; None: every frame the hardware allows
     tracker: TrackerConfig
     rules: tuple[RuleSpec, ...]
-    captions: bool = True  # live captions of its audio, when the service has a speech recognizer
-    describe: bool = True  # rolling scene descriptions, when the service has a VLM
+    off: frozenset[str] = frozenset()  # stages this stream turns off, by name (its stage switches)
+
+    def wants(self, stage: str) -> bool:
+        """The stream has not turned `stage` off (whether the service can run it is the stage's
+        factory's question)."""
+        return stage not in self.off
 
     def __post_init__(self) -> None:
         validate_stream_id(self.stream_id)

@@ -68,7 +68,6 @@ def stream_spec(
         detect_fps=settings.detect_fps,
         tracker=(tracker or TrackerSettings()).to_config(),
         rules=tuple(settings.rules),
-        captions=settings.captions,
-        describe=settings.describe,
+        off=settings.stages_off(),
     )
     return StreamSpec(settings.id, source, processing)

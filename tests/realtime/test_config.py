@@ -165,3 +165,16 @@ def test_only_regular_files_of_bounded_size_are_read(tmp_path: Path) -> None:
         file.truncate(MAX_CONFIG_BYTES + 1)
     with pytest.raises(ConfigError, match="too large"):
         load_config(huge, environ={})
+
+
+def test_a_stream_s_stage_switches_reach_its_graph_by_stage_name() -> None:
+    from pipelines.captions.stage import STAGE_NAME as CAPTIONS
+    from pipelines.describe.stage import STAGE_NAME as DESCRIBE
+    from realtime.config import CameraStreamSettings
+
+    on = CameraStreamSettings(id="cam", url="rtsp://cam.example/live")
+    off = CameraStreamSettings(id="cam", url="rtsp://cam.example/live", captions=False, describe=False)
+    assert on.stages_off() == frozenset()
+    # Every switch is named after the stage it turns off (a renamed stage would break the switch).
+    assert off.stages_off() == {CAPTIONS, DESCRIBE}
+    assert CameraStreamSettings(id="cam", url="rtsp://cam.example/live", audio=False).stages_off() == frozenset()

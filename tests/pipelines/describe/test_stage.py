@@ -350,7 +350,8 @@ async def test_a_vlm_alert_across_a_reconnect_ends_after_it_started_and_the_stre
         vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model))
         engines = SharedEngines(batcher, describe=DescribeEngine(vlm, sim.model, FAST))
         graph = StreamGraph(
-            spec(rules=tuple(rules), describe=False), camera, [frame_loop.build, describe_stage.build], engines, sink
+            spec(rules=tuple(rules), off=frozenset({"describe"})), camera,
+            [frame_loop.build, describe_stage.build], engines, sink,
         )
         running = asyncio.create_task(graph.run())
         try:
