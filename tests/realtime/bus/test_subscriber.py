@@ -41,7 +41,7 @@ async def test_prints_one_json_object_per_line(nats_server: EmbeddedNatsServer) 
         if not done:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            pytest.fail(f"3 events published, printed only: {out.getvalue()!r}; publisher: {pub.stats()}")
+            pytest.fail(f"3 events published, printed only: {out.getvalue()!r}; publisher: {pub.stats}")
         printed = task.result()
     finally:
         await pub.close()
