@@ -62,10 +62,6 @@ class StageContext:
         """The source is a file played as fast as it is processed, not in real time."""
         return self.frame_tee.lossless
 
-    def stage(self, name: str) -> Stage | None:
-        """A stage built before this one (factories run in order), e.g. to read its state."""
-        return next((s for s in self.built if s.name == name), None)
-
     def provider(self, role: type[T]) -> T | None:
         """The first stage built before this one that plays `role` (a runtime-checkable protocol):
         a stage asks for what it needs, not for another stage by name."""
