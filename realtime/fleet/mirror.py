@@ -127,6 +127,7 @@ class KvMirror:
         self._restart.clear()
         watcher = await self._kv.watchall()
         fresh: dict[str, Seen] = {}
+        replayed_up_to = 0  # the newest revision the replay showed: its copy of the bucket is this recent
         replaying = True
         restart = asyncio.create_task(self._restart.wait())
         try:
@@ -141,7 +142,7 @@ class KvMirror:
                     self._delivered = max(self._delivered, entry.revision)
                 if entry is None:  # the replay of what exists is complete
                     if replaying:
-                        self._replace(fresh)
+                        self._replace(fresh, replayed_up_to)
                         replaying = False
                         self.synced.set()
                     continue
@@ -151,6 +152,7 @@ class KvMirror:
                 else:
                     self._gone.pop(entry.key, None)
                 if replaying:
+                    replayed_up_to = max(replayed_up_to, entry.revision)
                     if gone:
                         fresh.pop(entry.key, None)
                     else:
@@ -174,10 +176,22 @@ class KvMirror:
         if self._on_change is not None:
             self._on_change(key)
 
-    def _replace(self, fresh: dict[str, Seen]) -> None:
-        changed = set(fresh) ^ set(self._entries)
-        changed |= {k for k in fresh if k in self._entries and fresh[k].revision != self._entries[k].revision}
-        self._entries = fresh
+    def _replace(self, fresh: dict[str, Seen], replayed_up_to: int) -> None:
+        """Take a new watch's replay as the copy, except where this worker already knows better.
+
+        The new watch's consumer may read a replica that is behind (just after a NATS node was
+        lost): a key written after `replayed_up_to` is missing from its replay, and a key may come
+        with an older revision than one noted here. Neither means the key went back or went away;
+        the watch delivers the newer revision when its replica catches up."""
+        merged = dict(fresh)
+        for key, current in self._entries.items():
+            replayed = fresh.get(key)
+            newest_replayed = replayed_up_to if replayed is None else replayed.revision
+            if current.revision > newest_replayed:
+                merged[key] = current
+        changed = set(merged) ^ set(self._entries)
+        changed |= {k for k in merged if k in self._entries and merged[k].revision != self._entries[k].revision}
+        self._entries = merged
         if self._on_change is not None:
             for key in changed:
                 self._on_change(key)

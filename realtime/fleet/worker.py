@@ -52,7 +52,7 @@ from realtime.fleet.fence import FencedSink
 from realtime.fleet.keeper import LeaseKeeper
 from realtime.fleet.mirror import KvMirror
 from realtime.fleet.options import FleetOptions
-from realtime.fleet.records import LEASE_PREFIX, NODE_PREFIX, LeaseRecord, NodeRecord, node_key
+from realtime.fleet.records import LEASE_PREFIX, NODE_PREFIX, LeaseRecord, NodeRecord, lease_bucket, node_key
 from realtime.service.registry import (
     RegistryClosed,
     StreamExists,
@@ -161,7 +161,11 @@ class FleetWorker:
                                            replicas=options.replicas)
         self._desired = KvMirror(self._buckets.desired, on_change=self._changed)
         self._leases = KvMirror(self._buckets.leases, on_change=self._lease_changed)
-        self._keeper = LeaseKeeper(self._buckets.leases, self.node, self._buckets.lease_ttl_s,
+        # Lease writes get a short request timeout: during a leader election a write stalls, and a
+        # renewal that waits out nats-py's 5 s default retries too seldom to beat the lease's validity.
+        keeper_js = nc.jetstream(timeout=min(5.0, max(1.0, 2 * options.renew_interval_s)))
+        keeper_kv = await keeper_js.key_value(lease_bucket(options.name))
+        self._keeper = LeaseKeeper(keeper_kv, self.node, self._buckets.lease_ttl_s,
                                    on_write=self._leases.note, tombstone=self._leases.tombstone)
         self._reconnects = nc.stats.get("reconnects", 0)
         self._mirror_tasks = [
@@ -431,8 +435,10 @@ class FleetWorker:
             # One hand-back at a time: until it is done this worker still counts the stream as its own.
             if stream_id in keeper and not self._handing_back:
                 self.counters.shed += 1
-                log.info("handing a stream back to spread the load", extra={"stream_id": stream_id,
-                                                                            "share": decision.share})
+                # What this worker saw, so a surprising hand-back can be traced to a stale view.
+                log.info("handing a stream back to spread the load", extra={
+                    "stream_id": stream_id, "share": decision.share, "desired": len(desired),
+                    "held": sorted(keeper.held()), "others": {n: load.streams for n, load in loads.items()}})
                 self._handing_back.add(stream_id)
 
     # -- keeping the registry to the leases ------------------------------------------------

@@ -82,6 +82,16 @@ class Fleet:
             self.workers[worker.name] = worker
         return procs
 
+    def story(self, *messages: str, limit: int = 40) -> str:
+        """The workers' log lines whose message is one of `messages`, oldest first per worker: what a
+        failed assertion needs to say why a lease was lost or a stream moved."""
+        lines = []
+        for log_path in sorted(self.root.glob("*/serve.log")):
+            for line in log_path.read_text(errors="replace").splitlines():
+                if any(f'"msg": "{message}' in line for message in messages):
+                    lines.append(f"{log_path.parent.name}: {line}")
+        return "\n".join(lines[-limit:])
+
     def live(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.alive()]
 

@@ -134,17 +134,20 @@ def test_fleet_workers_ride_out_the_loss_of_a_nats_node(
             time.sleep(max(0.0, killed_at + LEASES["lease_ttl_s"] - time.monotonic()))  # past any lease
             events = recorder.snapshot()
 
+        story = fleet.story("lease lost", "handing a stream back", "fleet watch stalled", "lease released",
+                            "fleet watch failed")
         after = owners(w1)
-        assert after == owners(w0)  # both workers agree on the listing
-        assert all(state == "live" for _, state in after.values()), after
+        assert after == owners(w0), story  # both workers agree on the listing
+        assert all(state == "live" for _, state in after.values()), (after, story)
         lost = (leases_lost(w0), leases_lost(w1))
-        assert {sid: after[sid] for sid in STREAMS} == before, f"streams moved; leases lost {lost}; {before} -> {after}"
+        moved = f"streams moved; leases lost {lost}; {before} -> {after}\n{story}"
+        assert {sid: after[sid] for sid in STREAMS} == before, moved
         # Every stream kept publishing after the kill, from one owner under one lease revision.
         settled = [e for e in events if e.kind == "detections" and e.at > killed_at + 3]
         for sid in STREAMS:
             sources = {(e.node, e.lease) for e in settled if e.stream_id == sid}
-            assert len(sources) == 1 and next(iter(sources))[0] == after[sid][0], (sid, sources)
-        assert lost == (0, 0)  # every renewal made it through the new leaders
+            assert len(sources) == 1 and next(iter(sources))[0] == after[sid][0], (sid, sources, story)
+        assert lost == (0, 0), story  # every renewal made it through the new leaders
         # The node comes back from its store and catches up; then read what the stream holds.
         victim.server.restart()
         cluster.wait_ready()
