@@ -1,20 +1,18 @@
 """Where stream graphs are assembled: the stages every stream gets, in order.
 
-Adding a capability is one module with a `build(ctx) -> Stage | None` factory, plus one line here.
+The frame loop (detect → track → rules) comes first; then each capability's stage, in the order
+`pipelines.capabilities` lists them; then the audio meter, which takes and counts a stream's audio
+when no capability did. A new capability adds nothing here.
 """
 
 from __future__ import annotations
 
 from pipelines import audio_meter, frame_loop
-from pipelines.captions import stage as captions
-from pipelines.describe import stage as describe
+from pipelines.capabilities import CAPABILITIES
 from pipelines.graph import StageFactory
-from pipelines.segment import stage as segment
 
 DEFAULT_STAGES: tuple[StageFactory, ...] = (
     frame_loop.build,
-    captions.build,  # when the service has a speech recognizer and the stream wants captions
-    audio_meter.build,  # otherwise: audio is still taken and counted
-    describe.build,  # when the service has a VLM: descriptions and the stream's vlm rules
-    segment.build,  # when the service has a segmenter: masks on the tracked objects
+    *(capability.build for capability in CAPABILITIES),
+    audio_meter.build,  # when no stage took the audio: it is still taken and counted
 )

@@ -43,7 +43,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     SecretStr,
@@ -56,13 +55,13 @@ from pydantic import (
 )
 from pydantic.json_schema import JsonDict
 
-from engines.vlm.client import VlmSettings
-from pipelines.captions.engine import CaptionPolicy
-from pipelines.describe.settings import DescribeSettings
+from pipelines.captions.config import CaptionsSettings
+from pipelines.describe.config import VlmConfig
 from pipelines.frames import StreamId
 from pipelines.rules.engine import unknown_classes
 from pipelines.rules.specs import RuleList
-from pipelines.segment.engine import SegmentSettings
+from pipelines.sections import MAX_THREADS, MAX_TIMEOUT_S, Section, default_of
+from pipelines.segment.config import SegmentationSettings
 from pipelines.tracker import TrackerConfig
 from realtime.sources.policy import SourcePolicy
 from realtime.sources.spec import parse_source
@@ -83,8 +82,6 @@ MAX_INT_DIGITS = 18
 MAX_PROBLEMS_SHOWN = 20  # in one error message; the rest are counted
 MAX_PROBLEM_CHARS = 300  # of one problem's field or message (a key or value may be megabytes)
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
-MAX_TIMEOUT_S = 3600.0  # timeouts, backoffs and watchdogs: an hour is already no timeout
-MAX_THREADS = 1024
 MAX_FPS = 240.0  # frame rates: the fastest camera or browser frame rate the service takes (webrtc.max_fps)
 
 
@@ -92,21 +89,9 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the file and the key."""
 
 
-class _Strict(BaseModel):
-    # No Infinity or NaN: `detect_fps: .inf` is no setting, and JSON clients cannot parse it back.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
-def default_of(cls: type, name: str) -> Any:
-    """A dataclass field's default: settings take their defaults from the dataclass they build,
-    so each default is written once."""
-    for item in dataclasses.fields(cls):
-        if item.name == name:
-            return item.default
-    raise AttributeError(f"{cls.__name__} has no field {name}")
-
-
-class NatsSettings(_Strict):
+class NatsSettings(Section):
     url: str | None = None  # None: start an embedded nats-server
     connect_timeout_s: float = Field(5.0, gt=0, le=MAX_TIMEOUT_S)
     stream_max_age_s: float = Field(7 * 24 * 3600, gt=0, le=10 * 366 * 86400)  # ten years
@@ -138,7 +123,7 @@ def check_nats_url(value: str) -> str:
     return value
 
 
-class DetectorSettings(_Strict):
+class DetectorSettings(Section):
     model: Path | None = None  # None: the bundled people model
     engine: Literal["auto", "tensorrt", "onnx-cuda", "onnx-cpu"] = "auto"
     conf: float = Field(0.25, gt=0, lt=1)
@@ -169,7 +154,7 @@ def _policy(name: str) -> Any:
     return default_of(SupervisorPolicy, name)
 
 
-class TrackerSettings(_Strict):
+class TrackerSettings(Section):
     high_score: float = Field(_tracker("high_score"), gt=0, lt=1)
     low_score: float = Field(_tracker("low_score"), ge=0, lt=1)
     new_track_score: float = Field(_tracker("new_track_score"), gt=0, lt=1)
@@ -181,7 +166,7 @@ class TrackerSettings(_Strict):
         return TrackerConfig(**self.model_dump())
 
 
-class SupervisorSettings(_Strict):
+class SupervisorSettings(Section):
     backoff_initial_s: float = Field(_policy("backoff_initial"), gt=0, le=MAX_TIMEOUT_S)
     backoff_max_s: float = Field(_policy("backoff_max"), gt=0, le=MAX_TIMEOUT_S)
     watchdog_s: float = Field(_policy("watchdog_s"), gt=0, le=MAX_TIMEOUT_S)
@@ -205,7 +190,7 @@ class SupervisorSettings(_Strict):
 _STAGE_SWITCH: JsonDict = {"stage_switch": True}
 
 
-class _StreamBase(_Strict):
+class _StreamBase(Section):
     id: StreamId
     audio: bool = True
     # live captions of the audio (when `captions.enabled` and audio is on)
@@ -259,7 +244,7 @@ STREAM_SETTINGS: TypeAdapter[CameraStreamSettings | WebRtcStreamSettings] = Type
 AnyStreamSettings = CameraStreamSettings | WebRtcStreamSettings
 
 
-class HttpSettings(_Strict):
+class HttpSettings(Section):
     """The HTTP API of `vidsentry serve` (flags --host / --port win over these)."""
 
     host: str = "127.0.0.1"
@@ -301,7 +286,7 @@ class HttpSettings(_Strict):
         return value
 
 
-class SourceSettings(_Strict):
+class SourceSettings(Section):
     """What streams added over the HTTP API may open (config-file streams are trusted, never checked)."""
 
     # Local files only under these directories (regular files, never /proc, /sys or /dev); none: no files.
@@ -319,176 +304,10 @@ class SourceSettings(_Strict):
         )
 
 
-def _captions(name: str) -> Any:
-    return default_of(CaptionPolicy, name)
-
-
-class CaptionsSettings(_Strict):
-    """Live captions: one faster-whisper model shared by every stream with audio."""
-
-    enabled: bool = True
-    model: Path | None = None  # a CTranslate2 Whisper model directory; None: the bundled tiny.en
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    compute_type: Literal["default", "int8", "int8_float16", "int8_float32", "float16", "float32"] = "int8"
-    language: str | None = "en"  # None: detected (multilingual models only)
-    beam_size: int = Field(1, ge=1, le=10)
-    # CTranslate2 threads in all (on a CPU two calls run at once, half each); 0: the cores, at most 4
-    threads: int = Field(0, ge=0, le=64)
-    # speech probability above which audio counts as speech
-    vad_threshold: float = Field(_captions("vad_threshold"), gt=0, lt=1)
-    # The latency/accuracy knob: audio is decoded again each time this much more has arrived.
-    step_s: float = Field(_captions("step_s"), ge=0.1, le=10.0)
-    endpoint_s: float = Field(_captions("endpoint_s"), ge=0.1, le=10.0)  # a pause this long finalizes what was said
-    # Continuous speech decoded as one window: longer reads more accurately (each word heard with the
-    # speech before it) and costs more per decode. Whisper hears at most 30 s.
-    max_window_s: float = Field(_captions("max_window_s"), ge=3.0, le=28.0)
-    # Under the compute budget (`compute:`), the most of the recent CPU time the recognizer takes
-    # first while detection waits (None: compute.captions_max_share).
-    cpu_share: float | None = Field(None, gt=0.0, le=1.0)
-    max_lag_s: float = Field(_captions("max_lag_s"), ge=1.0, le=120.0)  # audio waiting longer is dropped, oldest first
-    max_batch: int = Field(8, ge=1, le=64)  # streams decoded in one recognizer call
-
-    def to_policy(self) -> CaptionPolicy:
-        return CaptionPolicy(
-            step_s=self.step_s,
-            endpoint_s=self.endpoint_s,
-            max_window_s=self.max_window_s,
-            vad_threshold=self.vad_threshold,
-            max_lag_s=self.max_lag_s,
-        )
-
-
-def _segment(name: str) -> Any:
-    return default_of(SegmentSettings, name)
-
-
-class SegmentationSettings(_Strict):
-    """Masks on tracked objects (off by default): a SAM-family encoder + decoder or a YOLO-seg export."""
-
-    enabled: bool = False
-    sam_encoder: Path | None = None  # SAM / MobileSAM / EfficientSAM image encoder ONNX
-    sam_decoder: Path | None = None  # its prompt decoder ONNX
-    yolo_seg: Path | None = None  # or an Ultralytics YOLO-seg ONNX export
-    backend: Literal["auto", "tensorrt", "onnx-cuda", "onnx-cpu"] = "auto"
-    threads: int | None = Field(None, ge=1, le=MAX_THREADS)
-    reseg_iou: float = Field(_segment("reseg_iou"), gt=0, le=1)  # a track's box moved this much: new mask
-    max_per_frame: int = Field(_segment("max_per_frame"), ge=1, le=64)
-    every_frame_classes: list[str] = []  # classes segmented on every frame, not only when new or changed
-
-    @model_validator(mode="after")
-    def _models(self) -> SegmentationSettings:
-        if not self.enabled:
-            return self
-        sam = self.sam_encoder is not None or self.sam_decoder is not None
-        if sam and self.yolo_seg is not None:
-            raise ValueError("segmentation.yolo_seg: give either it or sam_encoder + sam_decoder, not both")
-        if self.sam_encoder is not None and self.sam_decoder is None:
-            raise ValueError("segmentation.sam_decoder: required with sam_encoder")
-        if self.sam_decoder is not None and self.sam_encoder is None:
-            raise ValueError("segmentation.sam_encoder: required with sam_decoder")
-        if not sam and self.yolo_seg is None:
-            raise ValueError("segmentation.enabled: needs sam_encoder + sam_decoder or yolo_seg")
-        return self
-
-    def to_settings(self) -> SegmentSettings:
-        return SegmentSettings(
-            reseg_iou=self.reseg_iou,
-            max_per_frame=self.max_per_frame,
-            every_frame_classes=frozenset(self.every_frame_classes),
-        )
-
-
-def _describe(name: str) -> Any:
-    return default_of(DescribeSettings, name)
-
-
-def _vlm(name: str) -> Any:
-    return default_of(VlmSettings, name)
-
-
-class VlmConfig(_Strict):
-    """Scene descriptions and `vlm` rules through vLLM's OpenAI-compatible API. No endpoints: off."""
-
-    # Base URLs such as http://vllm:8000/v1. A stream always goes to the same one (its prefix stays
-    # cached there) and moves only while that one is down.
-    endpoints: list[str] = []
-    model: str = "Qwen/Qwen2.5-VL-7B-Instruct"
-    # The name of the environment variable holding the API key (vLLM's --api-key); never the key.
-    api_key_env: str = Field("VLLM_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    # Per tenant: only requests with the same salt share cached prefix blocks. Keep it random.
-    cache_salt: SecretStr | None = None
-    # Every frame is letterboxed to this size; multiples of 28 px (one Qwen2.5-VL token per 28x28).
-    frame_width: int = Field(_describe("frame_size")[0], ge=28, le=1792)
-    frame_height: int = Field(_describe("frame_size")[1], ge=28, le=1792)
-    min_interval_s: float = Field(_describe("min_interval_s"), gt=0, le=600)  # frames while things happen
-    max_interval_s: float = Field(_describe("max_interval_s"), gt=0, le=3600)  # frames while nothing does
-    describe_interval_s: float = Field(_describe("describe_interval_s"), ge=0.5, le=3600)
-    max_frames: int = Field(_describe("max_frames"), ge=1, le=256)  # per epoch
-    max_prompt_tokens: int = Field(_describe("max_prompt_tokens"), ge=1000, le=10_000_000)  # per epoch
-    max_tokens: int = Field(_describe("max_tokens"), ge=16, le=4096)  # of a description
-    timeout_s: float = Field(_describe("timeout_s"), gt=0, le=600)
-    system_prompt: str | None = Field(None, min_length=1)  # None: the built-in one
-    instruction: str | None = Field(None, min_length=1)
-    max_retries: int = Field(_vlm("max_retries"), ge=0, le=10)
-    breaker_failures: int = Field(_vlm("breaker_failures"), ge=1, le=10_000)
-    breaker_reset_s: float = Field(_vlm("breaker_reset_s"), gt=0, le=MAX_TIMEOUT_S)
-    max_in_flight: int = Field(_vlm("max_in_flight"), ge=1, le=1024)  # requests of all streams together
-
-    @field_validator("endpoints")
-    @classmethod
-    def _endpoints(cls, urls: list[str]) -> list[str]:
-        for url in urls:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{url!r}: use an http(s):// base URL such as http://vllm:8000/v1")
-            if "@" in url.split("//", 1)[1].split("/", 1)[0]:
-                raise ValueError("put credentials in the API key (api_key_env), not in the URL")
-        if len(set(urls)) != len(urls):
-            raise ValueError("an endpoint is listed twice")
-        return urls
-
-    @model_validator(mode="after")
-    def _intervals(self) -> VlmConfig:
-        if self.min_interval_s > self.max_interval_s:
-            raise ValueError("min_interval_s is larger than max_interval_s")
-        return self
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.endpoints)
-
-    def client_settings(self, environ: Mapping[str, str] | None = None) -> VlmSettings:
-        env = os.environ if environ is None else environ
-        return VlmSettings(
-            endpoints=tuple(self.endpoints),
-            model=self.model,
-            api_key=env.get(self.api_key_env) or None,
-            max_retries=self.max_retries,
-            breaker_failures=self.breaker_failures,
-            breaker_reset_s=self.breaker_reset_s,
-            max_in_flight=self.max_in_flight,
-        )
-
-    def describe_settings(self) -> DescribeSettings:
-        defaults = DescribeSettings()
-        return DescribeSettings(
-            frame_size=(self.frame_width, self.frame_height),
-            min_interval_s=self.min_interval_s,
-            max_interval_s=self.max_interval_s,
-            describe_interval_s=self.describe_interval_s,
-            max_frames=self.max_frames,
-            max_prompt_tokens=self.max_prompt_tokens,
-            max_tokens=self.max_tokens,
-            timeout_s=self.timeout_s,
-            cache_salt=self.cache_salt.get_secret_value() if self.cache_salt is not None else None,
-            system_prompt=self.system_prompt or defaults.system_prompt,
-            instruction=self.instruction or defaults.instruction,
-        )
-
-
 ICE_SCHEMES = ("stun:", "stuns:", "turn:", "turns:")
 
 
-class IceServerSettings(_Strict):
+class IceServerSettings(Section):
     """A STUN or TURN server offered to browser sessions (RTCIceServer)."""
 
     urls: list[str] = Field(min_length=1)
@@ -504,7 +323,7 @@ class IceServerSettings(_Strict):
         return urls
 
 
-class WebRtcSettings(_Strict):
+class WebRtcSettings(Section):
     """Browser sessions (`POST /api/webrtc/offer`). Each one is a stream: it counts against
     `http.max_streams` as well as `max_sessions`."""
 
@@ -534,7 +353,7 @@ class WebRtcSettings(_Strict):
     allow_local_candidates: bool = False
 
 
-class FleetSettings(_Strict):
+class FleetSettings(Section):
     """Workers sharing streams over NATS JetStream KV (`serve --fleet NAME`); see realtime.fleet.
     `fleet: NAME` is short for `fleet: {name: NAME}`."""
 
@@ -557,7 +376,7 @@ class FleetSettings(_Strict):
         return self.renew_interval_s if self.renew_interval_s is not None else self.lease_ttl_s / 3
 
 
-class ComputeSettings(_Strict):
+class ComputeSettings(Section):
     """One budget for the CPU's cores across the models on it (pipelines.compute): captions first,
     detection with what is left (boxes predicted on the frames it skips), descriptions sample less."""
 
@@ -570,7 +389,7 @@ class ComputeSettings(_Strict):
     captions_reserve_s: float = Field(0.0, ge=0.0, le=10.0)
 
 
-class Config(_Strict):
+class Config(Section):
     node: str = Field(default_factory=socket.gethostname)
     fleet: FleetSettings = FleetSettings()
     nats: NatsSettings = NatsSettings()

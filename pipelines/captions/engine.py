@@ -8,6 +8,7 @@ from engines.asr.types import AsrRequest, AsrResult, SpeechRecognizer
 from engines.asr.vad import VadModel
 from pipelines.batching import ModelBatcher, ModelFailed, QueueFull
 from pipelines.compute import ComputeBudget, ModelClaim, Priority
+from pipelines.graph.engines import EngineKey
 
 # Streams whose decodes may ride in one CTranslate2 call. Each stream has at most one request in
 # flight, so this is also how many streams are served per call.
@@ -82,3 +83,9 @@ class CaptionEngine:
     @property
     def model_name(self) -> str:
         return self.batcher.recognizer.info.name
+
+    def health(self) -> dict[str, bool]:
+        return {"asr": self.batcher.alive, "asr_responsive": not self.batcher.stuck}
+
+
+CAPTIONS: EngineKey[CaptionEngine] = EngineKey("captions")  # the engine in SharedEngines

@@ -35,7 +35,7 @@ from engines.asr.vad import StreamVad
 from pipelines.audio_meter import audio_counters
 from pipelines.captions import policy
 from pipelines.captions.agreement import LocalAgreement, Word, cut_repetition, join_words
-from pipelines.captions.engine import CaptionEngine, RecognizerBusy, RecognizerFailed
+from pipelines.captions.engine import CAPTIONS, CaptionEngine, RecognizerBusy, RecognizerFailed
 from pipelines.captions.window import AudioWindow
 from pipelines.event_bodies import caption_event, partial_event
 from pipelines.events import EventSink
@@ -385,7 +385,7 @@ class CaptionStage:
 
 
 def build(ctx: StageContext) -> CaptionStage | None:
-    engine = ctx.engines.captions
+    engine = ctx.engines.get(CAPTIONS)
     if engine is None or not ctx.spec.wants(STAGE_NAME):
         return None
     # A file played as fast as possible delivers audio far ahead of real time: keep it, do not drop it.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engines.vlm.client import VlmClient
+from pipelines.graph.engines import EngineKey
 
 # The anchor of every request: byte-identical for every stream and every request, so vLLM keeps
 # its blocks cached once for all of them. Nothing volatile (times, ids) may go in here.
@@ -86,3 +87,6 @@ class DescribeEngine:
     client: VlmClient
     model: str
     settings: DescribeSettings = DescribeSettings()
+
+
+DESCRIPTIONS: EngineKey[DescribeEngine] = EngineKey("descriptions")  # the engine in SharedEngines

@@ -40,7 +40,7 @@ from pipelines.clock import Moment, StreamClock
 from pipelines.compute import ComputeBudget, ModelClaim, Priority
 from pipelines.describe.checks import VlmChecks, parse_verdict
 from pipelines.describe.sampler import FrameSampler
-from pipelines.describe.settings import CHECK_SCHEMA, DESCRIPTION_SCHEMA, DescribeEngine
+from pipelines.describe.settings import CHECK_SCHEMA, DESCRIPTION_SCHEMA, DESCRIPTIONS, DescribeEngine
 from pipelines.describe.window import DescribeWindow, WindowFrame, WindowRequest, text_tokens
 from pipelines.event_bodies import description_event
 from pipelines.events import Event, EventKind, EventSink
@@ -398,7 +398,7 @@ class DescribeStage:
 
 
 def build(ctx: StageContext) -> DescribeStage | None:
-    engine = ctx.engines.describe
+    engine = ctx.engines.get(DESCRIPTIONS)
     rules = tuple(rule for rule in ctx.spec.rules if isinstance(rule, VlmRule))
     if engine is None:
         if rules:

@@ -1,35 +1,48 @@
-"""The engines every stream shares, in one bundle: a new engine is one more field, not one more
-constructor argument threaded through every layer."""
+"""The engines every stream shares, in one bundle: the detector, the alert snapshot store, and each
+capability's engine under its key, so a new capability adds no field and no argument here.
+
+A stage asks for its capability's engine by key (`ctx.engines.get(CAPTIONS)`); an engine with a
+`health()` method adds its named checks to readiness.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar, cast, runtime_checkable
 
-from pipelines.batching import ModelBatcher
-from pipelines.captions.engine import CaptionEngine
-from pipelines.describe.settings import DescribeEngine
 from pipelines.detect import DetectionBatcher
 from pipelines.rules.snapshots import SnapshotStore
-from pipelines.segment.engine import SegmentEngine
+
+E = TypeVar("E")
+
+
+@dataclass(frozen=True)  # no slots: `EngineKey[T](name)` sets __orig_class__
+class EngineKey(Generic[E]):
+    """Names a capability's shared engine and says its type."""
+
+    name: str
+
+
+@runtime_checkable
+class Healthy(Protocol):
+    def health(self) -> dict[str, bool]: ...
 
 
 @dataclass(frozen=True, slots=True)
 class SharedEngines:
     detector: DetectionBatcher
     snapshots: SnapshotStore | None = None  # alert pictures; None: alerts carry `snapshot: null`
-    captions: CaptionEngine | None = None  # the shared speech recognizer; None: no captions anywhere
-    describe: DescribeEngine | None = None  # the shared VLM client; None: no descriptions anywhere
-    segment: SegmentEngine | None = None  # the shared segmenter; None: no masks anywhere
+    opened: Mapping[str, object] = field(default_factory=dict)  # capability name -> its engine (absent: off)
+
+    def get(self, key: EngineKey[E]) -> E | None:
+        return cast("E | None", self.opened.get(key.name))
 
     def health(self) -> dict[str, bool]:
-        """Named checks of the shared engines (for readiness): each batcher serves, and none of its
-        model calls has run past its stuck deadline (`<name>_responsive`)."""
-        batchers: dict[str, ModelBatcher[Any, Any]] = {"detector": self.detector}
-        if self.captions is not None:
-            batchers["asr"] = self.captions.batcher
-        checks: dict[str, bool] = {}
-        for name, batcher in batchers.items():
-            checks[name] = batcher.alive
-            checks[f"{name}_responsive"] = not batcher.stuck
+        """Named checks of the shared engines (for readiness): each serves, and none of its model
+        calls has run past its stuck deadline (`<name>_responsive`)."""
+        checks = {"detector": self.detector.alive, "detector_responsive": not self.detector.stuck}
+        for engine in self.opened.values():
+            if isinstance(engine, Healthy):
+                checks.update(engine.health())
         return checks

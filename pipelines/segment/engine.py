@@ -12,6 +12,7 @@ import numpy as np
 from engines.segment import rle
 from engines.segment.types import Segmenter
 from pipelines.compute import ComputeBudget, ModelClaim, Priority
+from pipelines.graph.engines import EngineKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +68,6 @@ class SegmentEngine:
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
         self.segmenter.close()
+
+
+SEGMENTATION: EngineKey[SegmentEngine] = EngineKey("segmentation")  # the engine in SharedEngines

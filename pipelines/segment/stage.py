@@ -24,7 +24,7 @@ from pipelines.graph import StageContext, StageFailed, counter, register_counter
 from pipelines.graph.counters import Counters
 from pipelines.mailbox import FrameMailbox, MailboxClosed
 from pipelines.segment.cadence import MaskCadence, TrackedBox, boxes_array
-from pipelines.segment.engine import SegmentEngine
+from pipelines.segment.engine import SEGMENTATION, SegmentEngine
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class SegmentStage:
 
 
 def build(ctx: StageContext) -> SegmentStage | None:
-    engine = ctx.engines.segment
+    engine = ctx.engines.get(SEGMENTATION)
     if engine is None:
         return None
     # A class the detector cannot find would never be segmented: say so (the stream fails with it).

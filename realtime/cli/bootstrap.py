@@ -11,38 +11,26 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from engines.asr.types import AsrUnavailable
-from engines.asr.vad import VadModel
-from engines.asr.whisper import create_recognizer
-from engines.errors import EngineError, EngineUnavailable
+from engines.errors import EngineUnavailable
 from engines.models import ModelNotFound, default_detector_model
 from engines.registry import create_detector
-from engines.vlm.client import create_vlm_client
-from pipelines.captions.engine import RECOGNIZER, CaptionEngine, SpeechBatcher, recognizer_claim
+from pipelines.capabilities import open_capabilities, shares_cpu
+from pipelines.capability import CapabilityError, OpenContext
 from pipelines.compute import ComputeBudget
-from pipelines.describe.settings import DescribeEngine
 from pipelines.detect import DETECTOR, detector_claim
-from pipelines.segment.engine import SEGMENTER, SegmentEngine, segmenter_claim
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import StreamConflictError, StreamSetupError
 from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import BusUnavailable, NatsEventPublisher
 from realtime.cli.errors import EXIT_RUNTIME, EXIT_USAGE, CommandError
-from realtime.config import (
-    CaptionsSettings,
-    ComputeSettings,
-    DetectorSettings,
-    NatsSettings,
-    SegmentationSettings,
-    VlmConfig,
-    validation_problems,
-)
+from realtime.config import Config, DetectorSettings, NatsSettings, VlmConfig, validation_problems
 
 log = logging.getLogger(__name__)
 
@@ -75,33 +63,18 @@ async def load_configured_detector(
         raise CommandError(str(exc)) from exc
 
 
-def asr_threads() -> int:
-    """CTranslate2's own default is 4 threads whatever the machine: more than a small machine's cores."""
-    return max(1, min(4, os.cpu_count() or 1))
-
-
-def compute_budget(
-    settings: ComputeSettings,
-    captions: CaptionsSettings,
-    detector: Any,
-    *,
-    captions_on: bool = True,
-    segmentation: SegmentationSettings | None = None,
-) -> ComputeBudget | None:
+def compute_budget(config: Config, detector: Any, *, off: Collection[str] = ()) -> ComputeBudget | None:
     """One budget for the cores when the detector shares them with another model (the recognizer,
-    the segmenter; see pipelines.compute), with the detector's claim; the others add theirs once
-    loaded (open_captions, open_segmentation). None when the scheduler is off or nothing shares the
-    detector's CPU."""
+    the segmenter; see pipelines.compute), with the detector's claim; the others add theirs as they
+    open. None when the scheduler is off or nothing shares the detector's CPU. `off` names the
+    capabilities the command turned off (`run --no-audio`: captions)."""
+    settings = config.compute
     if not settings.scheduler or not str(detector.backend).endswith("-cpu"):
         return None
-    recognizer_on_cpu = captions_on and captions.enabled and captions.device != "cuda"
-    segmenter_on_cpu = (
-        segmentation is not None and segmentation.enabled and segmentation.backend in ("auto", "onnx-cpu")
-    )
-    if not (recognizer_on_cpu or segmenter_on_cpu):
+    if not shares_cpu(partial(getattr, config), off=off):
         return None
     cores = settings.cores or os.cpu_count() or 1
-    share = captions.cpu_share or settings.captions_max_share
+    share = config.captions.cpu_share or settings.captions_max_share
     budget = ComputeBudget(cores, critical_max_share=share, reserve_hold_s=settings.captions_reserve_s)
     budget.add(DETECTOR, detector_claim(detector, cores))
     log.info(
@@ -112,34 +85,16 @@ def compute_budget(
 
 
 @contextlib.asynccontextmanager
-async def open_captions(
-    settings: CaptionsSettings, *, enabled: bool = True, compute: ComputeBudget | None = None
-) -> AsyncIterator[CaptionEngine | None]:
-    """The shared speech recognizer and voice detector the settings describe, serving for the
-    duration (None when captions are off); a bad model or device is a CommandError."""
-    if not (enabled and settings.enabled):
-        yield None
-        return
+async def open_engines(
+    config: Config, compute: ComputeBudget | None, *, off: Collection[str] = ()
+) -> AsyncIterator[dict[str, object]]:
+    """Every capability's shared engine as configured, by capability name, for the duration; one
+    that cannot open as configured is a CommandError saying which setting."""
     try:
-        recognizer = await asyncio.to_thread(
-            create_recognizer,
-            settings.model,
-            device=settings.device,
-            compute_type=settings.compute_type,
-            language=settings.language,
-            beam_size=settings.beam_size,
-            threads=settings.threads or (compute.cores if compute is not None else asr_threads()),
-        )
-        vad = await asyncio.to_thread(VadModel.load)
-    except (AsrUnavailable, ValueError, OSError) as exc:
-        raise CommandError(f"captions: {exc} (or turn them off: captions.enabled: false)") from exc
-    if compute is not None:
-        compute.add(RECOGNIZER, recognizer_claim(recognizer))
-    try:
-        async with SpeechBatcher(recognizer, max_batch=settings.max_batch, compute=compute) as batcher:
-            yield CaptionEngine(batcher, vad, settings.to_policy())
-    finally:
-        recognizer.close()
+        async with open_capabilities(partial(getattr, config), OpenContext(compute), off=off) as opened:
+            yield opened
+    except CapabilityError as exc:
+        raise CommandError(str(exc)) from exc
 
 
 def with_vlm_url(settings: VlmConfig, url: str | None) -> VlmConfig:
@@ -151,59 +106,6 @@ def with_vlm_url(settings: VlmConfig, url: str | None) -> VlmConfig:
     except ValidationError as exc:
         messages = "; ".join(p["message"] for p in validation_problems(exc))
         raise CommandError(f"--vlm-url: {messages}", EXIT_USAGE) from None
-
-
-@contextlib.asynccontextmanager
-async def open_describer(settings: VlmConfig) -> AsyncIterator[DescribeEngine | None]:
-    """The VLM client every stream's describer shares, for the duration; None (said once, here)
-    when no endpoint is configured."""
-    if not settings.enabled:
-        log.info("no VLM configured (vlm.endpoints, --vlm-url): running without scene descriptions")
-        yield None
-        return
-    try:
-        client = create_vlm_client(settings.client_settings())
-    except ValueError as exc:
-        raise CommandError(str(exc)) from exc
-    log.info("scene descriptions on", extra={"endpoints": settings.endpoints, "model": settings.model})
-    try:
-        yield DescribeEngine(client, settings.model, settings.describe_settings())
-    finally:
-        await client.aclose()
-
-
-@contextlib.asynccontextmanager
-async def open_segmentation(
-    settings: SegmentationSettings, *, compute: ComputeBudget | None = None
-) -> AsyncIterator[SegmentEngine | None]:
-    """The segmenter every stream shares, for the duration; None when segmentation is off. A bad
-    model or an unavailable backend is a CommandError naming the setting."""
-    if not settings.enabled:
-        yield None
-        return
-    from engines.segment import open_segmenter
-
-    try:
-        segmenter = await asyncio.to_thread(
-            open_segmenter,
-            sam_encoder=settings.sam_encoder,
-            sam_decoder=settings.sam_decoder,
-            yolo_seg=settings.yolo_seg,
-            backend=settings.backend,
-            threads=settings.threads or (compute.cores if compute is not None else None),
-        )
-    except (EngineError, ValueError) as exc:
-        raise CommandError(f"segmentation: {exc}") from exc
-    if compute is not None and str(segmenter.backend).endswith("-cpu"):
-        compute.add(SEGMENTER, segmenter_claim(settings.threads or compute.cores))
-    else:
-        compute = None
-    engine = SegmentEngine(segmenter, settings.to_settings(), compute=compute)
-    log.info("segmentation on", extra={"segmenter": engine.name})
-    try:
-        yield engine
-    finally:
-        await asyncio.to_thread(engine.close)
 
 
 def open_outbox(settings: NatsSettings) -> Outbox | None:

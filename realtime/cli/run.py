@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pipelines.captions.engine import CAPTIONS
 from pipelines.compute import ComputeBudget
 from pipelines.detect import DetectionBatcher
 from pipelines.events import DURABLE_KINDS, Event, EventKind, EventSink
@@ -25,9 +26,7 @@ from realtime.cli.bootstrap import (
     compute_budget,
     load_configured_detector,
     open_bus,
-    open_captions,
-    open_describer,
-    open_segmentation,
+    open_engines,
     with_vlm_url,
 )
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CommandError
@@ -202,7 +201,7 @@ async def run_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise CommandError(str(exc)) from exc
     spec = build_spec(args, config)
-    vlm = with_vlm_url(config.vlm, args.vlm_url)
+    config = config.model_copy(update={"vlm": with_vlm_url(config.vlm, args.vlm_url)})
     detector = await load_detector(args, config)
     was_live = False
 
@@ -213,18 +212,15 @@ async def run_command(args: argparse.Namespace) -> int:
 
     try:
         nats_url = args.nats_url or config.nats.url
-        compute = compute_budget(
-            config.compute, config.captions, detector, captions_on=not args.no_audio, segmentation=config.segmentation
-        )
+        off = [CAPTIONS.name] if args.no_audio else []  # no audio: nothing to caption
+        compute = compute_budget(config, detector, off=off)
         async with (
             open_bus(nats_url, config.nats, config.node) as publisher,
             DetectionBatcher(detector, compute=compute) as batcher,
-            open_captions(config.captions, enabled=not args.no_audio, compute=compute) as captions,
-            open_describer(vlm) as describe,
-            open_segmentation(config.segmentation, compute=compute) as segment,
+            open_engines(config, compute, off=off) as opened,
         ):
             printer = CaptionPrinter(publisher, quiet=args.json)
-            engines = SharedEngines(batcher, captions=captions, describe=describe, segment=segment)
+            engines = SharedEngines(batcher, opened=opened)
             runner = StreamRunner(spec, engines, printer, on_status=on_status)
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):

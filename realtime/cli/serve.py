@@ -26,9 +26,7 @@ from realtime.cli.bootstrap import (
     compute_budget,
     load_configured_detector,
     open_bus,
-    open_captions,
-    open_describer,
-    open_segmentation,
+    open_engines,
     with_vlm_url,
 )
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
@@ -95,8 +93,8 @@ async def serve_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     plan = plan_listen(args, config, os.environ)
-    vlm = with_vlm_url(config.vlm, args.vlm_url)
-    problems = config_vlm_problems(config, vlm.enabled)  # a question nobody can answer never fires
+    config = config.model_copy(update={"vlm": with_vlm_url(config.vlm, args.vlm_url)})
+    problems = config_vlm_problems(config, config.vlm.enabled)  # a question nobody can answer never fires
     if problems:
         raise CommandError(f"{args.config or 'environment'}: {problems}")
 
@@ -122,23 +120,13 @@ async def serve_command(args: argparse.Namespace) -> int:
             if problems:
                 raise CommandError(f"{args.config or 'environment'}: {problems}")
             log.info("detector loaded", extra={"model": detector.info.path, "backend": detector.backend})
-            compute = compute_budget(config.compute, config.captions, detector, segmentation=config.segmentation)
+            compute = compute_budget(config, detector)
             async with (
                 open_bus(args.nats_url or config.nats.url, config.nats, config.node) as publisher,
                 DetectionBatcher(detector, compute=compute) as batcher,
-                open_captions(config.captions, compute=compute) as captions,
-                open_describer(vlm) as describe,
-                open_segmentation(config.segmentation, compute=compute) as segment,
+                open_engines(config, compute) as opened,
             ):
-                service = Service(
-                    config,
-                    batcher,
-                    publisher,
-                    api_token=plan.token,
-                    captions=captions,
-                    describe=describe,
-                    segment=segment,
-                )
+                service = Service(config, batcher, publisher, api_token=plan.token, opened=opened)
                 try:
                     await service.run(
                         plan.host, plan.port, stop, on_listening=lambda url: _print_listening(url, plan.token)

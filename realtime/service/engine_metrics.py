@@ -1,41 +1,31 @@
-"""Service-wide metrics of the shared speech recognizer, the compute budget between models and the VLM client."""
+"""Service-wide metrics of the capabilities' shared engines and of the compute budget between models."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pipelines.captions.engine import CaptionEngine
+from pipelines.capabilities import samples
 from pipelines.compute import ComputeBudget
-from pipelines.describe.settings import DescribeEngine
 
 
-class RecognizerCollector(Collector):
-    def __init__(self, engine: CaptionEngine) -> None:
-        self.engine = engine
+class CapabilityCollector(Collector):
+    """What each open capability's engine reports (pipelines.capability.Sample), as metric families."""
+
+    def __init__(self, opened: Mapping[str, object]) -> None:
+        self.opened = opened
 
     def collect(self) -> Iterable[Metric]:
-        batcher = self.engine.batcher
-        stats = batcher.stats
-        yield CounterMetricFamily("vidsentry_asr_calls", "Speech recognizer model calls", value=stats.calls)
-        yield CounterMetricFamily(
-            "vidsentry_asr_decodes", "Decodes through the recognizer (several streams share a call)", value=stats.items
-        )
-        yield CounterMetricFamily("vidsentry_asr_failures", "Recognizer calls that raised", value=stats.failures)
-        yield CounterMetricFamily("vidsentry_asr_busy_seconds", "Time the recognizer was busy", value=stats.busy_s)
-        yield CounterMetricFamily(
-            "vidsentry_asr_rejected", "Decodes refused: too many waiting", value=stats.rejected
-        )
-        yield GaugeMetricFamily("vidsentry_asr_alive", "1 while the shared recognizer serves", value=int(batcher.alive))
-        yield CounterMetricFamily(
-            "vidsentry_asr_stuck_calls", "Recognizer calls that ran past the stuck deadline", value=stats.stuck_calls
-        )
-        yield GaugeMetricFamily(
-            "vidsentry_asr_oldest_call_seconds", "How long the longest-running recognizer call has run (0: none)",
-            value=batcher.oldest_call_s(),
-        )
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        for sample in samples(self.opened):
+            family = families.get(sample.name)
+            if family is None:
+                kind = CounterMetricFamily if sample.kind == "counter" else GaugeMetricFamily
+                family = families[sample.name] = kind(sample.name, sample.help, labels=[k for k, _ in sample.labels])
+            family.add_metric([v for _, v in sample.labels], sample.value)
+        yield from families.values()
 
 
 class ComputeCollector(Collector):
@@ -71,30 +61,3 @@ class ComputeCollector(Collector):
             for key, family in families.items():
                 family.add_metric([name], getattr(stats, key))
         yield from families.values()
-
-
-class VlmCollector(Collector):
-    """The shared VLM client: requests, outcomes, tokens, and each endpoint's circuit."""
-
-    def __init__(self, engine: DescribeEngine) -> None:
-        self.client = engine.client
-
-    def collect(self) -> Iterable[Metric]:
-        stats = self.client.stats()
-        yield CounterMetricFamily("vidsentry_vlm_requests", "VLM requests (descriptions and alert checks)",
-                                  value=stats.requests)
-        yield CounterMetricFamily("vidsentry_vlm_failures", "VLM requests that failed", value=stats.failed)
-        yield CounterMetricFamily("vidsentry_vlm_retries", "VLM request retries", value=stats.retries)
-        yield CounterMetricFamily("vidsentry_vlm_timeouts", "VLM requests that timed out", value=stats.timeouts)
-        yield GaugeMetricFamily("vidsentry_vlm_in_flight", "VLM requests in flight", value=stats.in_flight)
-        tokens = CounterMetricFamily("vidsentry_vlm_tokens", "VLM tokens by kind", labels=["kind"])
-        tokens.add_metric(["prompt"], stats.prompt_tokens)
-        tokens.add_metric(["cached"], stats.cached_tokens)
-        tokens.add_metric(["completion"], stats.completion_tokens)
-        yield tokens
-        open_ = GaugeMetricFamily(
-            "vidsentry_vlm_endpoint_open", "1 while an endpoint's circuit is open (not asked)", labels=["endpoint"]
-        )
-        for endpoint in stats.endpoints:
-            open_.add_metric([endpoint.url], int(endpoint.breaker == "open"))
-        yield open_

@@ -13,14 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
-from pipelines.captions.engine import CaptionEngine
-from pipelines.describe.settings import DescribeEngine
+from pipelines.describe.settings import DESCRIPTIONS
 from pipelines.detect import DetectionBatcher
 from pipelines.graph import SharedEngines
-from pipelines.segment.engine import SegmentEngine
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
@@ -33,7 +31,7 @@ from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
 from realtime.http.metrics import MetricSources, ServiceMetrics
 from realtime.http.resume import ResumeSettings
-from realtime.service.engine_metrics import ComputeCollector, RecognizerCollector, VlmCollector
+from realtime.service.engine_metrics import CapabilityCollector, ComputeCollector
 from realtime.service.memory import release_free_memory
 from realtime.service.registry import RegistryClosed, StreamRegistry, UnknownStream
 from realtime.streams.descriptions import LatestDescriptions
@@ -67,10 +65,10 @@ class Service:
         publisher: NatsEventPublisher,
         *,
         api_token: str | None = None,
-        captions: CaptionEngine | None = None,
-        describe: DescribeEngine | None = None,
-        segment: SegmentEngine | None = None,
+        opened: Mapping[str, object] | None = None,
     ) -> None:
+        """`opened`: each capability's shared engine by name (pipelines.capabilities.open_capabilities)."""
+        opened = dict(opened or {})
         self.config = config
         self.batcher = batcher
         self.publisher = publisher
@@ -103,7 +101,7 @@ class Service:
             )
         )
         # Alert snapshots share the publisher's connection (the bucket is created on first use).
-        self.engines = SharedEngines(batcher, NatsSnapshotStore(publisher), captions, describe, segment)
+        self.engines = SharedEngines(batcher, NatsSnapshotStore(publisher), opened)
         self.registry = StreamRegistry(self._make_runner, on_gone=self._stream_gone, max_streams=http.max_streams)
         # In a fleet the desired set lives in NATS KV and this registry runs only the streams leased here.
         fleet = fleet_options(config)
@@ -116,7 +114,7 @@ class Service:
             api_token=api_token.encode("utf-8") if api_token else None,
             sse_heartbeat_s=config.http.sse_heartbeat_s,
             class_names=batcher.detector.info.names,
-            vlm=describe is not None,
+            vlm=self.engines.get(DESCRIPTIONS) is not None,  # `vlm` rules need one
             # Reconnecting event viewers resume from JetStream, over the publisher's connection.
             history=JetStreamHistory(lambda: publisher.nc),
             resume=ResumeSettings(http.sse_resume_window_s, http.sse_resume_max_events),
@@ -127,12 +125,9 @@ class Service:
             config.webrtc, admit=self.registry.add, forget=self._forget_session, listen=self.fanout.listen
         )
         self.metrics.registry.register(SessionCollector(self.sessions))
-        if captions is not None:
-            self.metrics.registry.register(RecognizerCollector(captions))
+        self.metrics.registry.register(CapabilityCollector(opened))
         if batcher.compute is not None:  # one budget for every model on the CPU
             self.metrics.registry.register(ComputeCollector(batcher.compute))
-        if describe is not None:
-            self.metrics.registry.register(VlmCollector(describe))
         self.app = create_app(self.context)
         self.app[SOURCE_POLICY] = config.sources.to_policy()  # what API clients may add
         if self.fleet is not None:

@@ -13,9 +13,10 @@ from playwright.async_api import Browser
 
 from engines.detector import Detector
 from pipelines.detect import DetectionBatcher
+from pipelines.segment.capability import open_segmentation
+from pipelines.segment.engine import SEGMENTATION
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
-from realtime.cli.bootstrap import open_segmentation
 from realtime.service.service import Service
 from tests.engines.segment import models
 from tests.service.conftest import LiveService, make_config
@@ -40,7 +41,7 @@ async def svc(
         DetectionBatcher(people_detector) as batcher,
         open_segmentation(config.segmentation) as segment,
     ):
-        service = Service(config, batcher, publisher, segment=segment)
+        service = Service(config, batcher, publisher, opened={SEGMENTATION.name: segment} if segment else {})
         stop, listening = asyncio.Event(), asyncio.Event()
         task = asyncio.create_task(service.run("127.0.0.1", 0, stop, on_listening=lambda _: listening.set()))
         try:

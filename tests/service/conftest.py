@@ -19,8 +19,8 @@ from engines.asr.types import SpeechRecognizer
 from engines.asr.vad import VadModel
 from engines.detector import Detector
 from engines.registry import create_detector
-from pipelines.captions.engine import RECOGNIZER, CaptionEngine, SpeechBatcher, recognizer_claim
-from pipelines.describe.settings import DescribeEngine
+from pipelines.captions.engine import CAPTIONS, RECOGNIZER, CaptionEngine, SpeechBatcher, recognizer_claim
+from pipelines.describe.settings import DESCRIPTIONS, DescribeEngine
 from pipelines.detect import DetectionBatcher
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
@@ -137,7 +137,7 @@ async def live_service(
     config = config or make_config()
     budget = None
     if compute:
-        budget = compute_budget(config.compute, config.captions, detector, captions_on=captions is not None)
+        budget = compute_budget(config, detector, off=[] if captions is not None else [CAPTIONS.name])
         if budget is not None and captions is not None:
             budget.add(RECOGNIZER, recognizer_claim(captions[0]))
     async with contextlib.AsyncExitStack() as stack:
@@ -147,7 +147,9 @@ async def live_service(
         if captions is not None:
             speech = await stack.enter_async_context(SpeechBatcher(captions[0], compute=budget))
             engine = CaptionEngine(speech, captions[1], config.captions.to_policy())
-        service = Service(config, batcher, publisher, api_token=token, captions=engine, describe=describe)
+        opened = {CAPTIONS.name: engine, DESCRIPTIONS.name: describe}
+        service = Service(config, batcher, publisher, api_token=token,
+                          opened={name: e for name, e in opened.items() if e is not None})
         stop = asyncio.Event()
         listening = asyncio.Event()
         task = asyncio.create_task(service.run("127.0.0.1", 0, stop, on_listening=lambda _: listening.set()))

@@ -17,6 +17,7 @@ import nats
 import pytest
 
 from engines.detector import Detector
+from pipelines.captions.engine import CAPTIONS
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.service.conftest import CaptionModels, LiveService, live_service, make_config
 from tests.support.peer import connect, load_frames, load_speech
@@ -177,4 +178,5 @@ async def test_a_session_that_vanishes_mid_sentence_leaves_nothing_behind(
     await wait_until(
         lambda: not [t for t in threading.enumerate() if t.name.endswith("-decoder")], 10, "aiortc's decoder threads"
     )
-    assert svc.service.engines.captions is not None and svc.service.engines.captions.batcher.alive
+    engine = svc.service.engines.get(CAPTIONS)
+    assert engine is not None and engine.batcher.alive

@@ -19,9 +19,10 @@ import pytest
 
 from engines.detector import Detector
 from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
+from pipelines.describe.capability import open_describer
 from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
-from realtime.cli.bootstrap import open_describer, with_vlm_url
+from realtime.cli.bootstrap import with_vlm_url
 from realtime.config import Config, ConfigError, VlmConfig, config_vlm_problems, load_config
 from tests.service.conftest import LiveService, live_service, make_config
 from tests.support.cli import one_error_line, vidsentry
@@ -295,7 +296,7 @@ def test_a_bad_vlm_url_is_one_line_and_exit_2(vtest_avi: Path) -> None:
 async def test_without_a_vlm_there_are_no_descriptions_and_the_log_says_so_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="realtime.cli.bootstrap")
+    caplog.set_level(logging.INFO, logger="pipelines.describe.capability")
     async with open_describer(VlmConfig()) as engine:
         assert engine is None
     said = [r.getMessage() for r in caplog.records if "no VLM configured" in r.getMessage()]

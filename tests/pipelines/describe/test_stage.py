@@ -18,7 +18,7 @@ import pytest
 from pydantic import TypeAdapter
 
 from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
-from pipelines.describe.settings import DescribeEngine, DescribeSettings
+from pipelines.describe.settings import DESCRIPTIONS, DescribeEngine, DescribeSettings
 from pipelines.describe.stage import DescribeStage
 from pipelines.event_bodies import caption_event
 from pipelines.events import EventKind
@@ -348,7 +348,7 @@ async def test_a_vlm_alert_across_a_reconnect_ends_after_it_started_and_the_stre
 
     async with VllmSimulator(answer=answer) as sim, DetectionBatcher(Boxes()) as batcher:
         vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model))
-        engines = SharedEngines(batcher, describe=DescribeEngine(vlm, sim.model, FAST))
+        engines = SharedEngines(batcher, opened={DESCRIPTIONS.name: DescribeEngine(vlm, sim.model, FAST)})
         graph = StreamGraph(
             spec(rules=tuple(rules), off=frozenset({"describe"})), camera,
             [frame_loop.build, describe_stage.build], engines, sink,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from realtime.cli.bootstrap import open_segmentation
-from realtime.cli.errors import CommandError
+from pipelines.capability import CapabilityError
+from pipelines.segment.capability import open_segmentation
 from realtime.config import Config, ConfigError, load_config
 
 
@@ -46,6 +46,6 @@ def test_settings_reach_the_stage(tmp_path: Path) -> None:
 
 async def test_a_missing_model_is_a_command_error_naming_the_section(tmp_path: Path) -> None:
     config = load(tmp_path, f"segmentation: {{enabled: true, yolo_seg: {tmp_path / 'nope.onnx'}, backend: onnx-cpu}}\n")
-    with pytest.raises(CommandError, match="segmentation: .*nope.onnx: no such model file"):
+    with pytest.raises(CapabilityError, match="segmentation: .*nope.onnx: no such model file"):
         async with open_segmentation(config.segmentation):
             pass

@@ -18,7 +18,7 @@ from pipelines.events import EventKind
 from pipelines.frames import StreamState
 from pipelines.graph import SharedEngines, StreamGraph
 from pipelines.segment.cadence import MaskCadence, TrackedBox
-from pipelines.segment.engine import SegmentEngine, SegmentSettings
+from pipelines.segment.engine import SEGMENTATION, SegmentEngine, SegmentSettings
 from pipelines.stages import DEFAULT_STAGES
 from tests.engines.segment import models
 from tests.pipelines.test_graph import FakeSource, ListSink, spec
@@ -60,9 +60,8 @@ async def test_new_tracks_get_one_mask_each_and_events_carry_it(model_dir: Path)
     detector = create_detector(model_dir / "yolo_seg.onnx", "onnx-cpu")  # two still objects on every frame
     try:
         async with DetectionBatcher(detector) as batcher:
-            graph = StreamGraph(
-                spec(), FakeSource(30, fps=60), DEFAULT_STAGES, SharedEngines(batcher, segment=engine), sink
-            )
+            engines = SharedEngines(batcher, opened={SEGMENTATION.name: engine})
+            graph = StreamGraph(spec(), FakeSource(30, fps=60), DEFAULT_STAGES, engines, sink)
             assert await asyncio.wait_for(graph.run(), 20) is StreamState.STOPPED
     finally:
         engine.close()
@@ -95,9 +94,8 @@ async def test_every_frame_classes_the_model_lacks_fail_the_stream_with_the_key(
     detector = create_detector(model_dir / "yolo_seg.onnx", "onnx-cpu")
     try:
         async with DetectionBatcher(detector) as batcher:
-            graph = StreamGraph(
-                spec(), FakeSource(3), DEFAULT_STAGES, SharedEngines(batcher, segment=engine), ListSink()
-            )
+            engines = SharedEngines(batcher, opened={SEGMENTATION.name: engine})
+            graph = StreamGraph(spec(), FakeSource(3), DEFAULT_STAGES, engines, ListSink())
             assert await asyncio.wait_for(graph.run(), 10) is StreamState.FAILED
     finally:
         engine.close()

@@ -1,0 +1,78 @@
+"""What a capability declares about itself, so that nothing outside its package names it.
+
+A capability (captions, descriptions, segmentation, ...) is one package under `pipelines/` with a
+`capability.py` that builds one `Capability`: the config section it owns and its model, the
+engine every stream shares (opened once for the process, with its health and its metrics), the
+stage each stream gets, the event kinds it publishes, and whether its model shares the
+detector's CPU (then the compute budget is on). `pipelines.capabilities` lists them;
+`serve`, `run`, the service, the engines bundle and `/metrics` iterate that list.
+
+An opener raises `CapabilityError` for what the user must fix (a missing model, a bad endpoint);
+the command turns it into its usage error, with the message as written here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+from pipelines.compute import ComputeBudget
+from pipelines.events import EventKind
+from pipelines.graph.engines import EngineKey
+from pipelines.graph.stage import StageFactory
+from pipelines.sections import Section
+
+E = TypeVar("E")
+S = TypeVar("S", bound=Section)
+
+
+class CapabilityError(Exception):
+    """A capability cannot open as configured; the message says which setting and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One value for `/metrics`, without tying a capability to a metrics library. Samples of one
+    name form one family (a counter is exposed with the `_total` suffix)."""
+
+    name: str
+    help: str
+    value: float
+    kind: Literal["counter", "gauge"] = "counter"
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OpenContext:
+    """What an opener may use besides its own section."""
+
+    compute: ComputeBudget | None = None  # the CPU budget a model on the CPU adds its claim to
+
+
+NO_BUDGET = OpenContext()  # every model uses the cores as it likes
+
+
+def _never(_settings: Any) -> bool:
+    return False
+
+
+def _no_samples(_engine: Any) -> Iterable[Sample]:
+    return ()
+
+
+@dataclass(frozen=True, slots=True)
+class Capability(Generic[E, S]):
+    key: EngineKey[E]  # its engine in `SharedEngines`; its name names the capability
+    section: str  # its key in the config file
+    settings: type[S]  # that section's model
+    open: Callable[[S, OpenContext], AbstractAsyncContextManager[E | None]]  # None: off as configured
+    build: StageFactory  # each stream's stage (None where the stream or the service has it off)
+    kinds: tuple[EventKind, ...] = ()  # the event kinds its stage publishes
+    shares_cpu: Callable[[S], bool] = _never  # as configured, its model runs on the CPU beside the detector
+    samples: Callable[[E], Iterable[Sample]] = _no_samples  # its engine's figures for /metrics
+
+    @property
+    def name(self) -> str:
+        return self.key.name

@@ -1,0 +1,81 @@
+"""Live captions as a capability: the shared speech recognizer and voice detector, the `captions:`
+section, the caption stage, and the recognizer's figures for /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Iterable
+
+from engines.asr.types import AsrUnavailable
+from engines.asr.vad import VadModel
+from engines.asr.whisper import create_recognizer
+from pipelines.capability import NO_BUDGET, Capability, CapabilityError, OpenContext, Sample
+from pipelines.captions import stage
+from pipelines.captions.config import CaptionsSettings
+from pipelines.captions.engine import CAPTIONS, RECOGNIZER, CaptionEngine, SpeechBatcher, recognizer_claim
+from pipelines.events import EventKind
+
+
+def asr_threads() -> int:
+    """CTranslate2's own default is 4 threads whatever the machine: more than a small machine's cores."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+@contextlib.asynccontextmanager
+async def open_captions(
+    settings: CaptionsSettings, context: OpenContext = NO_BUDGET
+) -> AsyncIterator[CaptionEngine | None]:
+    """The shared speech recognizer and voice detector the settings describe, serving for the
+    duration (None when captions are off)."""
+    if not settings.enabled:
+        yield None
+        return
+    compute = context.compute
+    try:
+        recognizer = await asyncio.to_thread(
+            create_recognizer,
+            settings.model,
+            device=settings.device,
+            compute_type=settings.compute_type,
+            language=settings.language,
+            beam_size=settings.beam_size,
+            threads=settings.threads or (compute.cores if compute is not None else asr_threads()),
+        )
+        vad = await asyncio.to_thread(VadModel.load)
+    except (AsrUnavailable, ValueError, OSError) as exc:
+        raise CapabilityError(f"captions: {exc} (or turn them off: captions.enabled: false)") from exc
+    if compute is not None:
+        compute.add(RECOGNIZER, recognizer_claim(recognizer))
+    try:
+        async with SpeechBatcher(recognizer, max_batch=settings.max_batch, compute=compute) as batcher:
+            yield CaptionEngine(batcher, vad, settings.to_policy())
+    finally:
+        recognizer.close()
+
+
+def recognizer_samples(engine: CaptionEngine) -> Iterable[Sample]:
+    batcher = engine.batcher
+    stats = batcher.stats
+    yield Sample("vidsentry_asr_calls", "Speech recognizer model calls", stats.calls)
+    yield Sample("vidsentry_asr_decodes", "Decodes through the recognizer (several streams share a call)", stats.items)
+    yield Sample("vidsentry_asr_failures", "Recognizer calls that raised", stats.failures)
+    yield Sample("vidsentry_asr_busy_seconds", "Time the recognizer was busy", stats.busy_s)
+    yield Sample("vidsentry_asr_rejected", "Decodes refused: too many waiting", stats.rejected)
+    yield Sample("vidsentry_asr_alive", "1 while the shared recognizer serves", int(batcher.alive), "gauge")
+    yield Sample("vidsentry_asr_stuck_calls", "Recognizer calls that ran past the stuck deadline", stats.stuck_calls)
+    yield Sample("vidsentry_asr_oldest_call_seconds", "How long the longest-running recognizer call has run (0: none)",
+                 batcher.oldest_call_s(), "gauge")
+
+
+CAPABILITY: Capability[CaptionEngine, CaptionsSettings] = Capability(
+    key=CAPTIONS,
+    section="captions",
+    settings=CaptionsSettings,
+    open=open_captions,
+    build=stage.build,
+    kinds=(EventKind.PARTIALS, EventKind.CAPTIONS),
+    shares_cpu=lambda settings: settings.enabled and settings.device != "cuda",
+    samples=recognizer_samples,
+)

@@ -1,0 +1,51 @@
+"""The `captions:` config section, owned by the captions capability: the recognizer to load and
+the caption window policy's knobs (defaults from `CaptionPolicy`, written once)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from pipelines.captions.engine import CaptionPolicy
+from pipelines.sections import Section, default_of
+
+
+def _captions(name: str) -> Any:
+    return default_of(CaptionPolicy, name)
+
+
+class CaptionsSettings(Section):
+    """Live captions: one faster-whisper model shared by every stream with audio."""
+
+    enabled: bool = True
+    model: Path | None = None  # a CTranslate2 Whisper model directory; None: the bundled tiny.en
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    compute_type: Literal["default", "int8", "int8_float16", "int8_float32", "float16", "float32"] = "int8"
+    language: str | None = "en"  # None: detected (multilingual models only)
+    beam_size: int = Field(1, ge=1, le=10)
+    # CTranslate2 threads in all (on a CPU two calls run at once, half each); 0: the cores, at most 4
+    threads: int = Field(0, ge=0, le=64)
+    # speech probability above which audio counts as speech
+    vad_threshold: float = Field(_captions("vad_threshold"), gt=0, lt=1)
+    # The latency/accuracy knob: audio is decoded again each time this much more has arrived.
+    step_s: float = Field(_captions("step_s"), ge=0.1, le=10.0)
+    endpoint_s: float = Field(_captions("endpoint_s"), ge=0.1, le=10.0)  # a pause this long finalizes what was said
+    # Continuous speech decoded as one window: longer reads more accurately (each word heard with the
+    # speech before it) and costs more per decode. Whisper hears at most 30 s.
+    max_window_s: float = Field(_captions("max_window_s"), ge=3.0, le=28.0)
+    # Under the compute budget (`compute:`), the most of the recent CPU time the recognizer takes
+    # first while detection waits (None: compute.captions_max_share).
+    cpu_share: float | None = Field(None, gt=0.0, le=1.0)
+    max_lag_s: float = Field(_captions("max_lag_s"), ge=1.0, le=120.0)  # audio waiting longer is dropped, oldest first
+    max_batch: int = Field(8, ge=1, le=64)  # streams decoded in one recognizer call
+
+    def to_policy(self) -> CaptionPolicy:
+        return CaptionPolicy(
+            step_s=self.step_s,
+            endpoint_s=self.endpoint_s,
+            max_window_s=self.max_window_s,
+            vad_threshold=self.vad_threshold,
+            max_lag_s=self.max_lag_s,
+        )

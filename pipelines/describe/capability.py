@@ -1,0 +1,64 @@
+"""Scene descriptions as a capability: the VLM client every stream's describer shares, the `vlm:`
+section, the describe stage (descriptions and `vlm` rules), and the client's figures for /metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterable
+
+from engines.vlm.client import create_vlm_client
+from pipelines.capability import NO_BUDGET, Capability, CapabilityError, OpenContext, Sample
+from pipelines.describe import stage
+from pipelines.describe.config import VlmConfig
+from pipelines.describe.settings import DESCRIPTIONS, DescribeEngine
+from pipelines.events import EventKind
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.asynccontextmanager
+async def open_describer(
+    settings: VlmConfig, _context: OpenContext = NO_BUDGET
+) -> AsyncIterator[DescribeEngine | None]:
+    """The VLM client every stream's describer shares, for the duration; None (said once, here)
+    when no endpoint is configured."""
+    if not settings.enabled:
+        log.info("no VLM configured (vlm.endpoints, --vlm-url): running without scene descriptions")
+        yield None
+        return
+    try:
+        client = create_vlm_client(settings.client_settings())
+    except ValueError as exc:
+        raise CapabilityError(str(exc)) from exc
+    log.info("scene descriptions on", extra={"endpoints": settings.endpoints, "model": settings.model})
+    try:
+        yield DescribeEngine(client, settings.model, settings.describe_settings())
+    finally:
+        await client.aclose()
+
+
+def vlm_samples(engine: DescribeEngine) -> Iterable[Sample]:
+    stats = engine.client.stats()
+    yield Sample("vidsentry_vlm_requests", "VLM requests (descriptions and alert checks)", stats.requests)
+    yield Sample("vidsentry_vlm_failures", "VLM requests that failed", stats.failed)
+    yield Sample("vidsentry_vlm_retries", "VLM request retries", stats.retries)
+    yield Sample("vidsentry_vlm_timeouts", "VLM requests that timed out", stats.timeouts)
+    yield Sample("vidsentry_vlm_in_flight", "VLM requests in flight", stats.in_flight, "gauge")
+    for kind, value in (("prompt", stats.prompt_tokens), ("cached", stats.cached_tokens),
+                        ("completion", stats.completion_tokens)):
+        yield Sample("vidsentry_vlm_tokens", "VLM tokens by kind", value, labels=(("kind", kind),))
+    for endpoint in stats.endpoints:
+        yield Sample("vidsentry_vlm_endpoint_open", "1 while an endpoint's circuit is open (not asked)",
+                     int(endpoint.breaker == "open"), "gauge", (("endpoint", endpoint.url),))
+
+
+CAPABILITY: Capability[DescribeEngine, VlmConfig] = Capability(
+    key=DESCRIPTIONS,
+    section="vlm",
+    settings=VlmConfig,
+    open=open_describer,
+    build=stage.build,
+    kinds=(EventKind.DESCRIPTIONS,),
+    samples=vlm_samples,
+)
