@@ -11,6 +11,7 @@ from typing import Any
 
 from pipelines.capability import Capability, OpenContext, Sample
 from pipelines.captions.capability import CAPABILITY as CAPTIONS
+from pipelines.clips.capability import CAPABILITY as CLIPS
 from pipelines.describe.capability import CAPABILITY as DESCRIPTIONS
 from pipelines.segment.capability import CAPABILITY as SEGMENTATION
 
@@ -18,6 +19,7 @@ CAPABILITIES: tuple[Capability[Any, Any], ...] = (
     CAPTIONS,
     DESCRIPTIONS,
     SEGMENTATION,
+    CLIPS,
 )
 
 

@@ -17,6 +17,7 @@ class EventKind(StrEnum):
     CAPTIONS = "captions"
     DESCRIPTIONS = "descriptions"
     STATUS = "status"
+    CLIPS = "clips"
 
 
 class Delivery(StrEnum):
@@ -46,6 +47,7 @@ KINDS: Mapping[EventKind, KindSpec] = {
         KindSpec(EventKind.CAPTIONS, durable=True, delivery=Delivery.CRITICAL),
         KindSpec(EventKind.DESCRIPTIONS, durable=True, delivery=Delivery.EVERY),
         KindSpec(EventKind.STATUS, durable=True, delivery=Delivery.EVERY),
+        KindSpec(EventKind.CLIPS, durable=True, delivery=Delivery.EVERY),
     )
 }
 

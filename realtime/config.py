@@ -56,6 +56,7 @@ from pydantic import (
 from pydantic.json_schema import JsonDict
 
 from pipelines.captions.config import CaptionsSettings
+from pipelines.clips.config import ClipsSettings
 from pipelines.describe.config import VlmConfig
 from pipelines.frames import StreamId
 from pipelines.rules.engine import unknown_classes
@@ -403,6 +404,7 @@ class Config(Section):
     compute: ComputeSettings = ComputeSettings()
     vlm: VlmConfig = VlmConfig()
     segmentation: SegmentationSettings = SegmentationSettings()
+    clips: ClipsSettings = ClipsSettings()
     streams: list[StreamSettings] = []
 
     @field_validator("streams", mode="before")

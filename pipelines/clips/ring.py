@@ -12,6 +12,7 @@ arrived before the first keyframe of a connection (they could start no clip).
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -39,6 +40,17 @@ class PacketRing:
     stats: RingStats = field(default_factory=RingStats)
     _gops: deque[list[Timed]] = field(default_factory=deque, repr=False)
     _bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def put(self, t: float, packet: EncodedPacket) -> None:
+        """`append` from any thread (a source's reader thread puts, the stage cuts spans)."""
+        with self._lock:
+            self.append(t, packet)
+
+    def cut(self, start: float, end: float) -> list[Timed]:
+        """`span` from any thread."""
+        with self._lock:
+            return self.span(start, end)
 
     def append(self, t: float, packet: EncodedPacket) -> None:
         self.stats.packets += 1

@@ -89,7 +89,7 @@ class StreamGraph:
             if self._stop_requested:
                 self.stop()
             async with asyncio.TaskGroup() as group:
-                outputs = SourceOutputs(frames, audio, self._status_changed)
+                outputs = SourceOutputs(frames, audio, self._status_changed, context.packet_input)
                 group.create_task(self._run_source(outputs, frames, audio), name=f"{spec.stream_id}-source")
                 for stage in self.stages:
                     group.create_task(stage.run(), name=f"{spec.stream_id}-{stage.name}")

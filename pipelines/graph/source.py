@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from engines.media.remux import EncodedPacket
 from pipelines.frames import AudioChunk, StatusChange, StreamState, VideoFrame
 from pipelines.graph.counters import Counters
 
@@ -29,11 +30,19 @@ class AudioInput(Protocol):
     def close(self) -> None: ...
 
 
+class PacketInput(Protocol):
+    """Where a source that demuxes puts each encoded video packet as it came, with its media time
+    in the frames' timeline (pts seconds); from any thread, and it must be quick."""
+
+    def put(self, t: float, packet: EncodedPacket) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class SourceOutputs:
     video: FrameInput
     audio: AudioInput | None  # None: the stream's audio is not wanted
     status: Callable[[StatusChange], None]
+    packets: PacketInput | None = None  # a stage keeps encoded packets (clips); sources that demux fill it
 
 
 class MediaSource(Protocol):

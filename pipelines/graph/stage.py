@@ -17,6 +17,7 @@ from pipelines.events import Event, EventSink
 from pipelines.frames import FrameResult
 from pipelines.graph.counters import Counters
 from pipelines.graph.engines import SharedEngines
+from pipelines.graph.source import PacketInput
 from pipelines.graph.spec import ProcessingSpec
 from pipelines.graph.tee import AudioTee, FrameTee
 from pipelines.mailbox import AudioBuffer, FrameMailbox
@@ -51,6 +52,7 @@ class StageContext:
     on_frame: FrameObserver | None = None
     built: list[Stage] = field(default_factory=list, repr=False)  # the stages built so far, in order
     owners: list[TaskOwner] = field(default_factory=list, repr=False)  # handed out by tasks(), in order
+    packet_input: PacketInput | None = field(default=None, repr=False)  # set by packets()
     _primary_taken: bool = field(default=False, repr=False)
 
     @property
@@ -96,6 +98,13 @@ class StageContext:
         owner = TaskOwner(f"{self.stream_id} {name}")
         self.owners.append(owner)
         return owner
+
+    def packets(self, into: PacketInput) -> None:
+        """Have the source put this stream's encoded video packets into `into` (one consumer per
+        stream; a source that does not demux, such as a browser session, puts none)."""
+        if self.packet_input is not None:
+            raise ValueError("a stream graph has one packet consumer")
+        self.packet_input = into
 
     def audio(self, name: str, *, max_seconds: float) -> AudioBuffer | None:
         """A bounded buffer of this stream's audio (16 kHz mono) for one consumer; None without audio."""

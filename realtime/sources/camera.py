@@ -67,6 +67,7 @@ class CameraSource:
             realtime=self.spec.realtime,
             untrusted=self.spec.untrusted,
             admit=self.spec.admit,
+            packets=outputs.packets,
         )
         if self._stop_requested:
             self.supervisor.stop()

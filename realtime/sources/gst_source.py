@@ -36,6 +36,7 @@ from pipelines.frames import AUDIO_SAMPLE_RATE
 from realtime.sources.session import (
     AudioSink,
     BackendUnavailable,
+    PacketSink,
     PtsOrigin,
     SessionOptions,
     SourceError,
@@ -251,7 +252,13 @@ class GstSession:
 
     # -- run ------------------------------------------------------------------------------
 
-    def run(self, video_out: VideoSink, audio_out: AudioSink | None, stop: threading.Event) -> None:
+    def run(
+        self,
+        video_out: VideoSink,
+        audio_out: AudioSink | None,
+        stop: threading.Event,
+        packets_out: PacketSink | None = None,  # GStreamer decodes in its pipeline: no packets to keep
+    ) -> None:
         if self._pipeline is None:
             raise SourceError("internal error: run() before open()")
         while not (stop.is_set() or self._interrupted.is_set()):

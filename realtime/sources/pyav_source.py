@@ -32,10 +32,12 @@ from typing import Any
 import av
 import av.error
 
+from engines.media.remux import CodecHeader, EncodedPacket
 from pipelines.frames import AUDIO_SAMPLE_RATE
 from realtime.sources.decode import DecoderChoice, DecodeUnavailable, decode_mode, open_input, select_decoder
 from realtime.sources.session import (
     AudioSink,
+    PacketSink,
     PtsOrigin,
     SessionOptions,
     SourceError,
@@ -63,6 +65,8 @@ class PyAVSession:
         self._interrupted = threading.Event()
         self._pts = PtsOrigin(rebase=spec.is_network)
         self._last_video_pts: float | None = None
+        self._header: CodecHeader | None = None  # this connection's codec parameters, for clips
+        self._last_packet_pts: float | None = None
         self._consecutive_corrupt = {"video": 0, "audio": 0}
         self._frames = 0
         self._last_packet_at = time.monotonic()
@@ -135,7 +139,13 @@ class PyAVSession:
 
     # -- run ----------------------------------------------------------------------------
 
-    def run(self, video_out: VideoSink, audio_out: AudioSink | None, stop: threading.Event) -> None:
+    def run(
+        self,
+        video_out: VideoSink,
+        audio_out: AudioSink | None,
+        stop: threading.Event,
+        packets_out: PacketSink | None = None,
+    ) -> None:
         if self._container is None:
             raise SourceError("internal error: run() before open()")
         streams = [self._video] if self._audio is None or audio_out is None else [self._video, self._audio]
@@ -146,6 +156,8 @@ class PyAVSession:
                 if stop.is_set() or self._interrupted.is_set():
                     return
                 if packet.stream is self._video:
+                    if packets_out is not None:
+                        self._keep(packet, packets_out)
                     if not self._decode_video(packet, video_out):
                         return
                 elif audio_out is not None and self._audio is not None and not self._decode_audio(packet, audio_out):
@@ -167,6 +179,24 @@ class PyAVSession:
         if self._spec.is_network and (timed_out or quiet >= 0.9 * self._options.read_timeout_s):
             return f"no data from {self._spec.host_port} for {quiet:.1f} s"
         return f"read error: {what}"
+
+    def _keep(self, packet: Any, packets_out: PacketSink) -> None:
+        """Hand the encoded packet on as it came (a copy of its bytes), in the frames' timeline;
+        from this connection's first keyframe, which also fixes its codec header."""
+        if not packet.size:
+            return
+        if self._header is None:
+            if not packet.is_keyframe:
+                return
+            self._header = CodecHeader.from_stream(self._video, packet)
+        time_base = packet.time_base
+        if packet.pts is not None and time_base is not None:
+            self._last_packet_pts = self._pts(float(packet.pts * time_base))
+        elif self._last_packet_pts is not None:  # RTSP's first packets come without a timestamp
+            self._last_packet_pts += float((packet.duration or 0) * (time_base or 0))
+        else:
+            self._last_packet_pts = 0.0
+        packets_out(self._last_packet_pts, EncodedPacket.from_av(packet, self._header))
 
     def _decode_video(self, packet: Any, video_out: VideoSink) -> bool:
         frames = self._decode(packet, "video")

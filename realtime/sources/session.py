@@ -23,10 +23,14 @@ from typing import Protocol
 
 import numpy as np
 
+from engines.media.remux import EncodedPacket
+
 # (image H x W x 3 uint8 RGB, pts seconds, captured_at epoch seconds) -> keep going?
 VideoSink = Callable[[np.ndarray, float, float], bool]
 # (samples float32 mono 16 kHz, pts seconds, captured_at epoch seconds) -> keep going?
 AudioSink = Callable[[np.ndarray, float, float], bool]
+# (pts seconds in the frames' timeline, an encoded video packet as demuxed): for clips, remuxed later
+PacketSink = Callable[[float, EncodedPacket], None]
 
 
 class SourceError(Exception):
@@ -51,7 +55,13 @@ class SourceSession(Protocol):
 
     def open(self) -> None: ...
 
-    def run(self, video_out: VideoSink, audio_out: AudioSink | None, stop: threading.Event) -> None: ...
+    def run(
+        self,
+        video_out: VideoSink,
+        audio_out: AudioSink | None,
+        stop: threading.Event,
+        packets_out: PacketSink | None = None,  # a session that demuxes puts each video packet here
+    ) -> None: ...
 
     def interrupt(self) -> None: ...
 

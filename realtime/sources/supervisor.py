@@ -49,12 +49,13 @@ from typing import Any
 
 import numpy as np
 
+from engines.media.remux import EncodedPacket
 from pipelines.frames import AudioChunk, StatusChange, StreamState, VideoFrame, validate_stream_id
-from pipelines.graph.source import AudioInput, FrameInput
+from pipelines.graph.source import AudioInput, FrameInput, PacketInput
 from realtime.sources.backends import create_session, normalize_backend
 from realtime.sources.pacing import NoPacing, RealtimePacer
 from realtime.sources.policy import SourcePolicy
-from realtime.sources.session import BackendUnavailable, SessionOptions, SourceError, SourceSession
+from realtime.sources.session import BackendUnavailable, PacketSink, SessionOptions, SourceError, SourceSession
 from realtime.sources.spec import InvalidSource, SourceSpec
 
 log = logging.getLogger(__name__)
@@ -220,6 +221,7 @@ class CameraSupervisor:
         max_frames: int | None = None,
         untrusted: bool = False,
         admit: SourcePolicy | None = None,
+        packets: PacketInput | None = None,
     ) -> None:
         self.stream_id = validate_stream_id(stream_id)
         self.spec = spec
@@ -234,6 +236,7 @@ class CameraSupervisor:
         self.admit = admit  # checked before every connect: None for trusted sources
         self._video = video
         self._audio = audio
+        self._packets = packets  # encoded packets for clips, straight from the reader thread
         self._on_status = on_status
         self._state = StreamState.CONNECTING
         self._reported = False  # no status emitted yet: the first one has previous=None
@@ -506,7 +509,8 @@ class CameraSupervisor:
             session.open()
             attempt.opened = True
             _call_soon(loop, self._on_opened, attempt)
-            session.run(self._video_sink(attempt), self._audio_sink(attempt), attempt.stop)
+            session.run(self._video_sink(attempt), self._audio_sink(attempt), attempt.stop,
+                        packets_out=self._packet_sink(attempt))
         except SourceError as exc:
             error = self.spec.redact(str(exc))
             attempt.permanent = isinstance(exc, BackendUnavailable)
@@ -543,6 +547,17 @@ class CameraSupervisor:
                 "attempt": attempt.number,
             },
         )
+
+    def _packet_sink(self, attempt: _Attempt) -> PacketSink | None:
+        packets = self._packets
+        if packets is None:
+            return None
+
+        def put(t: float, packet: EncodedPacket) -> None:
+            if not attempt.stop.is_set():  # an abandoned reader's packets go nowhere
+                packets.put(t, packet)
+
+        return put
 
     def _video_sink(self, attempt: _Attempt) -> Callable[[np.ndarray, float, float], bool]:
         pacer = RealtimePacer() if self.realtime else NoPacing()

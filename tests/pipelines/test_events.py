@@ -11,7 +11,7 @@ def test_every_kind_is_declared_once_and_the_bus_and_channel_follow_the_declarat
     assert set(KINDS) == set(EventKind)
     assert all(spec.kind is kind for kind, spec in KINDS.items())
     # The contract (DESIGN.md §2): these kinds are durable, the rest are best-effort.
-    durable = ("tracks", "alerts", "captions", "descriptions", "status")
+    durable = ("tracks", "alerts", "captions", "descriptions", "status", "clips")
     assert {k.value for k in DURABLE_KINDS} == set(durable)
     assert tuple(f"vidsentry.*.{k}" for k in durable) == DURABLE_SUBJECTS
     assert {k.value for k in LATEST_ONLY} == {"detections", "partials"}

@@ -1,0 +1,158 @@
+"""The clips stage: keeps a stream's encoded packets and cuts a clip around each alert.
+
+An alert's clip spans its start − `pre_s` (from the keyframe at or before it) to its end +
+`post_s`; alerts whose spans overlap on one stream share one clip, and a clip is cut at `max_s`
+even while its alert goes on (the next one continues from there). The stream's newest frame says
+how far its media time has come, so a clip is cut once its end is in the buffer; when the stream
+ends, what is pending is cut from what the buffer holds. A span no longer in the buffer is
+counted (`clips_missed`), as is a clip the disk refused (`clips_failed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from pipelines.clips.engine import CLIPS, ClipEngine
+from pipelines.clips.ring import PacketRing
+from pipelines.clips.store import ClipInfo
+from pipelines.events import Event, EventKind, EventSink
+from pipelines.graph import StageContext, counter, gauge, register_counters
+from pipelines.graph.counters import Counters
+from pipelines.mailbox import FrameMailbox, MailboxClosed
+
+STAGE_NAME = "clips"
+
+register_counters(
+    {
+        "clips": counter("Clips written around alerts"),
+        "clips_failed": counter("Clips the disk refused"),
+        "clips_missed": counter("Clips whose span had already left the packet buffer"),
+        "clip_packets": counter("Encoded video packets kept for clips"),
+        "clip_gops_dropped": counter("Groups of pictures aged out of the clip buffer"),
+        "clip_buffer_bytes": gauge("Bytes of encoded video in the clip buffer"),
+    },
+    section="clips",
+)
+
+
+@dataclass
+class Window:
+    start: float  # media seconds (pts)
+    end: float | None  # None while an alert in it is open
+    alert_ids: list[str] = field(default_factory=list)
+    open_alerts: set[str] = field(default_factory=set)
+
+
+class ClipStage:
+    name = STAGE_NAME
+
+    def __init__(self, stream_id: str, engine: ClipEngine, ring: PacketRing, frames: FrameMailbox,
+                 sink: EventSink) -> None:
+        self.stream_id = stream_id
+        self.engine = engine
+        self.ring = ring
+        self.frames = frames
+        self.sink = sink
+        self.windows: list[Window] = []
+        self.written = 0
+        self.failed = 0
+        self.missed = 0
+
+    def observe(self, event: Event) -> None:
+        if event.kind is not EventKind.ALERTS:
+            return
+        data = event.data
+        alert_id = str(data.get("alert_id"))
+        settings = self.engine.settings
+        if data.get("event") == "start":
+            start = float(data.get("started_pts", event.pts or 0.0)) - settings.pre_s
+            window = self.windows[-1] if self.windows else None
+            if window is None or (window.end is not None and start > window.end):
+                window = Window(start, None)
+                self.windows.append(window)
+            window.end = None
+            window.alert_ids.append(alert_id)
+            window.open_alerts.add(alert_id)
+        elif data.get("event") == "end":
+            for window in self.windows:
+                if alert_id in window.open_alerts:
+                    window.open_alerts.discard(alert_id)
+                    if not window.open_alerts:
+                        ended = float(data.get("ended_pts", event.pts or 0.0))
+                        window.end = ended + settings.post_s
+
+    async def run(self) -> None:
+        try:
+            while True:
+                frame = await self.frames.get()
+                await self._cut_due(frame.pts, final=False)
+        except MailboxClosed:
+            pass
+        newest = self.ring.newest_t
+        if newest is not None:
+            await self._cut_due(newest, final=True)
+
+    async def _cut_due(self, now: float, *, final: bool) -> None:
+        max_s = self.engine.settings.max_s
+        for window in list(self.windows):
+            if window.end is None and now - window.start >= max_s:
+                # Still going: cut at max_s; the rest continues as a window of its own.
+                await self._cut(window.start, window.start + max_s, window.alert_ids)
+                window.start += max_s
+            elif window.end is not None and (now >= window.end or final):
+                self.windows.remove(window)
+                await self._cut(window.start, min(window.end, now), window.alert_ids)
+            elif final:
+                self.windows.remove(window)
+                await self._cut(window.start, now, window.alert_ids)
+
+    async def _cut(self, start: float, end: float, alert_ids: list[str]) -> None:
+        span = self.ring.cut(start, end)
+        if not span:
+            self.missed += 1
+            return
+        clip_id = uuid.uuid4().hex
+        info = await asyncio.to_thread(self.engine.store.write, clip_id, self.stream_id,
+                                       [(item.t, item.packet) for item in span], list(alert_ids))
+        if info is None:
+            self.failed += 1
+            return
+        self.written += 1
+        await self.sink.publish(clip_event(info, captured_at=time.time()))
+
+    def stop(self) -> None:
+        pass  # ends when the stream's frames end; pending clips are cut then
+
+    def counters(self) -> Counters:
+        ring = self.ring.stats
+        return {
+            "clips": self.written,
+            "clips_failed": self.failed,
+            "clips_missed": self.missed,
+            "clip_packets": ring.packets,
+            "clip_gops_dropped": ring.gops_dropped,
+            "clip_buffer_bytes": self.ring.bytes,
+        }
+
+
+def clip_event(info: ClipInfo, *, captured_at: float) -> Event:
+    """A finished clip: where it is and what it covers (DESIGN.md: id, span, bytes, codec, alert ids, links)."""
+    body = info.to_json()
+    body["links"] = {"self": f"/api/clips/{info.id}", "mp4": f"/api/clips/{info.id}.mp4"}
+    return Event(kind=EventKind.CLIPS, stream_id=info.stream_id, pts=round(info.end_pts, 3),
+                 captured_at=captured_at, data=body)
+
+
+def build(ctx: StageContext) -> ClipStage | None:
+    engine = ctx.engines.get(CLIPS)
+    if engine is None or not ctx.spec.wants(STAGE_NAME):
+        return None
+    settings = engine.settings
+    ring = PacketRing(max_s=settings.buffer_s, max_bytes=settings.buffer_max_bytes)
+    ctx.packets(ring)
+    stage = ClipStage(ctx.stream_id, engine, ring, ctx.frames(STAGE_NAME), ctx.sink)
+    ctx.observe(stage.observe)
+    return stage

@@ -1,0 +1,200 @@
+"""Finished clips on the local disk: one MP4 per clip beside a JSON sidecar, bounded by bytes and age.
+
+A clip is written under a temporary name and renamed when complete (engines.media.remux), then its
+sidecar the same way; a clip is listed only once both are there. What a crash leaves half-written
+(a `.part` file, an MP4 without its sidecar) is removed when the store opens, never served. The
+oldest clips go first when the total passes `max_total_bytes`, and any older than `max_age_s`;
+both are counted, as are writes the disk refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engines.media.remux import EncodedPacket, write_mp4
+
+log = logging.getLogger(__name__)
+
+CLIP_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+@dataclass(slots=True)
+class StoreStats:
+    written: int = 0
+    failed: int = 0  # the disk refused a clip (full, read-only): the stream goes on
+    evicted_bytes: int = 0  # removed for the total's bound
+    evicted_age: int = 0  # removed for their age
+    removed_partial: int = 0  # half-written files found when the store opened
+
+
+@dataclass(frozen=True, slots=True)
+class ClipInfo:
+    id: str
+    stream_id: str
+    start_pts: float
+    end_pts: float
+    duration_s: float
+    bytes: int
+    codec: str
+    width: int
+    height: int
+    alert_ids: tuple[str, ...]
+    created_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "clip_id": self.id,
+            "stream_id": self.stream_id,
+            "start_pts": round(self.start_pts, 3),
+            "end_pts": round(self.end_pts, 3),
+            "duration_s": round(self.duration_s, 3),
+            "bytes": self.bytes,
+            "codec": self.codec,
+            "width": self.width,
+            "height": self.height,
+            "alert_ids": list(self.alert_ids),
+            "created_at": round(self.created_at, 3),
+        }
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> ClipInfo:
+        return cls(str(body["clip_id"]), str(body["stream_id"]), float(body["start_pts"]), float(body["end_pts"]),
+                   float(body["duration_s"]), int(body["bytes"]), str(body["codec"]), int(body["width"]),
+                   int(body["height"]), tuple(str(a) for a in body["alert_ids"]), float(body["created_at"]))
+
+
+@dataclass
+class ClipStore:
+    directory: Path
+    max_total_bytes: int
+    max_age_s: float
+    stats: StoreStats = field(default_factory=StoreStats)
+    _clips: dict[str, ClipInfo] = field(default_factory=dict, repr=False)  # oldest first
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def open(self) -> None:
+        """Create the directory, drop what a crash left half-written, and index the clips there."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        found: list[ClipInfo] = []
+        for path in self.directory.iterdir():
+            partial = path.name.startswith(".") and path.name.endswith(".part")
+            if partial or (path.suffix == ".mp4" and not path.with_suffix(".json").exists()):
+                path.unlink(missing_ok=True)
+                self.stats.removed_partial += 1
+            elif path.suffix == ".json" and CLIP_ID.match(path.stem):
+                try:
+                    info = ClipInfo.from_json(json.loads(path.read_text()))
+                except (OSError, ValueError, KeyError, TypeError):
+                    info = None
+                if info is None or not path.with_suffix(".mp4").exists():
+                    path.unlink(missing_ok=True)
+                    self.stats.removed_partial += 1
+                    continue
+                found.append(info)
+        with self._lock:
+            self._clips = {c.id: c for c in sorted(found, key=lambda c: c.created_at)}
+        self.enforce()
+
+    @property
+    def total_bytes(self) -> int:
+        with self._lock:
+            return sum(c.bytes for c in self._clips.values())
+
+    def __len__(self) -> int:
+        return len(self._clips)
+
+    def list(self, stream_id: str | None = None) -> list[ClipInfo]:
+        with self._lock:
+            return [c for c in self._clips.values() if stream_id is None or c.stream_id == stream_id]
+
+    def get(self, clip_id: str) -> ClipInfo | None:
+        with self._lock:
+            return self._clips.get(clip_id)
+
+    def path(self, clip_id: str) -> Path | None:
+        """The clip's MP4, only for an id this store lists (never a path built from arbitrary input)."""
+        if self.get(clip_id) is None:
+            return None
+        return self.directory / f"{clip_id}.mp4"
+
+    def write(self, clip_id: str, stream_id: str, packets: Sequence[tuple[float, EncodedPacket]],
+              alert_ids: Sequence[str]) -> ClipInfo | None:
+        """Write one clip of `(pts, packet)` pairs; None (counted, logged) when the disk refused it."""
+        if not CLIP_ID.match(clip_id):
+            raise ValueError(f"not a clip id: {clip_id!r}")
+        mp4 = self.directory / f"{clip_id}.mp4"
+        try:
+            written = write_mp4(mp4, [packet for _, packet in packets])
+            first = packets[0][1]
+            info = ClipInfo(clip_id, stream_id, packets[0][0], packets[0][0] + written.duration_s, written.duration_s,
+                            written.bytes, first.header.codec, first.header.width, first.header.height,
+                            tuple(alert_ids), time.time())
+            _write_atomically(mp4.with_suffix(".json"), json.dumps(info.to_json()).encode())
+        except OSError as exc:
+            mp4.unlink(missing_ok=True)
+            self.stats.failed += 1
+            log.warning("clip not written", extra={"stream_id": stream_id, "clip_id": clip_id,
+                                                   "error": str(exc) or type(exc).__name__})
+            return None
+        with self._lock:
+            self._clips[clip_id] = info
+        self.stats.written += 1
+        self.enforce()
+        return info
+
+    def delete(self, clip_id: str) -> bool:
+        with self._lock:
+            info = self._clips.pop(clip_id, None)
+        if info is None:
+            return False
+        self._remove_files(clip_id)
+        return True
+
+    def enforce(self, now: float | None = None) -> None:
+        """Delete clips past `max_age_s`, then the oldest while the total is past `max_total_bytes`."""
+        now = time.time() if now is None else now
+        gone: list[tuple[str, str]] = []
+        with self._lock:
+            for clip in list(self._clips.values()):
+                if now - clip.created_at > self.max_age_s:
+                    del self._clips[clip.id]
+                    gone.append((clip.id, "age"))
+            total = sum(c.bytes for c in self._clips.values())
+            while total > self.max_total_bytes and len(self._clips) > 1:
+                oldest = next(iter(self._clips.values()))
+                del self._clips[oldest.id]
+                total -= oldest.bytes
+                gone.append((oldest.id, "bytes"))
+        for clip_id, why in gone:
+            if why == "age":
+                self.stats.evicted_age += 1
+            else:
+                self.stats.evicted_bytes += 1
+            self._remove_files(clip_id)
+
+    def _remove_files(self, clip_id: str) -> None:
+        for suffix in (".json", ".mp4"):  # the sidecar first: a clip without it is never listed again
+            try:
+                (self.directory / f"{clip_id}{suffix}").unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("clip file not removed", extra={"clip_id": clip_id, "error": str(exc)})
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.part")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

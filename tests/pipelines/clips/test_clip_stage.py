@@ -1,0 +1,115 @@
+"""Clips through the real stream graph: the sample clip (H.264 + AAC) → StreamRunner with the real
+model, tracker and a `present` rule → an alert → a clip remuxed from the stream's own packets:
+the MP4 opens, starts at a keyframe at or before the alert's start − pre_s, covers the alert, and
+a `clips` event says where it is. Plus the store's bounds and what a crash leaves behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import av
+import pytest
+
+from engines.registry import create_detector
+from pipelines.clips.config import ClipsSettings
+from pipelines.clips.engine import CLIPS, ClipEngine
+from pipelines.clips.store import ClipStore
+from pipelines.detect import DetectionBatcher
+from pipelines.events import EventKind
+from pipelines.frames import StreamState
+from pipelines.graph import SharedEngines
+from realtime.streams.runner import StreamRunner
+from tests.support.sinks import ListSink
+from tests.support.streams import camera_spec
+
+
+@pytest.fixture
+async def batcher(fall_model: Path) -> AsyncIterator[DetectionBatcher]:
+    detector = create_detector(fall_model, "onnx-cpu")
+    async with DetectionBatcher(detector) as batcher:
+        yield batcher
+    detector.close()
+
+
+async def test_an_alert_on_a_stream_leaves_a_clip_of_its_own_packets_around_it(
+    sample_clip: Path, batcher: DetectionBatcher, tmp_path: Path
+) -> None:
+    settings = ClipsSettings(enabled=True, dir=tmp_path / "clips", pre_s=2.0, post_s=1.0)
+    store = ClipStore(settings.dir, settings.max_total_bytes, settings.max_age_s)
+    store.open()
+    spec = camera_spec("plaza", str(sample_clip), audio=False,
+                       rules=[{"id": "people", "type": "present", "classes": ["Normal"], "for_s": 3.0}])
+    sink = ListSink()
+    runner = StreamRunner(spec, SharedEngines(batcher, opened={CLIPS.name: ClipEngine(store, settings)}), sink)
+    task = asyncio.create_task(runner.run())
+    deadline = time.monotonic() + 60
+    while runner.frame_loop is None or runner.frame_loop.stats.frames_processed < 60:
+        assert time.monotonic() < deadline and not task.done(), "the stream did not get going"
+        await asyncio.sleep(0.05)
+    runner.stop()  # the open alert ends with the stream; its clip is cut from what the buffer holds
+    assert await asyncio.wait_for(task, 30) is StreamState.STOPPED
+
+    (start,) = [e for e in sink.kinds(EventKind.ALERTS) if e.data["event"] == "start"]
+    (clip_event,) = sink.kinds(EventKind.CLIPS)
+    body = clip_event.data
+    assert body["alert_ids"] == [start.data["alert_id"]] and body["stream_id"] == "plaza"
+    assert body["links"]["mp4"] == f"/api/clips/{body['clip_id']}.mp4"
+    assert body["codec"] == "h264" and (body["width"], body["height"]) == (768, 576)
+    # From the keyframe at or before start − pre_s (the sample has one every second).
+    wanted = start.data["started_pts"] - settings.pre_s
+    assert wanted - 1.0 < body["start_pts"] <= wanted + 1e-6
+    assert body["end_pts"] >= start.data["started_pts"]
+
+    path = store.path(body["clip_id"])
+    assert path is not None and path.stat().st_size == body["bytes"]
+    sidecar = json.loads(path.with_suffix(".json").read_text())
+    assert sidecar["clip_id"] == body["clip_id"] and sidecar["alert_ids"] == body["alert_ids"]
+    with av.open(str(path)) as container:
+        frames = list(container.decode(video=0))
+    assert frames[0].key_frame and frames[0].time == 0.0
+    assert abs(frames[-1].time + 0.1 - body["duration_s"]) < 0.11  # 10 fps: within a frame
+    counters = runner.counters()
+    assert counters["clips"] == 1 and counters["clip_packets"] > 0 and counters["clips_missed"] == 0
+
+
+def write_clip(store: ClipStore, clip_id: str, size: int, created_at: float) -> None:
+    """A clip as the store indexes it (the bytes are not video: retention only reads sizes)."""
+    (store.directory / f"{clip_id}.mp4").write_bytes(bytes(size))
+    (store.directory / f"{clip_id}.json").write_text(json.dumps({
+        "clip_id": clip_id, "stream_id": "cam", "start_pts": 0.0, "end_pts": 1.0, "duration_s": 1.0,
+        "bytes": size, "codec": "h264", "width": 2, "height": 2, "alert_ids": [], "created_at": created_at,
+    }))
+
+
+def test_the_store_removes_half_written_clips_and_keeps_to_its_bytes_and_age(tmp_path: Path) -> None:
+    store = ClipStore(tmp_path, max_total_bytes=2_500, max_age_s=3600)
+    now = time.time()
+    for i, age in enumerate((5000, 300, 200, 100)):
+        write_clip(store, f"{i:032x}", 1000, now - age)
+    (tmp_path / f".{'a' * 32}.mp4.part").write_bytes(b"half")  # a crash mid-write
+    (tmp_path / f"{'b' * 32}.mp4").write_bytes(b"no sidecar")  # a crash before the sidecar
+    store.open()
+    assert store.stats.removed_partial == 2
+    # The one past max_age goes, then the oldest while the total is past 2,500 bytes.
+    assert [c.id for c in store.list()] == [f"{2:032x}", f"{3:032x}"]
+    assert (store.stats.evicted_age, store.stats.evicted_bytes) == (1, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"{i:032x}{suffix}" for i in (2, 3) for suffix in (".json", ".mp4"))
+    assert store.path("../../etc/passwd") is None and store.path(f"{0:032x}") is None
+    assert store.delete(f"{2:032x}") and not store.delete(f"{2:032x}")
+    assert [c.id for c in store.list()] == [f"{3:032x}"]
+
+
+def test_a_clip_the_disk_refuses_is_counted_and_leaves_nothing(sample_clip: Path, tmp_path: Path) -> None:
+    from tests.engines.media.test_remux import demux
+
+    store = ClipStore(tmp_path / "gone", max_total_bytes=10**9, max_age_s=3600)
+    store.open()
+    (tmp_path / "gone").rmdir()  # the directory vanished (an unmounted disk)
+    packets = demux(str(sample_clip))[:20]
+    assert store.write("c" * 32, "cam", [(0.0, p) for p in packets], []) is None
+    assert store.stats.failed == 1 and len(store) == 0
