@@ -141,6 +141,7 @@ class ClipStage:
 def clip_event(info: ClipInfo, *, captured_at: float) -> Event:
     """A finished clip: where it is and what it covers (DESIGN.md: id, span, bytes, codec, alert ids, links)."""
     body = info.to_json()
+    del body["stream_id"]  # the envelope's
     body["links"] = {"self": f"/api/clips/{info.id}", "mp4": f"/api/clips/{info.id}.mp4"}
     return Event(kind=EventKind.CLIPS, stream_id=info.stream_id, pts=round(info.end_pts, 3),
                  captured_at=captured_at, data=body)

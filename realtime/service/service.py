@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
+from pipelines.clips.engine import CLIPS
 from pipelines.describe.settings import DESCRIPTIONS
 from pipelines.detect import DetectionBatcher
 from pipelines.graph import SharedEngines
@@ -25,7 +26,7 @@ from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
 from realtime.fleet.metrics import FleetCollector
 from realtime.fleet.options import fleet_options
 from realtime.fleet.worker import FleetWorker
-from realtime.http import HttpContext, HttpServer, compute, create_app, description, transcript
+from realtime.http import HttpContext, HttpServer, clips, compute, create_app, description, transcript
 from realtime.http.api import FLEET, SOURCE_POLICY
 from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
@@ -137,6 +138,9 @@ class Service:
         transcript.add_routes(self.app, self.transcripts)
         compute.add_routes(self.app, batcher.compute)
         description.add_routes(self.app, self.descriptions)
+        clip_engine = self.engines.get(CLIPS)
+        if clip_engine is not None:
+            clips.add_routes(self.app, clip_engine)
         self.url: str | None = None
 
     def readiness(self) -> dict[str, bool]:

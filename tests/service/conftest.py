@@ -130,10 +130,12 @@ async def live_service(
     captions: CaptionModels | None = None,
     describe: DescribeEngine | None = None,
     compute: bool = False,
+    opened: dict[str, object] | None = None,
 ) -> AsyncIterator[LiveService]:
     """The service; with `captions` (the session's recognizer and VAD) streams with audio get captions,
     with `describe` (a VLM client) every stream gets scene descriptions, with `compute` the models
-    share the cores through the compute budget as `serve` builds it (config.compute)."""
+    share the cores through the compute budget as `serve` builds it (config.compute); `opened` adds
+    other capabilities' engines by name."""
     config = config or make_config()
     budget = None
     if compute:
@@ -147,9 +149,9 @@ async def live_service(
         if captions is not None:
             speech = await stack.enter_async_context(SpeechBatcher(captions[0], compute=budget))
             engine = CaptionEngine(speech, captions[1], config.captions.to_policy())
-        opened = {CAPTIONS.name: engine, DESCRIPTIONS.name: describe}
+        engines = {**(opened or {}), CAPTIONS.name: engine, DESCRIPTIONS.name: describe}
         service = Service(config, batcher, publisher, api_token=token,
-                          opened={name: e for name, e in opened.items() if e is not None})
+                          opened={name: e for name, e in engines.items() if e is not None})
         stop = asyncio.Event()
         listening = asyncio.Event()
         task = asyncio.create_task(service.run("127.0.0.1", 0, stop, on_listening=lambda _: listening.set()))

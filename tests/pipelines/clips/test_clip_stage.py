@@ -56,7 +56,7 @@ async def test_an_alert_on_a_stream_leaves_a_clip_of_its_own_packets_around_it(
     (start,) = [e for e in sink.kinds(EventKind.ALERTS) if e.data["event"] == "start"]
     (clip_event,) = sink.kinds(EventKind.CLIPS)
     body = clip_event.data
-    assert body["alert_ids"] == [start.data["alert_id"]] and body["stream_id"] == "plaza"
+    assert body["alert_ids"] == [start.data["alert_id"]] and clip_event.stream_id == "plaza"
     assert body["links"]["mp4"] == f"/api/clips/{body['clip_id']}.mp4"
     assert body["codec"] == "h264" and (body["width"], body["height"]) == (768, 576)
     # From the keyframe at or before start − pre_s (the sample has one every second).

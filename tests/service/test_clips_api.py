@@ -1,0 +1,104 @@
+"""Clips end to end through the service: a real RTSP camera (the test server playing the sample)
+raises an alert, the clip is cut from the camera's own packets, and the API lists it, serves it
+whole and by Range (206, 416), and refuses what is not a clip."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import av
+import pytest
+
+from engines.detector import Detector
+from engines.registry import create_detector
+from pipelines.clips.capability import open_clips
+from pipelines.clips.engine import CLIPS
+from realtime.bus.embedded import EmbeddedNatsServer
+from tests.service.conftest import LiveService, live_service, make_config
+from tests.support.rtsp import RtspServer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def fall_detector(fall_model: Path) -> Iterator[Detector]:
+    detector = create_detector(fall_model, "onnx-cpu")
+    yield detector
+    detector.close()
+
+
+@pytest.fixture
+async def svc(fall_detector: Detector, shared_nats_server: EmbeddedNatsServer, tmp_path: Path
+              ) -> AsyncIterator[LiveService]:
+    config = make_config(clips={"enabled": True, "dir": str(tmp_path / "clips"), "pre_s": 2.0, "post_s": 1.0})
+    async with open_clips(config.clips) as engine, \
+            live_service(fall_detector, shared_nats_server.url, config=config, opened={CLIPS.name: engine}) as live:
+        yield live
+
+
+async def test_a_cameras_alert_becomes_a_clip_the_api_lists_and_serves_by_range(
+    svc: LiveService, sample_clip: Path, tmp_path: Path
+) -> None:
+    with RtspServer(clip=sample_clip, log_path=tmp_path / "rtsp.log") as rtsp:
+        body = {"id": "cam", "url": rtsp.url("/vtest"), "audio": False,
+                "rules": [{"id": "people", "type": "present", "classes": ["Normal"], "for_s": 1.0}]}
+        reply = await svc.call("POST", "/api/streams", json_body=body)
+        assert reply.status == 201, reply
+        deadline = time.monotonic() + 40
+        while (await svc.stream("cam"))["counters"]["alerts"] < 1:
+            assert time.monotonic() < deadline, "no alert"
+            await svc.wait_for_state("cam", "live")
+        began = (await svc.stream("cam"))["counters"]["frames_processed"]
+        await svc.wait_for_state("cam", "live", min_processed=began + 30)  # a few seconds into the alert
+        assert (await svc.call("DELETE", "/api/streams/cam")).status == 204  # ends the alert: its clip is cut
+
+        listed: list = []
+
+        async def one_clip() -> bool:
+            listed[:] = (await svc.call("GET", "/api/clips?stream=cam")).body["clips"]
+            return len(listed) == 1
+
+        deadline = time.monotonic() + 20
+        while not await one_clip():
+            assert time.monotonic() < deadline, "no clip listed"
+    clip = listed[0]
+    assert clip["stream_id"] == "cam" and clip["codec"] == "h264" and len(clip["alert_ids"]) == 1
+    assert clip["duration_s"] > 3.0
+    assert (await svc.call("GET", f"/api/clips?alert={clip['alert_ids'][0]}")).body["total"] == 1
+    assert (await svc.call("GET", "/api/clips?alert=nope")).body["total"] == 0
+    meta = await svc.call("GET", clip["links"]["self"])
+    assert meta.status == 200 and meta.body["bytes"] == clip["bytes"]
+
+    url = svc.url + clip["links"]["mp4"]
+    async with svc.session.get(url) as whole:
+        data = await whole.read()
+        assert whole.status == 200 and whole.headers["Content-Type"] == "video/mp4" and len(data) == clip["bytes"]
+    saved = tmp_path / "download.mp4"
+    saved.write_bytes(data)
+    with av.open(str(saved)) as container:
+        frames = list(container.decode(video=0))
+    assert frames[0].key_frame and frames[0].time == 0.0 and len(frames) >= 30
+    size = clip["bytes"]
+    for first, last in ((0, 0), (size // 2, size // 2 + 99), (size - 1, size - 1)):
+        async with svc.session.get(url, headers={"Range": f"bytes={first}-{last}"}) as part:
+            assert part.status == 206 and await part.read() == data[first:last + 1]
+            assert part.headers["Content-Range"] == f"bytes {first}-{last}/{size}"
+    async with svc.session.get(url, headers={"Range": f"bytes={size}-{size + 10}"}) as past:
+        assert past.status == 416
+
+    assert (await svc.call("DELETE", clip["links"]["self"])).status == 204
+    assert (await svc.call("GET", clip["links"]["self"])).status == 404
+    assert (await svc.call("GET", "/api/clips")).body["total"] == 0
+
+
+async def test_what_is_not_a_clip_is_a_4xx_with_a_reason(svc: LiveService) -> None:
+    for path in ("/api/clips/..%2F..%2Fetc%2Fpasswd", "/api/clips/" + "0" * 32, "/api/clips/" + "0" * 32 + ".mp4",
+                 "/api/clips/x.mp4", "/api/clips/%00"):
+        reply = await svc.call("GET", path)
+        assert reply.status == 404 and reply.body["error"] == "unknown clip", (path, reply)
+    for query in ("since=abc", "until=inf", "since=nan"):
+        reply = await svc.call("GET", f"/api/clips?{query}")
+        assert reply.status == 400 and "epoch seconds" in reply.body["error"], (query, reply)
+    assert (await svc.call("DELETE", "/api/clips/" + "f" * 32)).status == 404
