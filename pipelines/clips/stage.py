@@ -11,9 +11,12 @@ counted (`clips_missed`), as is a clip the disk refused (`clips_failed`).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipelines.clips.engine import CLIPS, ClipEngine
 from pipelines.clips.ring import PacketRing
@@ -24,6 +27,7 @@ from pipelines.graph.counters import Counters
 from pipelines.mailbox import FrameMailbox, MailboxClosed
 
 STAGE_NAME = "clips"
+MAX_FPS = 60  # bounds the boxes and captions kept per second of buffer
 
 register_counters(
     {
@@ -36,6 +40,10 @@ register_counters(
     },
     section="clips",
 )
+
+
+class ExportRefused(ValueError):
+    """A span that cannot be cut into a clip; the message says why."""
 
 
 @dataclass
@@ -57,14 +65,25 @@ class ClipStage:
         self.frames = frames
         self.sink = sink
         self.windows: list[Window] = []
+        # What each clip's span showed and said, for its extras: every frame's objects (measured or
+        # predicted) and the final captions, kept as long as the packets (bounded by count too).
+        limit = int(engine.settings.buffer_s * MAX_FPS)
+        self.boxes: deque[tuple[float, dict[str, Any]]] = deque(maxlen=limit)
+        self.captions: deque[tuple[float, float, str]] = deque(maxlen=limit)
         self.written = 0
         self.failed = 0
         self.missed = 0
 
     def observe(self, event: Event) -> None:
+        data = event.data
+        if event.kind is EventKind.DETECTIONS and event.pts is not None:
+            self.boxes.append((event.pts, {"frame_seq": data.get("frame_seq"), "objects": data.get("objects", [])}))
+            return
+        if event.kind is EventKind.CAPTIONS:
+            self.captions.append((float(data["start"]), float(data["end"]), str(data["text"])))
+            return
         if event.kind is not EventKind.ALERTS:
             return
-        data = event.data
         alert_id = str(data.get("alert_id"))
         settings = self.engine.settings
         if data.get("event") == "start":
@@ -109,19 +128,47 @@ class ClipStage:
                 self.windows.remove(window)
                 await self._cut(window.start, now, window.alert_ids)
 
-    async def _cut(self, start: float, end: float, alert_ids: list[str]) -> None:
+    async def export(self, start: float, end: float) -> ClipInfo:
+        """A clip of any span still in the buffer, on request (media seconds, as events' pts).
+        Raises ExportRefused saying why a span cannot be cut."""
+        max_s = self.engine.settings.max_s
+        if not end > start:
+            raise ExportRefused("end must be after start")
+        if end - start > max_s:
+            raise ExportRefused(f"a clip is at most clips.max_s ({max_s:g} s)")
+        oldest, newest = self.ring.oldest_t, self.ring.newest_t
+        if oldest is None or newest is None or end < oldest or start > newest:
+            held = "nothing yet" if oldest is None else f"{oldest:.3f} to {newest:.3f}"
+            raise ExportRefused(f"that span is not in the stream's buffer (it holds {held})")
+        info = await self._cut(start, end, [])
+        if info is None:
+            raise ExportRefused("the clip could not be written (see the service log)")
+        return info
+
+    async def _cut(self, start: float, end: float, alert_ids: list[str]) -> ClipInfo | None:
         span = self.ring.cut(start, end)
         if not span:
             self.missed += 1
-            return
+            return None
         clip_id = uuid.uuid4().hex
+        origin = span[0].t  # the MP4's time 0
+        extras = {".boxes.json": self._boxes(origin, span[-1].t)}
+        captions = [(s - origin, e - origin, text) for s, e, text in self.captions if e > origin and s < span[-1].t]
+        if captions:
+            extras[".vtt"] = webvtt(captions)
         info = await asyncio.to_thread(self.engine.store.write, clip_id, self.stream_id,
-                                       [(item.t, item.packet) for item in span], list(alert_ids))
+                                       [(item.t, item.packet) for item in span], list(alert_ids), extras)
         if info is None:
             self.failed += 1
-            return
+            return None
         self.written += 1
-        await self.sink.publish(clip_event(info, captured_at=time.time()))
+        await self.sink.publish(clip_event(info, captured_at=time.time(), extras=tuple(extras)))
+        return info
+
+    def _boxes(self, origin: float, end: float) -> bytes:
+        frames = [{"t": round(pts - origin, 3), "pts": round(pts, 3), **body}
+                  for pts, body in self.boxes if origin <= pts <= end + 1e-6]
+        return json.dumps({"stream_id": self.stream_id, "frames": frames}, separators=(",", ":")).encode()
 
     def stop(self) -> None:
         pass  # ends when the stream's frames end; pending clips are cut then
@@ -138,11 +185,36 @@ class ClipStage:
         }
 
 
-def clip_event(info: ClipInfo, *, captured_at: float) -> Event:
+def webvtt(cues: list[tuple[float, float, str]]) -> bytes:
+    """Captions as WebVTT on the clip's own time (0 at its first frame)."""
+    lines = ["WEBVTT", ""]
+    for start, end, text in cues:
+        lines += [f"{_stamp(max(0.0, start))} --> {_stamp(max(0.0, end))}", text.replace("-->", "->"), ""]
+    return "\n".join(lines).encode()
+
+
+def _stamp(seconds: float) -> str:
+    millis = round(seconds * 1000)
+    hours, rest = divmod(millis, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    return f"{hours:02d}:{minutes:02d}:{rest // 1000:02d}.{rest % 1000:03d}"
+
+
+def clip_links(clip_id: str, extras: tuple[str, ...]) -> dict[str, str]:
+    """Where the HTTP API serves a clip and the extras written beside it."""
+    links = {"self": f"/api/clips/{clip_id}", "mp4": f"/api/clips/{clip_id}.mp4"}
+    if ".boxes.json" in extras:
+        links["boxes"] = f"/api/clips/{clip_id}.json"
+    if ".vtt" in extras:
+        links["vtt"] = f"/api/clips/{clip_id}.vtt"
+    return links
+
+
+def clip_event(info: ClipInfo, *, captured_at: float, extras: tuple[str, ...] = ()) -> Event:
     """A finished clip: where it is and what it covers (DESIGN.md: id, span, bytes, codec, alert ids, links)."""
     body = info.to_json()
     del body["stream_id"]  # the envelope's
-    body["links"] = {"self": f"/api/clips/{info.id}", "mp4": f"/api/clips/{info.id}.mp4"}
+    body["links"] = clip_links(info.id, extras)
     return Event(kind=EventKind.CLIPS, stream_id=info.stream_id, pts=round(info.end_pts, 3),
                  captured_at=captured_at, data=body)
 

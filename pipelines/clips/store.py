@@ -15,7 +15,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from engines.media.remux import EncodedPacket, write_mp4
 log = logging.getLogger(__name__)
 
 CLIP_ID = re.compile(r"^[0-9a-f]{32}$")
+EXTRAS = (".boxes.json", ".vtt")  # written beside a clip's MP4 and its sidecar
 
 
 @dataclass(slots=True)
@@ -90,6 +91,8 @@ class ClipStore:
             if partial or (path.suffix == ".mp4" and not path.with_suffix(".json").exists()):
                 path.unlink(missing_ok=True)
                 self.stats.removed_partial += 1
+            elif path.name.endswith(EXTRAS):
+                continue  # judged with its clip below
             elif path.suffix == ".json" and CLIP_ID.match(path.stem):
                 try:
                     info = ClipInfo.from_json(json.loads(path.read_text()))
@@ -102,6 +105,10 @@ class ClipStore:
                 found.append(info)
         with self._lock:
             self._clips = {c.id: c for c in sorted(found, key=lambda c: c.created_at)}
+        for path in self.directory.iterdir():  # extras of a clip that was never finished
+            if path.name.endswith(EXTRAS) and path.name[:32] not in self._clips:
+                path.unlink(missing_ok=True)
+                self.stats.removed_partial += 1
         self.enforce()
 
     @property
@@ -127,8 +134,9 @@ class ClipStore:
         return self.directory / f"{clip_id}.mp4"
 
     def write(self, clip_id: str, stream_id: str, packets: Sequence[tuple[float, EncodedPacket]],
-              alert_ids: Sequence[str]) -> ClipInfo | None:
-        """Write one clip of `(pts, packet)` pairs; None (counted, logged) when the disk refused it."""
+              alert_ids: Sequence[str], extras: Mapping[str, bytes] | None = None) -> ClipInfo | None:
+        """Write one clip of `(pts, packet)` pairs, and `extras` beside it (suffix -> bytes, such
+        as ".boxes.json"); None (counted, logged) when the disk refused it."""
         if not CLIP_ID.match(clip_id):
             raise ValueError(f"not a clip id: {clip_id!r}")
         mp4 = self.directory / f"{clip_id}.mp4"
@@ -138,9 +146,11 @@ class ClipStore:
             info = ClipInfo(clip_id, stream_id, packets[0][0], packets[0][0] + written.duration_s, written.duration_s,
                             written.bytes, first.header.codec, first.header.width, first.header.height,
                             tuple(alert_ids), time.time())
-            _write_atomically(mp4.with_suffix(".json"), json.dumps(info.to_json()).encode())
+            for suffix, data in (extras or {}).items():
+                _write_atomically(self.directory / f"{clip_id}{suffix}", data)
+            _write_atomically(mp4.with_suffix(".json"), json.dumps(info.to_json()).encode())  # last: it lists the clip
         except OSError as exc:
-            mp4.unlink(missing_ok=True)
+            self._remove_files(clip_id)
             self.stats.failed += 1
             log.warning("clip not written", extra={"stream_id": stream_id, "clip_id": clip_id,
                                                    "error": str(exc) or type(exc).__name__})
@@ -181,8 +191,16 @@ class ClipStore:
                 self.stats.evicted_bytes += 1
             self._remove_files(clip_id)
 
+    def extra(self, clip_id: str, suffix: str) -> Path | None:
+        """A listed clip's extra file (".boxes.json", ".vtt"), if it was written."""
+        if suffix not in EXTRAS or self.get(clip_id) is None:
+            return None
+        path = self.directory / f"{clip_id}{suffix}"
+        return path if path.exists() else None
+
     def _remove_files(self, clip_id: str) -> None:
-        for suffix in (".json", ".mp4"):  # the sidecar first: a clip without it is never listed again
+        # The sidecar first: a clip without it is never listed again, whatever else is left.
+        for suffix in (".json", ".mp4", *EXTRAS):
             try:
                 (self.directory / f"{clip_id}{suffix}").unlink(missing_ok=True)
             except OSError as exc:

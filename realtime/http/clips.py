@@ -4,7 +4,10 @@ clips the clips capability wrote (pipelines/clips).
     GET    /api/clips?stream=&alert=&since=&until=   newest first; since/until: epoch seconds the clip was written
     GET    /api/clips/{id}                           metadata and links
     GET    /api/clips/{id}.mp4                       the video (206 for a Range, 416 for one past the end)
+    GET    /api/clips/{id}.json                      every frame's objects in the clip, on its time
+    GET    /api/clips/{id}.vtt                       its captions as WebVTT, on its time (404 without speech)
     DELETE /api/clips/{id}
+    POST   /api/streams/{id}/clips {"start", "end"}  a clip of any span still in the stream's buffer (media seconds)
 
 Only ids the store lists are served (32 hex digits), so no request names a file by itself.
 Downloads at once are bounded: past `MAX_DOWNLOADS` a request gets 503 with a Retry-After.
@@ -19,11 +22,16 @@ from typing import Any
 from aiohttp import web
 
 from pipelines.clips.engine import ClipEngine
-from pipelines.clips.store import CLIP_ID, ClipInfo
+from pipelines.clips.stage import STAGE_NAME, ClipStage, ExportRefused, clip_links
+from pipelines.clips.store import CLIP_ID, EXTRAS, ClipInfo
+from realtime.http.api import read_json_object, stream_id_of, unknown_stream
+from realtime.http.context import context_of
 from realtime.http.errors import ApiError
 
 MAX_DOWNLOADS = 8
 MAX_LISTED = 1000
+SPAN_EXAMPLE = '{"start": 12.5, "end": 30.0}'
+SIDECARS = ((".json", ".boxes.json", "application/json"), (".vtt", ".vtt", "text/vtt"))  # URL, file, type
 
 
 class ClipsApi:
@@ -43,19 +51,50 @@ class ClipsApi:
             and (alert is None or alert in c.alert_ids)
         ]
         clips.reverse()
-        return web.json_response({"clips": [_view(c) for c in clips[:MAX_LISTED]], "total": len(clips)},
+        return web.json_response({"clips": [self._view(c) for c in clips[:MAX_LISTED]], "total": len(clips)},
                                  headers={"Cache-Control": "no-store"})
 
     async def clip(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         if name.endswith(".mp4"):
             return await self._video(request, self._known(name.removesuffix(".mp4")))
-        return web.json_response(_view(self._known(name)), headers={"Cache-Control": "no-store"})
+        for suffix, stored, content_type in SIDECARS:
+            if name.endswith(suffix):
+                info = self._known(name.removesuffix(suffix))
+                path = await asyncio.to_thread(self.store.extra, info.id, stored)
+                if path is None:
+                    raise ApiError(404, f"this clip has no {suffix[1:]}", {"id": info.id})
+                return web.FileResponse(path, headers={"Content-Type": content_type, "Cache-Control": "no-store"})
+        return web.json_response(self._view(self._known(name)), headers={"Cache-Control": "no-store"})
+
+    async def export(self, request: web.Request) -> web.Response:
+        stream_id = stream_id_of(request)
+        registry = context_of(request).registry
+        if stream_id not in registry:
+            raise unknown_stream(stream_id)
+        body = await read_json_object(request, what="span", example=SPAN_EXAMPLE)
+        start, end = (_seconds(body, key) for key in ("start", "end"))
+        runner = registry.runner(stream_id)
+        graph = runner.graph if runner is not None else None
+        stage = graph.stage(STAGE_NAME) if graph is not None else None
+        if not isinstance(stage, ClipStage):
+            raise ApiError(409, "this stream keeps no clip buffer here (not running on this worker, or a source "
+                                "without encoded packets)", {"id": stream_id})
+        try:
+            info = await stage.export(start, end)
+        except ExportRefused as exc:
+            raise ApiError(409, str(exc), {"start": start, "end": end}) from None
+        view = self._view(info)
+        return web.json_response(view, status=201, headers={"Location": view["links"]["self"]})
 
     async def delete(self, request: web.Request) -> web.Response:
         info = self._known(request.match_info["name"])
         await asyncio.to_thread(self.store.delete, info.id)
         return web.Response(status=204)
+
+    def _view(self, info: ClipInfo) -> dict[str, Any]:
+        extras = tuple(suffix for suffix in EXTRAS if self.store.extra(info.id, suffix) is not None)
+        return {**info.to_json(), "links": clip_links(info.id, extras)}
 
     def _known(self, clip_id: str) -> ClipInfo:
         info = self.store.get(clip_id) if CLIP_ID.match(clip_id) else None
@@ -80,6 +119,14 @@ class ClipsApi:
             self.downloads -= 1
 
 
+def _seconds(body: dict[str, Any], key: str) -> float:
+    value = body.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ApiError(400, f"invalid span: {key}: a number of media seconds (as events' pts)",
+                       [{"field": key, "message": "a finite number"}])
+    return float(value)
+
+
 def _number(query: Any, key: str) -> float | None:
     raw = query.get(key)
     if raw is None:
@@ -93,8 +140,6 @@ def _number(query: Any, key: str) -> float | None:
     return value
 
 
-def _view(info: ClipInfo) -> dict[str, Any]:
-    return {**info.to_json(), "links": {"self": f"/api/clips/{info.id}", "mp4": f"/api/clips/{info.id}.mp4"}}
 
 
 def add_routes(app: web.Application, engine: ClipEngine) -> ClipsApi:
@@ -102,4 +147,5 @@ def add_routes(app: web.Application, engine: ClipEngine) -> ClipsApi:
     app.router.add_get("/api/clips", api.list_clips)
     app.router.add_get("/api/clips/{name}", api.clip)
     app.router.add_delete("/api/clips/{name}", api.delete)
+    app.router.add_post("/api/streams/{stream_id}/clips", api.export)
     return api

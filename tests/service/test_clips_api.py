@@ -52,6 +52,19 @@ async def test_a_cameras_alert_becomes_a_clip_the_api_lists_and_serves_by_range(
             await svc.wait_for_state("cam", "live")
         began = (await svc.stream("cam"))["counters"]["frames_processed"]
         await svc.wait_for_state("cam", "live", min_processed=began + 30)  # a few seconds into the alert
+        # Any span still in the buffer, on request (media seconds; the camera's start near 0).
+        exported = await svc.call("POST", "/api/streams/cam/clips", json_body={"start": 0.5, "end": 2.5})
+        assert exported.status == 201, exported
+        made = exported.body
+        assert made["alert_ids"] == [] and made["start_pts"] <= 0.5 and made["end_pts"] >= 2.4
+        for span, status, error in (({"start": 5, "end": 1}, 409, "end must be after start"),
+                                    ({"start": 1000, "end": 1001}, 409, "not in the stream's buffer"),
+                                    ({"start": 0, "end": 500}, 409, "clips.max_s"),
+                                    ({"start": "0", "end": 1}, 400, "invalid span: start")):
+            refused = await svc.call("POST", "/api/streams/cam/clips", json_body=span)
+            assert refused.status == status and error in refused.body["error"], (span, refused)
+        assert (await svc.call("POST", "/api/streams/nope/clips", json_body={"start": 0, "end": 1})).status == 404
+        assert (await svc.call("DELETE", f"/api/clips/{exported.body['clip_id']}")).status == 204
         assert (await svc.call("DELETE", "/api/streams/cam")).status == 204  # ends the alert: its clip is cut
 
         listed: list = []
@@ -68,6 +81,10 @@ async def test_a_cameras_alert_becomes_a_clip_the_api_lists_and_serves_by_range(
     assert clip["duration_s"] > 3.0
     assert (await svc.call("GET", f"/api/clips?alert={clip['alert_ids'][0]}")).body["total"] == 1
     assert (await svc.call("GET", "/api/clips?alert=nope")).body["total"] == 0
+    boxes = await svc.call("GET", clip["links"]["boxes"])
+    assert boxes.status == 200 and boxes.body["stream_id"] == "cam" and boxes.body["frames"]
+    vtt = await svc.call("GET", f"/api/clips/{clip['clip_id']}.vtt")  # no recognizer here: no captions
+    assert vtt.status == 404 and vtt.body["error"] == "this clip has no vtt"
     meta = await svc.call("GET", clip["links"]["self"])
     assert meta.status == 200 and meta.body["bytes"] == clip["bytes"]
 

@@ -8,15 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import av
-import pytest
 
-from engines.registry import create_detector
 from pipelines.clips.config import ClipsSettings
 from pipelines.clips.engine import CLIPS, ClipEngine
+from pipelines.clips.stage import webvtt
 from pipelines.clips.store import ClipStore
 from pipelines.detect import DetectionBatcher
 from pipelines.events import EventKind
@@ -27,16 +25,8 @@ from tests.support.sinks import ListSink
 from tests.support.streams import camera_spec
 
 
-@pytest.fixture
-async def batcher(fall_model: Path) -> AsyncIterator[DetectionBatcher]:
-    detector = create_detector(fall_model, "onnx-cpu")
-    async with DetectionBatcher(detector) as batcher:
-        yield batcher
-    detector.close()
-
-
 async def test_an_alert_on_a_stream_leaves_a_clip_of_its_own_packets_around_it(
-    sample_clip: Path, batcher: DetectionBatcher, tmp_path: Path
+    sample_clip: Path, fall_batcher: DetectionBatcher, tmp_path: Path
 ) -> None:
     settings = ClipsSettings(enabled=True, dir=tmp_path / "clips", pre_s=2.0, post_s=1.0)
     store = ClipStore(settings.dir, settings.max_total_bytes, settings.max_age_s)
@@ -44,7 +34,7 @@ async def test_an_alert_on_a_stream_leaves_a_clip_of_its_own_packets_around_it(
     spec = camera_spec("plaza", str(sample_clip), audio=False,
                        rules=[{"id": "people", "type": "present", "classes": ["Normal"], "for_s": 3.0}])
     sink = ListSink()
-    runner = StreamRunner(spec, SharedEngines(batcher, opened={CLIPS.name: ClipEngine(store, settings)}), sink)
+    runner = StreamRunner(spec, SharedEngines(fall_batcher, opened={CLIPS.name: ClipEngine(store, settings)}), sink)
     task = asyncio.create_task(runner.run())
     deadline = time.monotonic() + 60
     while runner.frame_loop is None or runner.frame_loop.stats.frames_processed < 60:
@@ -72,6 +62,13 @@ async def test_an_alert_on_a_stream_leaves_a_clip_of_its_own_packets_around_it(
         frames = list(container.decode(video=0))
     assert frames[0].key_frame and frames[0].time == 0.0
     assert abs(frames[-1].time + 0.1 - body["duration_s"]) < 0.11  # 10 fps: within a frame
+    # Every frame's boxes beside it, on the clip's time: each at a frame of the MP4.
+    assert body["links"]["boxes"] == f"/api/clips/{body['clip_id']}.json" and "vtt" not in body["links"]
+    boxes = json.loads(store.extra(body["clip_id"], ".boxes.json").read_text())  # type: ignore[union-attr]
+    times = {round(f.time, 3) for f in frames}
+    assert boxes["frames"] and {f["t"] for f in boxes["frames"]} <= times
+    assert any(o["class"] == "Normal" and o["track_id"] is not None for f in boxes["frames"] for o in f["objects"])
+    assert all(abs(f["pts"] - f["t"] - body["start_pts"]) < 1e-3 for f in boxes["frames"])
     counters = runner.counters()
     assert counters["clips"] == 1 and counters["clip_packets"] > 0 and counters["clips_missed"] == 0
 
@@ -113,3 +110,9 @@ def test_a_clip_the_disk_refuses_is_counted_and_leaves_nothing(sample_clip: Path
     packets = demux(str(sample_clip))[:20]
     assert store.write("c" * 32, "cam", [(0.0, p) for p in packets], []) is None
     assert store.stats.failed == 1 and len(store) == 0
+
+
+def test_captions_become_webvtt_on_the_clips_time() -> None:
+    text = webvtt([(0.5, 2.25, "Hello there."), (3661.0, 3662.5, "a --> b")]).decode()
+    assert text == ("WEBVTT\n\n00:00:00.500 --> 00:00:02.250\nHello there.\n\n"
+                    "01:01:01.000 --> 01:01:02.500\na -> b\n")

@@ -6,16 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import cv2
 import nats
 import numpy as np
-import pytest
 from nats.aio.msg import Msg
 
-from engines.registry import create_detector
 from pipelines.detect import DetectionBatcher
 from pipelines.frames import StreamState
 from pipelines.graph import SharedEngines
@@ -43,16 +40,8 @@ async def stored_alerts(url: str, stream_id: str) -> list[Msg]:
         await nc.close()
 
 
-@pytest.fixture
-async def batcher(fall_model: Path) -> AsyncIterator[DetectionBatcher]:
-    detector = create_detector(fall_model, "onnx-cpu")
-    async with DetectionBatcher(detector) as batcher:
-        yield batcher
-    detector.close()
-
-
 async def test_alert_start_and_end_reach_jetstream_with_a_stored_snapshot(
-    vtest_avi: Path, batcher: DetectionBatcher, nats_server: EmbeddedNatsServer
+    vtest_avi: Path, fall_batcher: DetectionBatcher, nats_server: EmbeddedNatsServer
 ) -> None:
     spec = camera_spec(
         "plaza",
@@ -65,7 +54,7 @@ async def test_alert_start_and_end_reach_jetstream_with_a_stored_snapshot(
     )  # fmt: skip
     async with NatsEventPublisher(nats_server.url, node="test") as publisher:
         snapshots = NatsSnapshotStore(publisher, max_bytes=10_000_000)
-        runner = StreamRunner(spec, SharedEngines(batcher, snapshots), publisher)
+        runner = StreamRunner(spec, SharedEngines(fall_batcher, snapshots), publisher)
         task = asyncio.create_task(runner.run())
         deadline = time.monotonic() + 60
         # A start that wants a snapshot is published once the picture is stored.
@@ -96,7 +85,7 @@ async def test_alert_start_and_end_reach_jetstream_with_a_stored_snapshot(
 
 
 async def test_rules_that_do_not_fit_the_model_fail_the_stream_with_a_reason(
-    vtest_avi: Path, batcher: DetectionBatcher
+    vtest_avi: Path, fall_batcher: DetectionBatcher
 ) -> None:
     class Discard:
         async def publish(self, event: object) -> None:
@@ -105,6 +94,6 @@ async def test_rules_that_do_not_fit_the_model_fail_the_stream_with_a_reason(
     spec = camera_spec(
         "plaza", str(vtest_avi), audio=False, rules=[{"id": "cars", "type": "present", "classes": ["car"]}]
     )
-    runner = StreamRunner(spec, SharedEngines(batcher), Discard())
+    runner = StreamRunner(spec, SharedEngines(fall_batcher), Discard())
     assert await asyncio.wait_for(runner.run(), 30) is StreamState.FAILED
     assert "'car' not among the model's classes (Fall, Normal)" in (runner.reason or "")
