@@ -111,12 +111,24 @@ class ClipsApi:
             raise ApiError(503, "too many clip downloads at once; retry shortly",
                            {"max_downloads": self.max_downloads}, headers={"Retry-After": "1"})
         self.downloads += 1
+        return _CountedFile(self, path, headers={"Content-Type": "video/mp4", "Cache-Control": "no-store"})
+
+
+class _CountedFile(web.FileResponse):
+    """A clip download that gives its slot back once sent (or failed): aiohttp prepares, and so
+    sends, a returned file response after the handler is done."""
+
+    def __init__(self, api: ClipsApi, path: Any, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self._api: ClipsApi | None = api
+
+    async def prepare(self, request: web.BaseRequest) -> Any:
         try:
-            response = web.FileResponse(path, headers={"Content-Type": "video/mp4", "Cache-Control": "no-store"})
-            await response.prepare(request)  # sends the file (or the Range) before the slot is given back
-            return response
+            return await super().prepare(request)
         finally:
-            self.downloads -= 1
+            if self._api is not None:
+                self._api.downloads -= 1
+                self._api = None
 
 
 def _seconds(body: dict[str, Any], key: str) -> float:

@@ -6,9 +6,11 @@ from __future__ import annotations
 from aiohttp import web
 
 # The page loads its script, style and icon from /static with no inline code, so 'self' is all it
-# needs; the rest is JSON, text, images and event streams, which need nothing at all.
+# needs; the rest is JSON, text, images and event streams, which need nothing at all. Clips play
+# from blob: URLs (fetched with the API token, which a <video src> cannot send), hence media-src.
 CONTENT_SECURITY_POLICY = (
-    "default-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+    "default-src 'self'; media-src 'self' blob:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
+    "form-action 'self'"
 )
 
 SECURITY_HEADERS: dict[str, str] = {

@@ -17,6 +17,7 @@ from aiohttp import web
 STATIC_TYPES = {
     "index.html": "text/html",
     "app.js": "text/javascript",
+    "clips.js": "text/javascript",
     "app.css": "text/css",
     "icon.svg": "image/svg+xml",
 }

@@ -1,6 +1,8 @@
 // vidsentry's page: go live from this browser over WebRTC, or watch the service's cameras.
 // Plain modern JavaScript served as is: no build step, no framework, nothing from another origin.
 
+import { ClipPanel } from "./clips.js";
+
 const $ = (id) => document.getElementById(id);
 
 const TOKEN_KEY = "vidsentry.token";
@@ -800,6 +802,7 @@ const watch = {
   bitmap: null,
   seq: null,
   meta: {}, // the selected stream as last listed
+  clips: null, // ClipPanel
 };
 
 function startWatching() {
@@ -916,6 +919,9 @@ function select(id) {
     canvas.dataset.frames = "0";
   }
   hooks.watch = { streamId: id, boxesDrawn: 0, messages: 0 };
+  watch.clips.load(id).catch((error) => {
+    if (!(error instanceof Unauthorized)) $("clip-info").textContent = `Could not list the clips: ${error.message}`;
+  });
   $("watch-title").textContent = id;
   for (const [other, li] of watch.items) li.firstElementChild.setAttribute("aria-pressed", String(other === id));
   watchNote(watch.bitmap ? "" : "Loading the latest frame…");
@@ -1028,6 +1034,9 @@ function onWatchEvent(name, data) {
     case "descriptions":
       watch.scene.show(body);
       break;
+    case "clips":
+      watch.clips.load(watch.selected).catch(() => {});
+      break;
     case "status":
       showStreamMeta({ ...watch.meta, state: body.state, reason: body.reason });
       break;
@@ -1118,6 +1127,11 @@ async function boot() {
   watch.alerts = new AlertList($("watch-alerts"));
   live.scene = new ScenePanel($("live-scene"), $("live-scene-meta"), $("live-scene-meta").textContent);
   watch.scene = new ScenePanel($("watch-scene"), $("watch-scene-meta"), $("watch-scene-meta").textContent);
+  watch.clips = new ClipPanel(
+    { list: $("watch-clips"), empty: $("watch-clips-empty"), box: $("clip-box"), video: $("clip-video"),
+      overlay: $("clip-overlay"), info: $("clip-info") },
+    { api, drawBoxes },
+  );
   $("token-form").addEventListener("submit", submitToken);
   $("start").addEventListener("click", startLive);
   $("stop").addEventListener("click", () => stopLive());

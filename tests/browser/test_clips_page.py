@@ -1,0 +1,63 @@
+"""Clips on the page, in a real headless Chromium: a camera's clip (cut on request from the sample
+played in real time) is listed under the selected stream, plays in a <video> whose time advances,
+with the clip's boxes drawn over it in step with that time."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+from playwright.async_api import Browser
+
+from engines.detector import Detector
+from pipelines.clips.capability import open_clips
+from pipelines.clips.engine import CLIPS
+from realtime.bus.embedded import EmbeddedNatsServer
+from tests.browser.test_page import WIDE
+from tests.service.conftest import LiveService, live_service, make_config
+from tests.support.browser import open_page
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def svc(people_detector: Detector, shared_nats_server: EmbeddedNatsServer, sample_clip: Path,
+              tmp_path: Path) -> AsyncIterator[LiveService]:
+    config = make_config(clips={"enabled": True, "dir": str(tmp_path / "clips")})
+    async with open_clips(config.clips) as engine, \
+            live_service(people_detector, shared_nats_server.url, config=config, opened={CLIPS.name: engine}) as live:
+        body = {"id": "plaza", "url": str(sample_clip), "realtime": True, "audio": False}
+        assert (await live.call("POST", "/api/streams", json_body=body)).status == 201
+        await live.wait_for_state("plaza", "live", within_s=30, min_processed=45)
+        made = await live.call("POST", "/api/streams/plaza/clips", json_body={"start": 0.0, "end": 4.0})
+        assert made.status == 201, made
+        yield live
+
+
+async def test_a_clip_plays_on_the_page_with_its_boxes_in_step(
+    svc: LiveService, chromium: Browser, screenshots: Path
+) -> None:
+    async with open_page(chromium, viewport=WIDE) as watched:
+        page = watched.page
+        await page.goto(svc.url + "/#watch")
+        await page.wait_for_selector("#app:not([hidden])")
+        await page.click(".stream[data-id=plaza]")
+        await page.wait_for_selector("button.clip", timeout=10_000)
+        assert "on request" in (await page.text_content("button.clip") or "")
+        await page.click("button.clip")
+        await page.wait_for_selector("#clip-box.on", timeout=10_000)
+        # The video plays (muted) and the overlay follows its time with the clip's boxes.
+        for _ in range(150):  # (wait_for_function evaluates a string: the page's CSP forbids it)
+            now = await page.evaluate("document.querySelector('#clip-video').currentTime")
+            boxes = int(await page.get_attribute("#clip-overlay", "data-boxes") or "0")
+            if now > 1.0 and boxes > 0:
+                break
+            await page.wait_for_timeout(100)
+        assert now > 1.0 and boxes > 0, (now, boxes)
+        drawn_at = float(await page.get_attribute("#clip-overlay", "data-time") or "nan")
+        later = await page.evaluate("document.querySelector('#clip-video').currentTime")
+        assert 0.0 < drawn_at <= later + 0.1
+        info = await page.text_content("#clip-info") or ""
+        assert "h264 768x576" in info and "frames of boxes" in info
+        await page.screenshot(path=screenshots / "watch-clip.png", full_page=True)
+        problems = [p for p in await watched.problems() if not ("404" in p and p.endswith("/frame.jpg]"))]
+        assert problems == []
