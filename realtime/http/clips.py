@@ -9,7 +9,9 @@ clips the clips capability wrote (pipelines/clips).
     DELETE /api/clips/{id}
     POST   /api/streams/{id}/clips {"start", "end"}  a clip of any span still in the stream's buffer (media seconds)
 
-Only ids the store lists are served (32 hex digits), so no request names a file by itself.
+Only ids the store lists are served (32 hex digits), so no request names a file by itself. With
+clips off the routes still answer (an empty list that says `"enabled": false`, 404 for an id, 409
+for an export), so a client need not know the configuration to ask.
 Downloads at once are bounded: past `MAX_DOWNLOADS` a request gets 503 with a Retry-After.
 """
 
@@ -35,8 +37,8 @@ SIDECARS = ((".json", ".boxes.json", "application/json"), (".vtt", ".vtt", "text
 
 
 class ClipsApi:
-    def __init__(self, engine: ClipEngine, *, max_downloads: int = MAX_DOWNLOADS) -> None:
-        self.store = engine.store
+    def __init__(self, engine: ClipEngine | None, *, max_downloads: int = MAX_DOWNLOADS) -> None:
+        self.store = engine.store if engine is not None else None
         self.max_downloads = max_downloads
         self.downloads = 0
         self.refused = 0
@@ -45,13 +47,16 @@ class ClipsApi:
         query = request.query
         since, until = _number(query, "since"), _number(query, "until")
         stream, alert = query.get("stream"), query.get("alert")
+        if self.store is None:
+            return web.json_response({"clips": [], "total": 0, "enabled": False}, headers={"Cache-Control": "no-store"})
         clips = [
             c for c in self.store.list(stream)
             if (since is None or c.created_at >= since) and (until is None or c.created_at <= until)
             and (alert is None or alert in c.alert_ids)
         ]
         clips.reverse()
-        return web.json_response({"clips": [self._view(c) for c in clips[:MAX_LISTED]], "total": len(clips)},
+        return web.json_response({"clips": [self._view(c) for c in clips[:MAX_LISTED]], "total": len(clips),
+                                  "enabled": True},
                                  headers={"Cache-Control": "no-store"})
 
     async def clip(self, request: web.Request) -> web.StreamResponse:
@@ -61,6 +66,7 @@ class ClipsApi:
         for suffix, stored, content_type in SIDECARS:
             if name.endswith(suffix):
                 info = self._known(name.removesuffix(suffix))
+                assert self.store is not None  # a known clip has a store
                 path = await asyncio.to_thread(self.store.extra, info.id, stored)
                 if path is None:
                     raise ApiError(404, f"this clip has no {suffix[1:]}", {"id": info.id})
@@ -77,6 +83,8 @@ class ClipsApi:
         runner = registry.runner(stream_id)
         graph = runner.graph if runner is not None else None
         stage = graph.stage(STAGE_NAME) if graph is not None else None
+        if self.store is None:
+            raise ApiError(409, "clips are off on this service (clips.enabled)", {"id": stream_id})
         if not isinstance(stage, ClipStage):
             raise ApiError(409, "this stream keeps no clip buffer here (not running on this worker, or a source "
                                 "without encoded packets)", {"id": stream_id})
@@ -89,20 +97,23 @@ class ClipsApi:
 
     async def delete(self, request: web.Request) -> web.Response:
         info = self._known(request.match_info["name"])
+        assert self.store is not None
         await asyncio.to_thread(self.store.delete, info.id)
         return web.Response(status=204)
 
     def _view(self, info: ClipInfo) -> dict[str, Any]:
+        assert self.store is not None
         extras = tuple(suffix for suffix in EXTRAS if self.store.extra(info.id, suffix) is not None)
         return {**info.to_json(), "links": clip_links(info.id, extras)}
 
     def _known(self, clip_id: str) -> ClipInfo:
-        info = self.store.get(clip_id) if CLIP_ID.match(clip_id) else None
+        info = self.store.get(clip_id) if self.store is not None and CLIP_ID.match(clip_id) else None
         if info is None:
             raise ApiError(404, "unknown clip", {"id": clip_id[:64]})
         return info
 
     async def _video(self, request: web.Request, info: ClipInfo) -> web.StreamResponse:
+        assert self.store is not None
         path = self.store.path(info.id)
         if path is None:
             raise ApiError(404, "unknown clip", {"id": info.id})
@@ -154,7 +165,7 @@ def _number(query: Any, key: str) -> float | None:
 
 
 
-def add_routes(app: web.Application, engine: ClipEngine) -> ClipsApi:
+def add_routes(app: web.Application, engine: ClipEngine | None) -> ClipsApi:
     api = ClipsApi(engine)
     app.router.add_get("/api/clips", api.list_clips)
     app.router.add_get("/api/clips/{name}", api.clip)

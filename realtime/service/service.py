@@ -138,9 +138,7 @@ class Service:
         transcript.add_routes(self.app, self.transcripts)
         compute.add_routes(self.app, batcher.compute)
         description.add_routes(self.app, self.descriptions)
-        clip_engine = self.engines.get(CLIPS)
-        if clip_engine is not None:
-            clips.add_routes(self.app, clip_engine)
+        clips.add_routes(self.app, self.engines.get(CLIPS))  # answers with clips off too
         self.url: str | None = None
 
     def readiness(self) -> dict[str, bool]:

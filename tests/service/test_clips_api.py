@@ -119,3 +119,16 @@ async def test_what_is_not_a_clip_is_a_4xx_with_a_reason(svc: LiveService) -> No
         reply = await svc.call("GET", f"/api/clips?{query}")
         assert reply.status == 400 and "epoch seconds" in reply.body["error"], (query, reply)
     assert (await svc.call("DELETE", "/api/clips/" + "f" * 32)).status == 404
+
+
+async def test_with_clips_off_the_routes_say_so_instead_of_not_existing(
+    fall_detector: Detector, shared_nats_server: EmbeddedNatsServer
+) -> None:
+    async with live_service(fall_detector, shared_nats_server.url) as live:
+        listed = await live.call("GET", "/api/clips?stream=cam")
+        assert listed.status == 200 and listed.body == {"clips": [], "total": 0, "enabled": False}
+        assert (await live.call("GET", "/api/clips/" + "0" * 32 + ".mp4")).status == 404
+        body = {"id": "cam", "url": "rtsp://127.0.0.1:1/none", "audio": False}
+        assert (await live.call("POST", "/api/streams", json_body=body)).status == 201
+        refused = await live.call("POST", "/api/streams/cam/clips", json_body={"start": 0, "end": 1})
+        assert refused.status == 409 and "clips.enabled" in refused.body["error"]

@@ -57,11 +57,6 @@ export class ClipPanel {
     this.streamId = streamId;
     const response = await this.api(`/api/clips?stream=${encodeURIComponent(streamId)}`);
     if (this.streamId !== streamId) return;
-    if (response.status === 404) { // clips are off on this server
-      this.el.list.replaceChildren();
-      this.el.empty.hidden = false;
-      return;
-    }
     if (!response.ok) throw new Error(`clips: HTTP ${response.status}`);
     const clips = (await response.json()).clips || [];
     this.el.empty.hidden = clips.length > 0;
