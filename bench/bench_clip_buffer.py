@@ -7,7 +7,8 @@ time of that work, over the media seconds it covered, is the buffer's share of o
 stream's own rate (the condition a live camera runs in; measured here on packets read from files
 as fast as they come, which changes nothing per packet). Two inputs: the sample clip (768x576,
 10 fps) and a generated 1920x1080 25 fps H.264 clip at --mbps (a 1080p camera's bitrate). Then
-`--clip-s` of each is written as an MP4 (remux, `write_mp4`), timed.
+`--clip-s` of each is written as an MP4 (remux, `write_mp4`), timed, and exported with four
+boxes pixelated on every frame (`redact_mp4`: decode, mosaic, x264 veryfast), timed per clip-minute.
 
 Usage: .venv/bin/python bench/bench_clip_buffer.py [--buffer-s 60] [--mbps 6] [--clip-s 15]
 Results: bench/results/bench_clip_buffer.json
@@ -25,6 +26,7 @@ import av
 import numpy as np
 from _common import ensure_sample, table, write_results
 
+from engines.media.redact import redact_mp4
 from engines.media.remux import CodecHeader, EncodedPacket, write_mp4
 from pipelines.clips.ring import PacketRing
 
@@ -83,6 +85,12 @@ def measure(path: Path, buffer_s: float, clip_s: float, out_dir: Path) -> dict[s
     began = time.perf_counter()
     written = write_mp4(out_dir / f"{path.stem}.mp4", [item.packet for item in span])
     write_s = time.perf_counter() - began
+    # Export with redaction: four person-sized boxes pixelated on every frame, re-encoded (x264 veryfast).
+    boxes = [(round(i / 25, 3), [(w * width / 5, height / 4, w * width / 5 + width / 8, height * 3 / 4)
+                                 for w in range(4)]) for i in range(round(written.duration_s * 25) + 25)]
+    began = time.perf_counter()
+    redacted = redact_mp4(written.path, out_dir / f"{path.stem}-redacted.mp4", boxes)
+    redact_s = time.perf_counter() - began
     return {
         "input": f"{path.name} {width}x{height}",
         "media_s": round(media_s, 1),
@@ -96,6 +104,8 @@ def measure(path: Path, buffer_s: float, clip_s: float, out_dir: Path) -> dict[s
         "clip_mb": round(written.bytes / 1e6, 2),
         "write_ms": round(write_s * 1e3, 1),
         "mb_per_clip_min": round(written.bytes / 1e6 / written.duration_s * 60, 1),
+        "redact_s_per_clip_min": round(redact_s / written.duration_s * 60, 1),
+        "redacted_frames": redacted.frames,
     }
 
 

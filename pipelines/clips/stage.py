@@ -52,6 +52,7 @@ class Window:
     end: float | None  # None while an alert in it is open
     alert_ids: list[str] = field(default_factory=list)
     open_alerts: set[str] = field(default_factory=set)
+    tracks: set[int] = field(default_factory=set)  # the tracks its alerts are about
 
 
 class ClipStage:
@@ -95,6 +96,7 @@ class ClipStage:
             window.end = None
             window.alert_ids.append(alert_id)
             window.open_alerts.add(alert_id)
+            window.tracks.update(int(t) for t in data.get("track_ids", ()) if isinstance(t, int))
         elif data.get("event") == "end":
             for window in self.windows:
                 if alert_id in window.open_alerts:
@@ -119,14 +121,14 @@ class ClipStage:
         for window in list(self.windows):
             if window.end is None and now - window.start >= max_s:
                 # Still going: cut at max_s; the rest continues as a window of its own.
-                await self._cut(window.start, window.start + max_s, window.alert_ids)
+                await self._cut(window.start, window.start + max_s, window.alert_ids, window.tracks)
                 window.start += max_s
             elif window.end is not None and (now >= window.end or final):
                 self.windows.remove(window)
-                await self._cut(window.start, min(window.end, now), window.alert_ids)
+                await self._cut(window.start, min(window.end, now), window.alert_ids, window.tracks)
             elif final:
                 self.windows.remove(window)
-                await self._cut(window.start, now, window.alert_ids)
+                await self._cut(window.start, now, window.alert_ids, window.tracks)
 
     async def export(self, start: float, end: float) -> ClipInfo:
         """A clip of any span still in the buffer, on request (media seconds, as events' pts).
@@ -145,7 +147,8 @@ class ClipStage:
             raise ExportRefused("the clip could not be written (see the service log)")
         return info
 
-    async def _cut(self, start: float, end: float, alert_ids: list[str]) -> ClipInfo | None:
+    async def _cut(self, start: float, end: float, alert_ids: list[str],
+                   tracks: set[int] | None = None) -> ClipInfo | None:
         span = self.ring.cut(start, end)
         if not span:
             self.missed += 1
@@ -157,7 +160,8 @@ class ClipStage:
         if captions:
             extras[".vtt"] = webvtt(captions)
         info = await asyncio.to_thread(self.engine.store.write, clip_id, self.stream_id,
-                                       [(item.t, item.packet) for item in span], list(alert_ids), extras)
+                                       [(item.t, item.packet) for item in span], list(alert_ids),
+                                       extras=extras, alert_tracks=sorted(tracks or ()))
         if info is None:
             self.failed += 1
             return None

@@ -9,6 +9,7 @@ both are counted, as are writes the disk refused.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engines.media.redact import redact_mp4
 from engines.media.remux import EncodedPacket, write_mp4
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,8 @@ class ClipInfo:
     height: int
     alert_ids: tuple[str, ...]
     created_at: float
+    alert_tracks: tuple[int, ...] = ()  # the tracks its alerts are about (never redacted)
+    redacted: dict[str, Any] | None = None  # on a redacted copy: the classes pixelated, the tracks kept, its source
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -63,14 +67,17 @@ class ClipInfo:
             "width": self.width,
             "height": self.height,
             "alert_ids": list(self.alert_ids),
+            "alert_tracks": list(self.alert_tracks),
             "created_at": round(self.created_at, 3),
+            "redacted": self.redacted,
         }
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> ClipInfo:
         return cls(str(body["clip_id"]), str(body["stream_id"]), float(body["start_pts"]), float(body["end_pts"]),
                    float(body["duration_s"]), int(body["bytes"]), str(body["codec"]), int(body["width"]),
-                   int(body["height"]), tuple(str(a) for a in body["alert_ids"]), float(body["created_at"]))
+                   int(body["height"]), tuple(str(a) for a in body["alert_ids"]), float(body["created_at"]),
+                   tuple(int(t) for t in body.get("alert_tracks", ())), body.get("redacted"))
 
 
 @dataclass
@@ -134,7 +141,8 @@ class ClipStore:
         return self.directory / f"{clip_id}.mp4"
 
     def write(self, clip_id: str, stream_id: str, packets: Sequence[tuple[float, EncodedPacket]],
-              alert_ids: Sequence[str], extras: Mapping[str, bytes] | None = None) -> ClipInfo | None:
+              alert_ids: Sequence[str], *, extras: Mapping[str, bytes] | None = None,
+              alert_tracks: Sequence[int] = ()) -> ClipInfo | None:
         """Write one clip of `(pts, packet)` pairs, and `extras` beside it (suffix -> bytes, such
         as ".boxes.json"); None (counted, logged) when the disk refused it."""
         if not CLIP_ID.match(clip_id):
@@ -145,7 +153,7 @@ class ClipStore:
             first = packets[0][1]
             info = ClipInfo(clip_id, stream_id, packets[0][0], packets[0][0] + written.duration_s, written.duration_s,
                             written.bytes, first.header.codec, first.header.width, first.header.height,
-                            tuple(alert_ids), time.time())
+                            tuple(alert_ids), time.time(), tuple(alert_tracks))
             for suffix, data in (extras or {}).items():
                 _write_atomically(self.directory / f"{clip_id}{suffix}", data)
             _write_atomically(mp4.with_suffix(".json"), json.dumps(info.to_json()).encode())  # last: it lists the clip
@@ -157,6 +165,42 @@ class ClipStore:
             return None
         with self._lock:
             self._clips[clip_id] = info
+        self.stats.written += 1
+        self.enforce()
+        return info
+
+    def redact(self, source: ClipInfo, new_id: str, classes: Sequence[str]) -> ClipInfo:
+        """A copy of `source` with the boxes of `classes` pixelated, except its alerts' tracks (a
+        re-encode, seconds per clip-minute: run it off the event loop). OSError for the disk."""
+        if not CLIP_ID.match(new_id):
+            raise ValueError(f"not a clip id: {new_id!r}")
+        wanted, kept = set(classes), set(source.alert_tracks)
+        boxes_path = self.directory / f"{source.id}.boxes.json"
+        frames = json.loads(boxes_path.read_text())["frames"] if boxes_path.exists() else []
+        regions = [
+            (float(f["t"]), [tuple(o["box"]) for o in f["objects"]
+                             if o.get("class") in wanted and o.get("track_id") not in kept])
+            for f in frames
+        ]
+        mp4 = self.directory / f"{new_id}.mp4"
+        try:
+            result = redact_mp4(self.directory / f"{source.id}.mp4", mp4, regions)
+            for suffix in EXTRAS:  # the same boxes and words, on the same time
+                extra = self.directory / f"{source.id}{suffix}"
+                if extra.exists():
+                    _write_atomically(self.directory / f"{new_id}{suffix}", extra.read_bytes())
+            info = dataclasses.replace(
+                source, id=new_id, bytes=result.bytes, codec="h264", created_at=time.time(),
+                redacted={"classes": sorted(wanted), "kept_tracks": sorted(kept), "source": source.id,
+                          "regions": result.boxes},
+            )
+            _write_atomically(mp4.with_suffix(".json"), json.dumps(info.to_json()).encode())
+        except OSError:
+            self._remove_files(new_id)
+            self.stats.failed += 1
+            raise
+        with self._lock:
+            self._clips[new_id] = info
         self.stats.written += 1
         self.enforce()
         return info

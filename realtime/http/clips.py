@@ -7,6 +7,8 @@ clips the clips capability wrote (pipelines/clips).
     GET    /api/clips/{id}.json                      every frame's objects in the clip, on its time
     GET    /api/clips/{id}.vtt                       its captions as WebVTT, on its time (404 without speech)
     DELETE /api/clips/{id}
+    POST   /api/clips/{id}/redact {"classes"}        a copy with those classes' boxes pixelated (re-encoded),
+                                                     except the tracks its alerts are about
     POST   /api/streams/{id}/clips {"start", "end"}  a clip of any span still in the stream's buffer (media seconds)
 
 Only ids the store lists are served (32 hex digits), so no request names a file by itself. With
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from typing import Any
 
 from aiohttp import web
@@ -32,6 +35,8 @@ from realtime.http.errors import ApiError
 
 MAX_DOWNLOADS = 8
 MAX_LISTED = 1000
+MAX_REDACT_CLASSES = 32
+REDACT_EXAMPLE = '{"classes": ["person"]}'
 SPAN_EXAMPLE = '{"start": 12.5, "end": 30.0}'
 SIDECARS = ((".json", ".boxes.json", "application/json"), (".vtt", ".vtt", "text/vtt"))  # URL, file, type
 
@@ -42,6 +47,7 @@ class ClipsApi:
         self.max_downloads = max_downloads
         self.downloads = 0
         self.refused = 0
+        self.redacting = False  # one re-encode at a time: it takes seconds of CPU per clip-minute
 
     async def list_clips(self, request: web.Request) -> web.Response:
         query = request.query
@@ -92,6 +98,27 @@ class ClipsApi:
             info = await stage.export(start, end)
         except ExportRefused as exc:
             raise ApiError(409, str(exc), {"start": start, "end": end}) from None
+        view = self._view(info)
+        return web.json_response(view, status=201, headers={"Location": view["links"]["self"]})
+
+    async def redact(self, request: web.Request) -> web.Response:
+        source = self._known(request.match_info["name"])
+        assert self.store is not None
+        body = await read_json_object(request, what="redaction", example=REDACT_EXAMPLE)
+        classes = body.get("classes")
+        if (not isinstance(classes, list) or not classes or len(classes) > MAX_REDACT_CLASSES
+                or not all(isinstance(c, str) and 0 < len(c) <= 64 for c in classes)):
+            raise ApiError(400, "invalid redaction: classes: a list of class names",
+                           [{"field": "classes", "message": f"1 to {MAX_REDACT_CLASSES} class names"}])
+        if self.redacting:
+            raise ApiError(503, "a clip is being redacted; retry shortly", headers={"Retry-After": "5"})
+        self.redacting = True
+        try:
+            info = await asyncio.to_thread(self.store.redact, source, uuid.uuid4().hex, classes)
+        except OSError as exc:
+            raise ApiError(507, "the clip could not be written", {"error": str(exc.strerror or exc)}) from None
+        finally:
+            self.redacting = False
         view = self._view(info)
         return web.json_response(view, status=201, headers={"Location": view["links"]["self"]})
 
@@ -171,4 +198,5 @@ def add_routes(app: web.Application, engine: ClipEngine | None) -> ClipsApi:
     app.router.add_get("/api/clips/{name}", api.clip)
     app.router.add_delete("/api/clips/{name}", api.delete)
     app.router.add_post("/api/streams/{stream_id}/clips", api.export)
+    app.router.add_post("/api/clips/{name}/redact", api.redact)
     return api

@@ -105,6 +105,16 @@ async def test_a_cameras_alert_becomes_a_clip_the_api_lists_and_serves_by_range(
     async with svc.session.get(url, headers={"Range": f"bytes={size}-{size + 10}"}) as past:
         assert past.status == 416
 
+    redacted = await svc.call("POST", f"/api/clips/{clip['clip_id']}/redact", json_body={"classes": ["Fall"]})
+    assert redacted.status == 201, redacted
+    assert redacted.body["redacted"]["source"] == clip["clip_id"] and redacted.body["redacted"]["classes"] == ["Fall"]
+    assert redacted.body["clip_id"] != clip["clip_id"] and redacted.body["links"]["boxes"]
+    for body, status in (({"classes": []}, 400), ({"classes": "Fall"}, 400), ({"classes": [1]}, 400), ({}, 400)):
+        refused = await svc.call("POST", f"/api/clips/{clip['clip_id']}/redact", json_body=body)
+        assert refused.status == status and "classes" in refused.body["error"], (body, refused)
+    assert (await svc.call("POST", "/api/clips/" + "e" * 32 + "/redact", json_body={"classes": ["x"]})).status == 404
+    assert (await svc.call("DELETE", redacted.body["links"]["self"])).status == 204
+
     assert (await svc.call("DELETE", clip["links"]["self"])).status == 204
     assert (await svc.call("GET", clip["links"]["self"])).status == 404
     assert (await svc.call("GET", "/api/clips")).body["total"] == 0

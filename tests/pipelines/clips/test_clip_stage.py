@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import av
+import numpy as np
 
 from pipelines.clips.config import ClipsSettings
 from pipelines.clips.engine import CLIPS, ClipEngine
@@ -71,6 +72,33 @@ async def test_an_alert_on_a_stream_leaves_a_clip_of_its_own_packets_around_it(
     assert all(abs(f["pts"] - f["t"] - body["start_pts"]) < 1e-3 for f in boxes["frames"])
     counters = runner.counters()
     assert counters["clips"] == 1 and counters["clip_packets"] > 0 and counters["clips_missed"] == 0
+
+    # Redacted on request: Fall boxes pixelated, the alert's own (Normal) tracks left as they are.
+    info = store.get(body["clip_id"])
+    assert info is not None and set(info.alert_tracks) == set(start.data["track_ids"])
+    copy = store.redact(info, "d" * 32, ["Fall"])
+    assert copy.redacted is not None and copy.redacted["classes"] == ["Fall"] and copy.redacted["regions"] > 0
+    assert copy.redacted["kept_tracks"] == sorted(info.alert_tracks) and copy.redacted["source"] == info.id
+    with av.open(str(store.path(copy.id))) as container:
+        redacted = list(container.decode(video=0))
+    assert len(redacted) == len(frames) and [f.time for f in redacted] == [f.time for f in frames]
+    shown = next(f for f in boxes["frames"] if any(o["class"] == "Fall" for o in f["objects"])
+                 and any(o["track_id"] in info.alert_tracks for o in f["objects"]))
+    index = [round(f.time, 3) for f in frames].index(shown["t"])
+    before, after = (f.to_ndarray(format="gray").astype(float) for f in (frames[index], redacted[index]))
+    fall = next(o for o in shown["objects"] if o["class"] == "Fall")
+    kept = next(o for o in shown["objects"] if o["track_id"] in info.alert_tracks)
+    assert blockiness(after, fall["box"]) < 0.5 * blockiness(before, fall["box"])  # a mosaic now
+    assert blockiness(after, kept["box"]) > 0.7 * blockiness(before, kept["box"])  # left readable
+
+
+def blockiness(image: np.ndarray, box: list[float], block: int = 16) -> float:
+    """Mean spread of the pixels inside each block of the box (blocks from its corner): a mosaic has none."""
+    x1, y1, x2, y2 = (int(v) for v in box)
+    region = image[max(0, y1):y2, max(0, x1):x2]
+    spreads = [region[y:y + block, x:x + block].std() for y in range(0, region.shape[0] - block + 1, block)
+               for x in range(0, region.shape[1] - block + 1, block)]
+    return float(np.mean(spreads))
 
 
 def write_clip(store: ClipStore, clip_id: str, size: int, created_at: float) -> None:
