@@ -198,6 +198,8 @@ class _StreamBase(Section):
     captions: bool = Field(True, json_schema_extra=_STAGE_SWITCH)
     # rolling scene descriptions (when `vlm.endpoints` are set); vlm rules run either way
     describe: bool = Field(True, json_schema_extra=_STAGE_SWITCH)
+    # the video around its alerts (when `clips.enabled`)
+    clips: bool = Field(True, json_schema_extra=_STAGE_SWITCH)
     detect_fps: float | None = Field(None, gt=0, le=MAX_FPS)
     rules: RuleList = []
 

@@ -169,12 +169,13 @@ def test_only_regular_files_of_bounded_size_are_read(tmp_path: Path) -> None:
 
 def test_a_stream_s_stage_switches_reach_its_graph_by_stage_name() -> None:
     from pipelines.captions.stage import STAGE_NAME as CAPTIONS
+    from pipelines.clips.stage import STAGE_NAME as CLIPS
     from pipelines.describe.stage import STAGE_NAME as DESCRIBE
     from realtime.config import CameraStreamSettings
 
     on = CameraStreamSettings(id="cam", url="rtsp://cam.example/live")
-    off = CameraStreamSettings(id="cam", url="rtsp://cam.example/live", captions=False, describe=False)
+    off = CameraStreamSettings(id="cam", url="rtsp://cam.example/live", captions=False, describe=False, clips=False)
     assert on.stages_off() == frozenset()
     # Every switch is named after the stage it turns off (a renamed stage would break the switch).
-    assert off.stages_off() == {CAPTIONS, DESCRIBE}
+    assert off.stages_off() == {CAPTIONS, DESCRIBE, CLIPS}
     assert CameraStreamSettings(id="cam", url="rtsp://cam.example/live", audio=False).stages_off() == frozenset()

@@ -144,3 +144,23 @@ def test_captions_become_webvtt_on_the_clips_time() -> None:
     text = webvtt([(0.5, 2.25, "Hello there."), (3661.0, 3662.5, "a --> b")]).decode()
     assert text == ("WEBVTT\n\n00:00:00.500 --> 00:00:02.250\nHello there.\n\n"
                     "01:01:01.000 --> 01:01:02.500\na -> b\n")
+
+
+async def test_a_stream_with_clips_off_keeps_no_packets(tmp_path: Path) -> None:
+    from pipelines.clips.stage import STAGE_NAME, build
+    from pipelines.graph import FrameTee, ProcessingSpec, StageContext
+    from pipelines.graph.stage import ObservedSink
+    from pipelines.tracker import TrackerConfig
+
+    settings = ClipsSettings(enabled=True, dir=tmp_path)
+    engines = SharedEngines(None, opened={CLIPS.name: ClipEngine(ClipStore(tmp_path, 10**9, 3600), settings)})  # type: ignore[arg-type]
+
+    def context(off: frozenset[str]) -> StageContext:
+        spec = ProcessingSpec(stream_id="cam", audio=False, detect_fps=None, tracker=TrackerConfig(), rules=(),
+                              off=off)
+        return StageContext(spec, engines, ObservedSink(ListSink()), FrameTee(lossless=False), None)
+
+    on = context(frozenset())
+    assert build(on) is not None and on.packet_input is not None  # the source will hand it packets
+    off = context(frozenset({STAGE_NAME}))
+    assert build(off) is None and off.packet_input is None
