@@ -9,13 +9,14 @@ temporary name and renamed when complete.
 from __future__ import annotations
 
 import bisect
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
 import numpy as np
+
+from engines.media.files import replacing
 
 Box = tuple[float, float, float, float]  # x1, y1, x2, y2 in source pixels
 
@@ -51,34 +52,28 @@ def redact_mp4(src: Path, dst: Path, frames: Sequence[tuple[float, Sequence[Box]
     import av
 
     times = [t for t, _ in frames]
-    tmp = dst.with_name(f".{dst.name}.part")
     count = boxes = 0
-    try:
-        with av.open(str(src)) as source, av.open(str(tmp), "w", format="mp4") as out:
-            video = source.streams.video[0]
-            rate = video.average_rate or 25
-            stream = out.add_stream("libx264", rate=rate)
-            stream.width, stream.height = video.codec_context.width, video.codec_context.height
-            stream.pix_fmt = "yuv420p"
-            stream.options = {"preset": "veryfast", "crf": str(crf)}
-            if video.time_base is not None:
-                stream.codec_context.time_base = video.time_base
-            for frame in source.decode(video):
-                image = frame.to_ndarray(format="rgb24")
-                at = frame.time if frame.time is not None else count / float(rate)
-                index = bisect.bisect_right(times, at + FRAME_SLACK_S) - 1
-                if index >= 0 and at - times[index] <= 1.0:  # boxes of a frame long gone are not these
-                    boxes += sum(pixelate(image, box, block) for box in frames[index][1])
-                encoded = av.VideoFrame.from_ndarray(image, format="rgb24")
-                encoded.pts = frame.pts
-                encoded.time_base = video.time_base
-                for packet in stream.encode(encoded):
-                    out.mux(packet)
-                count += 1
-            for packet in stream.encode():
+    with replacing(dst) as tmp, av.open(str(src)) as source, av.open(str(tmp), "w", format="mp4") as out:
+        video = source.streams.video[0]
+        rate = video.average_rate or 25
+        stream = out.add_stream("libx264", rate=rate)
+        stream.width, stream.height = video.codec_context.width, video.codec_context.height
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"preset": "veryfast", "crf": str(crf)}
+        if video.time_base is not None:
+            stream.codec_context.time_base = video.time_base
+        for frame in source.decode(video):
+            image = frame.to_ndarray(format="rgb24")
+            at = frame.time if frame.time is not None else count / float(rate)
+            index = bisect.bisect_right(times, at + FRAME_SLACK_S) - 1
+            if index >= 0 and at - times[index] <= 1.0:  # boxes of a frame long gone are not these
+                boxes += sum(pixelate(image, box, block) for box in frames[index][1])
+            encoded = av.VideoFrame.from_ndarray(image, format="rgb24")
+            encoded.pts = frame.pts
+            encoded.time_base = video.time_base
+            for packet in stream.encode(encoded):
                 out.mux(packet)
-        os.replace(tmp, dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+            count += 1
+        for packet in stream.encode():
+            out.mux(packet)
     return Redacted(count, boxes, dst.stat().st_size)

@@ -15,12 +15,13 @@ under its real name.
 from __future__ import annotations
 
 import io
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
+
+from engines.media.files import replacing
 
 MP4_FLAGS = "frag_keyframe+empty_moov+default_base_moof"
 
@@ -97,20 +98,14 @@ def write_mp4(path: Path, packets: Sequence[EncodedPacket]) -> Mp4Written:
 
     stamps = _timestamps(packets)
     base = min(stamps[0])
-    tmp = path.with_name(f".{path.name}.part")
-    try:
-        with av.open(io.BytesIO(first.header.container), "r", format="matroska") as source, \
-                _open_output(str(tmp), "mp4") as out:
-            stream = out.add_stream_from_template(source.streams.video[0])
-            for item, (pts, dts) in zip(packets, stamps, strict=True):
-                packet = _packet(item.data, pts=pts - base, dts=dts - base, duration=item.duration,
-                                 keyframe=item.keyframe, time_base=item.time_base)
-                packet.stream = stream
-                out.mux(packet)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with replacing(path) as tmp, av.open(io.BytesIO(first.header.container), "r", format="matroska") as source, \
+            _open_output(str(tmp), "mp4") as out:
+        stream = out.add_stream_from_template(source.streams.video[0])
+        for item, (pts, dts) in zip(packets, stamps, strict=True):
+            packet = _packet(item.data, pts=pts - base, dts=dts - base, duration=item.duration,
+                             keyframe=item.keyframe, time_base=item.time_base)
+            packet.stream = stream
+            out.mux(packet)
     end = max(pts for pts, _ in stamps) + packets[-1].duration
     return Mp4Written(path, path.stat().st_size, len(packets), float((end - base) * first.time_base))
 

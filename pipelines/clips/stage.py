@@ -166,7 +166,7 @@ class ClipStage:
             self.failed += 1
             return None
         self.written += 1
-        await self.sink.publish(clip_event(info, captured_at=time.time(), extras=tuple(extras)))
+        await self.sink.publish(clip_event(info, captured_at=time.time()))
         return info
 
     def _boxes(self, origin: float, end: float) -> bytes:
@@ -204,21 +204,21 @@ def _stamp(seconds: float) -> str:
     return f"{hours:02d}:{minutes:02d}:{rest // 1000:02d}.{rest % 1000:03d}"
 
 
-def clip_links(clip_id: str, extras: tuple[str, ...]) -> dict[str, str]:
-    """Where the HTTP API serves a clip and the extras written beside it."""
-    links = {"self": f"/api/clips/{clip_id}", "mp4": f"/api/clips/{clip_id}.mp4"}
-    if ".boxes.json" in extras:
-        links["boxes"] = f"/api/clips/{clip_id}.json"
-    if ".vtt" in extras:
-        links["vtt"] = f"/api/clips/{clip_id}.vtt"
-    return links
+def clip_view(info: ClipInfo) -> dict[str, Any]:
+    """A clip as the API and the `clips` event show it: its metadata, and where the HTTP API serves
+    it and the extras written beside it."""
+    links = {"self": f"/api/clips/{info.id}", "mp4": f"/api/clips/{info.id}.mp4"}
+    if ".boxes.json" in info.extras:
+        links["boxes"] = f"/api/clips/{info.id}.json"
+    if ".vtt" in info.extras:
+        links["vtt"] = f"/api/clips/{info.id}.vtt"
+    return {**info.to_json(), "links": links}
 
 
-def clip_event(info: ClipInfo, *, captured_at: float, extras: tuple[str, ...] = ()) -> Event:
+def clip_event(info: ClipInfo, *, captured_at: float) -> Event:
     """A finished clip: where it is and what it covers (DESIGN.md: id, span, bytes, codec, alert ids, links)."""
-    body = info.to_json()
+    body = clip_view(info)
     del body["stream_id"]  # the envelope's
-    body["links"] = clip_links(info.id, extras)
     return Event(kind=EventKind.CLIPS, stream_id=info.stream_id, pts=round(info.end_pts, 3),
                  captured_at=captured_at, data=body)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import re
 import threading
 import time
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engines.media.files import replacing
 from engines.media.redact import redact_mp4
 from engines.media.remux import EncodedPacket, write_mp4
 
@@ -54,6 +54,7 @@ class ClipInfo:
     created_at: float
     alert_tracks: tuple[int, ...] = ()  # the tracks its alerts are about (never redacted)
     redacted: dict[str, Any] | None = None  # on a redacted copy: the classes pixelated, the tracks kept, its source
+    extras: tuple[str, ...] = ()  # the EXTRAS written beside it (kept in the sidecar, not in to_json)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,7 +78,12 @@ class ClipInfo:
         return cls(str(body["clip_id"]), str(body["stream_id"]), float(body["start_pts"]), float(body["end_pts"]),
                    float(body["duration_s"]), int(body["bytes"]), str(body["codec"]), int(body["width"]),
                    int(body["height"]), tuple(str(a) for a in body["alert_ids"]), float(body["created_at"]),
-                   tuple(int(t) for t in body.get("alert_tracks", ())), body.get("redacted"))
+                   tuple(int(t) for t in body.get("alert_tracks", ())), body.get("redacted"),
+                   tuple(str(e) for e in body.get("extras", ()) if e in EXTRAS))
+
+    def sidecar(self) -> dict[str, Any]:
+        """The JSON kept beside the MP4: what `to_json` says, and which extras were written."""
+        return {**self.to_json(), "extras": list(self.extras)}
 
 
 @dataclass
@@ -93,13 +99,14 @@ class ClipStore:
         """Create the directory, drop what a crash left half-written, and index the clips there."""
         self.directory.mkdir(parents=True, exist_ok=True)
         found: list[ClipInfo] = []
+        extras: list[Path] = []  # judged once the clips are known
         for path in self.directory.iterdir():
             partial = path.name.startswith(".") and path.name.endswith(".part")
             if partial or (path.suffix == ".mp4" and not path.with_suffix(".json").exists()):
                 path.unlink(missing_ok=True)
                 self.stats.removed_partial += 1
             elif path.name.endswith(EXTRAS):
-                continue  # judged with its clip below
+                extras.append(path)
             elif path.suffix == ".json" and CLIP_ID.match(path.stem):
                 try:
                     info = ClipInfo.from_json(json.loads(path.read_text()))
@@ -112,8 +119,8 @@ class ClipStore:
                 found.append(info)
         with self._lock:
             self._clips = {c.id: c for c in sorted(found, key=lambda c: c.created_at)}
-        for path in self.directory.iterdir():  # extras of a clip that was never finished
-            if path.name.endswith(EXTRAS) and path.name[:32] not in self._clips:
+        for path in extras:  # of a clip that was never finished
+            if path.name[:32] not in self._clips:
                 path.unlink(missing_ok=True)
                 self.stats.removed_partial += 1
         self.enforce()
@@ -147,26 +154,20 @@ class ClipStore:
         as ".boxes.json"); None (counted, logged) when the disk refused it."""
         if not CLIP_ID.match(clip_id):
             raise ValueError(f"not a clip id: {clip_id!r}")
-        mp4 = self.directory / f"{clip_id}.mp4"
+        extras = dict(extras or {})
         try:
-            written = write_mp4(mp4, [packet for _, packet in packets])
+            written = write_mp4(self.directory / f"{clip_id}.mp4", [packet for _, packet in packets])
             first = packets[0][1]
             info = ClipInfo(clip_id, stream_id, packets[0][0], packets[0][0] + written.duration_s, written.duration_s,
                             written.bytes, first.header.codec, first.header.width, first.header.height,
-                            tuple(alert_ids), time.time(), tuple(alert_tracks))
-            for suffix, data in (extras or {}).items():
-                _write_atomically(self.directory / f"{clip_id}{suffix}", data)
-            _write_atomically(mp4.with_suffix(".json"), json.dumps(info.to_json()).encode())  # last: it lists the clip
+                            tuple(alert_ids), time.time(), tuple(alert_tracks), extras=tuple(extras))
+            self._add(info, extras)
         except OSError as exc:
             self._remove_files(clip_id)
             self.stats.failed += 1
             log.warning("clip not written", extra={"stream_id": stream_id, "clip_id": clip_id,
                                                    "error": str(exc) or type(exc).__name__})
             return None
-        with self._lock:
-            self._clips[clip_id] = info
-        self.stats.written += 1
-        self.enforce()
         return info
 
     def redact(self, source: ClipInfo, new_id: str, classes: Sequence[str]) -> ClipInfo:
@@ -182,28 +183,31 @@ class ClipStore:
                              if o.get("class") in wanted and o.get("track_id") not in kept])
             for f in frames
         ]
-        mp4 = self.directory / f"{new_id}.mp4"
         try:
-            result = redact_mp4(self.directory / f"{source.id}.mp4", mp4, regions)
-            for suffix in EXTRAS:  # the same boxes and words, on the same time
-                extra = self.directory / f"{source.id}{suffix}"
-                if extra.exists():
-                    _write_atomically(self.directory / f"{new_id}{suffix}", extra.read_bytes())
+            result = redact_mp4(self.directory / f"{source.id}.mp4", self.directory / f"{new_id}.mp4", regions)
             info = dataclasses.replace(
                 source, id=new_id, bytes=result.bytes, codec="h264", created_at=time.time(),
                 redacted={"classes": sorted(wanted), "kept_tracks": sorted(kept), "source": source.id,
                           "regions": result.boxes},
             )
-            _write_atomically(mp4.with_suffix(".json"), json.dumps(info.to_json()).encode())
+            copied = {suffix: (self.directory / f"{source.id}{suffix}").read_bytes() for suffix in source.extras}
+            self._add(info, copied)  # the same boxes and words, on the same time
         except OSError:
             self._remove_files(new_id)
             self.stats.failed += 1
             raise
+        return info
+
+    def _add(self, info: ClipInfo, extras: Mapping[str, bytes]) -> None:
+        """Write a clip's extras, then its sidecar (which lists it: its MP4 is already written), and
+        index it. OSError when the disk refuses (the caller removes what was written)."""
+        for suffix, data in extras.items():
+            _write_atomically(self.directory / f"{info.id}{suffix}", data)
+        _write_atomically(self.directory / f"{info.id}.json", json.dumps(info.sidecar()).encode())
         with self._lock:
-            self._clips[new_id] = info
+            self._clips[info.id] = info
         self.stats.written += 1
         self.enforce()
-        return info
 
     def delete(self, clip_id: str) -> bool:
         with self._lock:
@@ -237,10 +241,10 @@ class ClipStore:
 
     def extra(self, clip_id: str, suffix: str) -> Path | None:
         """A listed clip's extra file (".boxes.json", ".vtt"), if it was written."""
-        if suffix not in EXTRAS or self.get(clip_id) is None:
+        info = self.get(clip_id)
+        if info is None or suffix not in info.extras:
             return None
-        path = self.directory / f"{clip_id}{suffix}"
-        return path if path.exists() else None
+        return self.directory / f"{clip_id}{suffix}"
 
     def _remove_files(self, clip_id: str) -> None:
         # The sidecar first: a clip without it is never listed again, whatever else is left.
@@ -252,11 +256,5 @@ class ClipStore:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.part")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with replacing(path) as tmp:
+        tmp.write_bytes(data)

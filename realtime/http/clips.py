@@ -27,8 +27,8 @@ from typing import Any
 from aiohttp import web
 
 from pipelines.clips.engine import ClipEngine
-from pipelines.clips.stage import STAGE_NAME, ClipStage, ExportRefused, clip_links
-from pipelines.clips.store import CLIP_ID, EXTRAS, ClipInfo
+from pipelines.clips.stage import STAGE_NAME, ClipStage, ExportRefused, clip_view
+from pipelines.clips.store import CLIP_ID, ClipInfo
 from realtime.http.api import read_json_object, stream_id_of, unknown_stream
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
@@ -61,7 +61,7 @@ class ClipsApi:
             and (alert is None or alert in c.alert_ids)
         ]
         clips.reverse()
-        return web.json_response({"clips": [self._view(c) for c in clips[:MAX_LISTED]], "total": len(clips),
+        return web.json_response({"clips": [clip_view(c) for c in clips[:MAX_LISTED]], "total": len(clips),
                                   "enabled": True},
                                  headers={"Cache-Control": "no-store"})
 
@@ -73,11 +73,11 @@ class ClipsApi:
             if name.endswith(suffix):
                 info = self._known(name.removesuffix(suffix))
                 assert self.store is not None  # a known clip has a store
-                path = await asyncio.to_thread(self.store.extra, info.id, stored)
+                path = self.store.extra(info.id, stored)
                 if path is None:
                     raise ApiError(404, f"this clip has no {suffix[1:]}", {"id": info.id})
                 return web.FileResponse(path, headers={"Content-Type": content_type, "Cache-Control": "no-store"})
-        return web.json_response(self._view(self._known(name)), headers={"Cache-Control": "no-store"})
+        return web.json_response(clip_view(self._known(name)), headers={"Cache-Control": "no-store"})
 
     async def export(self, request: web.Request) -> web.Response:
         stream_id = stream_id_of(request)
@@ -98,7 +98,7 @@ class ClipsApi:
             info = await stage.export(start, end)
         except ExportRefused as exc:
             raise ApiError(409, str(exc), {"start": start, "end": end}) from None
-        view = self._view(info)
+        view = clip_view(info)
         return web.json_response(view, status=201, headers={"Location": view["links"]["self"]})
 
     async def redact(self, request: web.Request) -> web.Response:
@@ -119,7 +119,7 @@ class ClipsApi:
             raise ApiError(507, "the clip could not be written", {"error": str(exc.strerror or exc)}) from None
         finally:
             self.redacting = False
-        view = self._view(info)
+        view = clip_view(info)
         return web.json_response(view, status=201, headers={"Location": view["links"]["self"]})
 
     async def delete(self, request: web.Request) -> web.Response:
@@ -127,11 +127,6 @@ class ClipsApi:
         assert self.store is not None
         await asyncio.to_thread(self.store.delete, info.id)
         return web.Response(status=204)
-
-    def _view(self, info: ClipInfo) -> dict[str, Any]:
-        assert self.store is not None
-        extras = tuple(suffix for suffix in EXTRAS if self.store.extra(info.id, suffix) is not None)
-        return {**info.to_json(), "links": clip_links(info.id, extras)}
 
     def _known(self, clip_id: str) -> ClipInfo:
         info = self.store.get(clip_id) if self.store is not None and CLIP_ID.match(clip_id) else None
