@@ -67,6 +67,7 @@ from pipelines.tracker import TrackerConfig
 from realtime.sources.policy import SourcePolicy
 from realtime.sources.spec import parse_source
 from realtime.sources.supervisor import SupervisorPolicy
+from realtime.timeline.config import TimelineSettings
 
 ENV_PREFIX = "VIDSENTRY_"
 # Read by the CLI itself, not settings in the file.
@@ -407,6 +408,7 @@ class Config(Section):
     vlm: VlmConfig = VlmConfig()
     segmentation: SegmentationSettings = SegmentationSettings()
     clips: ClipsSettings = ClipsSettings()
+    timeline: TimelineSettings = TimelineSettings()
     streams: list[StreamSettings] = []
 
     @field_validator("streams", mode="before")

@@ -36,6 +36,8 @@ from realtime.fleet.worker import DuplicateNode, FleetUnavailable
 from realtime.http import ListenError
 from realtime.service.memory import cap_malloc_arenas
 from realtime.service.service import Service
+from realtime.timeline.index import TimelineIndexError
+from realtime.timeline.timeline import open_timeline
 
 log = logging.getLogger(__name__)
 
@@ -121,48 +123,57 @@ async def serve_command(args: argparse.Namespace) -> int:
                 raise CommandError(f"{args.config or 'environment'}: {problems}")
             log.info("detector loaded", extra={"model": detector.info.path, "backend": detector.backend})
             compute = compute_budget(config, detector)
-            async with (
-                open_bus(args.nats_url or config.nats.url, config.nats, config.node) as publisher,
-                DetectionBatcher(detector, compute=compute) as batcher,
-                open_engines(config, compute) as opened,
-            ):
-                service = Service(config, batcher, publisher, api_token=plan.token, opened=opened)
-                try:
-                    await service.run(
-                        plan.host, plan.port, stop, on_listening=lambda url: _print_listening(url, plan.token)
+            try:
+                async with (
+                    open_bus(args.nats_url or config.nats.url, config.nats, config.node) as publisher,
+                    DetectionBatcher(detector, compute=compute) as batcher,
+                    open_engines(config, compute) as opened,
+                    open_timeline(config.timeline, lambda: publisher.nc, node=config.node) as timeline,
+                ):
+                    service = Service(
+                        config, batcher, publisher, api_token=plan.token, opened=opened, timeline=timeline
                     )
-                except ListenError as exc:
-                    raise CommandError(str(exc), EXIT_RUNTIME) from None
-                except DuplicateNode as exc:  # another live worker has this --node: exit 2, one line
-                    raise CommandError(str(exc)) from None
-                except FleetUnavailable as exc:
-                    raise CommandError(f"cannot join fleet {config.fleet.name!r}: {exc}", EXIT_RUNTIME) from None
-                # One budget for stopping streams and flushing, so the whole drain fits the grace period.
-                spent = loop.time() - stop_requested_at[0] if stop_requested_at else 0.0
-                nats_connected = publisher.connected
-                flushed = await publisher.close(max(2.0, config.http.shutdown_timeout_s - spent))
-                stats = publisher.stats
-                log.info(
-                    "service stopped",
-                    extra={
-                        "flushed": flushed,
-                        "events": {
-                            kind: {"published": k.published, "acked": k.acked, "failed": k.failed, "dropped": k.dropped}
-                            for kind, k in sorted(stats.kinds.items())
-                        },
-                    },
-                )
-                if stats.outbox_depth:
-                    log.warning(
-                        "durable events wait in the outbox for the next start",
+                    try:
+                        await service.run(
+                            plan.host, plan.port, stop, on_listening=lambda url: _print_listening(url, plan.token)
+                        )
+                    except ListenError as exc:
+                        raise CommandError(str(exc), EXIT_RUNTIME) from None
+                    except DuplicateNode as exc:  # another live worker has this --node: exit 2, one line
+                        raise CommandError(str(exc)) from None
+                    except FleetUnavailable as exc:
+                        raise CommandError(f"cannot join fleet {config.fleet.name!r}: {exc}", EXIT_RUNTIME) from None
+                    # One budget for stopping streams and flushing, so the whole drain fits the grace period.
+                    spent = loop.time() - stop_requested_at[0] if stop_requested_at else 0.0
+                    nats_connected = publisher.connected
+                    flushed = await publisher.close(max(2.0, config.http.shutdown_timeout_s - spent))
+                    stats = publisher.stats
+                    log.info(
+                        "service stopped",
                         extra={
-                            "outbox_events": stats.outbox_depth,
-                            "outbox_dir": str(config.nats.outbox_dir),
-                            "nats_connected": nats_connected,
+                            "flushed": flushed,
+                            "events": {
+                                kind: {
+                                    "published": k.published, "acked": k.acked, "failed": k.failed,
+                                    "dropped": k.dropped,
+                                }
+                                for kind, k in sorted(stats.kinds.items())
+                            },
                         },
                     )
-                elif not flushed:
-                    log.warning("some durable events were still unacknowledged at shutdown")
+                    if stats.outbox_depth:
+                        log.warning(
+                            "durable events wait in the outbox for the next start",
+                            extra={
+                                "outbox_events": stats.outbox_depth,
+                                "outbox_dir": str(config.nats.outbox_dir),
+                                "nats_connected": nats_connected,
+                            },
+                        )
+                    elif not flushed:
+                        log.warning("some durable events were still unacknowledged at shutdown")
+            except TimelineIndexError as exc:  # the index file is unusable: say which and how to fix it
+                raise CommandError(f"timeline.path: {exc}", EXIT_RUNTIME) from None
         finally:
             detector.close()
     finally:

@@ -26,7 +26,7 @@ from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
 from realtime.fleet.metrics import FleetCollector
 from realtime.fleet.options import fleet_options
 from realtime.fleet.worker import FleetWorker
-from realtime.http import HttpContext, HttpServer, clips, compute, create_app, description, transcript
+from realtime.http import HttpContext, HttpServer, clips, compute, create_app, description, search, transcript
 from realtime.http.api import FLEET, SOURCE_POLICY
 from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
@@ -41,6 +41,7 @@ from realtime.streams.runner import StreamRunner
 from realtime.streams.spec import stream_spec
 from realtime.streams.transcripts import TranscriptStore
 from realtime.streams.view import StreamView
+from realtime.timeline.timeline import Timeline, TimelineCollector
 from realtime.webrtc import signalling
 from realtime.webrtc.metrics import SessionCollector
 from realtime.webrtc.sessions import SessionTable
@@ -67,8 +68,10 @@ class Service:
         *,
         api_token: str | None = None,
         opened: Mapping[str, object] | None = None,
+        timeline: Timeline | None = None,
     ) -> None:
-        """`opened`: each capability's shared engine by name (pipelines.capabilities.open_capabilities)."""
+        """`opened`: each capability's shared engine by name (pipelines.capabilities.open_capabilities);
+        `timeline`: the search index and its indexer (realtime.timeline), None when off."""
         opened = dict(opened or {})
         self.config = config
         self.batcher = batcher
@@ -139,6 +142,10 @@ class Service:
         compute.add_routes(self.app, batcher.compute)
         description.add_routes(self.app, self.descriptions)
         clips.add_routes(self.app, self.engines.get(CLIPS))  # answers with clips off too
+        self.timeline = timeline
+        search.add_routes(self.app, timeline)  # answers with the timeline off too
+        if timeline is not None:
+            self.metrics.registry.register(TimelineCollector(timeline))
         self.url: str | None = None
 
     def readiness(self) -> dict[str, bool]:
@@ -189,6 +196,8 @@ class Service:
                     group.create_task(self.metrics.sample_rates(), name="frame-rates"),
                     group.create_task(self._report_health(), name="health-log"),
                 ]
+                if self.timeline is not None:
+                    helpers.append(group.create_task(self.timeline.run(), name="timeline-indexer"))
                 fleet_task = group.create_task(self.fleet.run(), name="fleet") if self.fleet is not None else None
                 try:
                     await stop.wait()

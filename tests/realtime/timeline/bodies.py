@@ -1,0 +1,34 @@
+"""Event bodies as the service publishes them (the real builders and the real CloudEvents encoding)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pipelines.event_bodies import caption_event, description_event
+from pipelines.events import Event, EventKind
+from realtime.bus.cloudevents import encode
+
+
+def wire(event: Event, *, published_at: float | None = None) -> tuple[str, str, dict[str, Any]]:
+    """(event id, kind, body) as a consumer reads them off NATS."""
+    payload, headers = encode(event, "test", published_at if published_at is not None else event.captured_at)
+    return headers["ce-id"], event.kind.value, json.loads(payload)
+
+
+def caption(stream: str, segment: str, text: str, start: float, *, at: float, step: float = 0.4) -> Event:
+    words = [(f" {w}", start + i * step, start + i * step + step * 0.8, 0.9) for i, w in enumerate(text.split())]
+    return caption_event(stream, segment_id=segment, words=words, language="en", model="tiny.en", captured_at=at)
+
+
+def description(stream: str, text: str, start: float, end: float, *, at: float) -> Event:
+    return description_event(stream, text=text, fields=None, window_start_pts=start, window_end_pts=end, frames=4,
+                             epoch=0, prompt_tokens=100, cached_tokens=80, latency_ms=120.0, model="sim",
+                             captured_at=at)
+
+
+def clip(stream: str, clip_id: str, start: float, end: float, *, at: float) -> Event:
+    body = {"clip_id": clip_id, "start_pts": start, "end_pts": end, "duration_s": end - start, "bytes": 1000,
+            "codec": "h264", "width": 640, "height": 480, "alert_ids": ["a1"], "alert_tracks": [],
+            "created_at": at, "redacted": None, "links": {}}
+    return Event(kind=EventKind.CLIPS, stream_id=stream, pts=end, captured_at=at, data=body)

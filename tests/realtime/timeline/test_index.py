@@ -1,0 +1,116 @@
+"""The index on a real SQLite file: stemmed BM25 search, a caption hit on the matched word's time,
+the clip that covers a hit, replays that add nothing twice, and the bounds."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from realtime.timeline import index as index_module
+from realtime.timeline.entries import Entry, NotIndexed, entry_of
+from realtime.timeline.index import Filters, QueryTooBroad, TimelineIndex, TimelineIndexError
+from realtime.timeline.query import parse
+from tests.realtime.timeline.bodies import caption, clip, description, wire
+
+NOW = time.time()
+
+
+def entries(*events: object) -> list[tuple[int, Entry]]:
+    out = []
+    for seq, event in enumerate(events, 1):
+        out.append((seq, entry_of(*wire(event))))  # type: ignore[arg-type]
+    return out
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> TimelineIndex:
+    idx = TimelineIndex(tmp_path / "t.db", max_entries=10_000, max_age_s=86400)
+    idx.add(entries(
+        caption("cam1", "s1", "the parcel was delivered to the front door", 30.0, at=NOW - 60),
+        caption("cam2", "s1", "nobody came to the door today", 5.0, at=NOW - 50),
+        description("cam1", "A courier in a red jacket leaves a box by the door.", 28.0, 34.0, at=NOW - 58),
+        clip("cam1", "c" * 32, 25.0, 40.0, at=NOW - 40),
+    ), 4, now=NOW)
+    return idx
+
+
+def search(index: TimelineIndex, text: str, **filters: object) -> list[index_module.Hit]:
+    hits, _ = index.search(parse(text), Filters(**filters), limit=10, offset=0)  # type: ignore[arg-type]
+    return hits
+
+
+def test_a_spoken_phrase_is_found_at_the_time_its_word_was_said(index: TimelineIndex) -> None:
+    [hit] = search(index, '"front door"')
+    assert (hit.stream_id, hit.kind) == ("cam1", "captions")
+    # "front" is the 7th word: 30.0 + 6 * 0.4
+    assert hit.pts == pytest.approx(32.4)
+    assert hit.wall == pytest.approx(NOW - 60 + 2.4, abs=0.01)
+    marked = [hit.snippet[a:b] for a, b in hit.marks]
+    assert marked == ["front door"]  # a phrase is marked whole
+    assert hit.clip is not None and hit.clip["clip_id"] == "c" * 32
+    assert hit.clip["offset_s"] == pytest.approx(32.4 - 25.0)
+
+
+def test_stemming_ranking_and_filters(index: TimelineIndex) -> None:
+    assert {h.kind for h in search(index, "deliver")} == {"captions"}  # "delivered", stemmed
+    assert {h.kind for h in search(index, "couriers jackets")} == {"descriptions"}
+    hits = search(index, "door")
+    assert {h.stream_id for h in hits} == {"cam1", "cam2"} and len(hits) == 3
+    assert [h.stream_id for h in search(index, "door", streams=("cam2",))] == ["cam2"]
+    assert [h.kind for h in search(index, "door", kinds=("descriptions",))] == ["descriptions"]
+    assert [h.stream_id for h in search(index, "door", since=NOW - 55)] == ["cam2"]
+    assert {h.stream_id for h in search(index, "door", until=NOW - 55)} == {"cam1"}
+    assert search(index, "door -nobody -courier")[0].snippet.startswith("the parcel")
+    assert search(index, "deliv*")[0].kind == "captions"
+
+
+def test_a_replay_adds_nothing_twice_and_the_position_moves(index: TimelineIndex, tmp_path: Path) -> None:
+    again = entries(caption("cam1", "s1", "the parcel was delivered to the front door", 30.0, at=NOW - 60))
+    assert index.add(again, 9, now=NOW) == 0
+    assert index.stats.duplicates == 1 and index.position == 9
+    reopened = TimelineIndex(tmp_path / "t.db", max_entries=10_000, max_age_s=86400)
+    assert reopened.position == 9 and reopened.stats.entries == 4
+
+
+def test_old_and_surplus_entries_are_pruned_and_counted(tmp_path: Path) -> None:
+    idx = TimelineIndex(tmp_path / "p.db", max_entries=500, max_age_s=100)
+    # Walls from 150 s to 40 s ago: the older half goes for age, then the oldest past 500 for count.
+    events = [caption("cam", f"s{i}", f"word{i} spoken", float(i), at=NOW - 150.05 + i * 0.1) for i in range(1100)]
+    idx.add(entries(*events), 1100, now=NOW)
+    assert idx.stats.entries == 500 and idx.stats.pruned == 600
+    assert search(idx, "word599") == [] and len(search(idx, "word600")) == 1
+
+
+def test_a_query_past_the_time_limit_is_refused(index: TimelineIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(index_module, "QUERY_TIME_LIMIT_S", -1.0)
+    monkeypatch.setattr(index_module, "PROGRESS_STEPS", 1)
+    with pytest.raises(QueryTooBroad, match="too much"):
+        search(index, "door")
+
+
+def test_paging(index: TimelineIndex) -> None:
+    first, more = index.search(parse("door"), Filters(), limit=2, offset=0)
+    rest, more_after = index.search(parse("door"), Filters(), limit=2, offset=2)
+    assert more and not more_after and len(first) == 2 and len(rest) == 1
+    assert {h.event_id for h in first}.isdisjoint(h.event_id for h in rest)
+
+
+def test_track_updates_and_unreadable_bodies_are_not_kept() -> None:
+    with pytest.raises(NotIndexed):
+        entry_of("x", "tracks", {"stream_id": "cam", "captured_at": NOW, "event": "update", "class": "person"})
+    with pytest.raises(NotIndexed):
+        entry_of("x", "captions", {"stream_id": "cam", "captured_at": "yesterday", "text": "hi"})
+    with pytest.raises(NotIndexed):
+        entry_of("x", "detections", {"stream_id": "cam", "captured_at": NOW})
+    ended = entry_of("t", "tracks", {"stream_id": "cam", "captured_at": NOW, "event": "end", "class": "person",
+                                     "track_id": 7, "first_seen_pts": 1.0, "last_seen_pts": 13.0})
+    assert ended.text == "person track 7 seen for 12 s" and ended.pts == 1.0
+
+
+def test_a_file_that_is_not_an_index_says_what_to_do(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"not sqlite at all" * 100)
+    with pytest.raises(TimelineIndexError, match="delete the file"):
+        TimelineIndex(bad, max_entries=1000, max_age_s=100)
