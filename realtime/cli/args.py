@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--connect-timeout", type=float, default=5.0,
                      help="give up (exit 1) when NATS cannot be reached in this many seconds (default 5)")
 
+    search = commands.add_parser("search", help="search what the streams said and saw (a running service's timeline)")
+    add_search_arguments(search)
+
     doctor = commands.add_parser("doctor", help="which engines can run on this machine, and why not")
     doctor.add_argument("--config", help="YAML config whose vlm.endpoints to check (also VIDSENTRY_VLM__* variables)")
     doctor.add_argument("--vlm-url", action="append", help="check this vLLM base URL, e.g. http://vllm:8000/v1 "
@@ -35,6 +38,20 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--vlm-model", help="the model it should serve (default: vlm.model)")
     add_parity_arguments(doctor)
     return parser
+
+
+def add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("query", help='words, "a phrase", a OR b, -excluded, prefix* (3+ characters)')
+    parser.add_argument("--url", default="http://127.0.0.1:8080", help="the service (default http://127.0.0.1:8080; "
+                        f"token from {TOKEN_ENV})")
+    parser.add_argument("--stream", action="append", help="only this stream (repeatable)")
+    parser.add_argument("--kind", action="append",
+                        choices=["captions", "descriptions", "alerts", "tracks", "clips"], help="only this kind")
+    parser.add_argument("--since", help="epoch seconds, RFC 3339, or an age: 15m, 2h, 7d")
+    parser.add_argument("--until", help="the same")
+    parser.add_argument("--order", choices=["relevance", "newest"], default="relevance")
+    parser.add_argument("--limit", type=int, default=20, help="hits to print (1-100, default 20)")
+    parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")
 
 
 def add_parity_arguments(parser: argparse.ArgumentParser) -> None:

@@ -74,9 +74,10 @@ Built = tuple[str, float | None, float | None, dict[str, Any]]
 def _caption(body: Mapping[str, Any], pts: float | None) -> Built:
     words = [
         (str(w["word"]), float(w["start"]), float(w["end"]))
-        for w in list(body.get("words") or ())[:MAX_WORDS]
+        for w in list(body.get("words") or ())[:MAX_WORDS] if str(w["word"]).strip()
     ]
-    text = str(body["text"])
+    # The text is the words joined by spaces, so a hit's position in it names the word (and its time).
+    text = " ".join(w[0].strip() for w in words) if words else str(body["text"])
     return text, _number(body.get("start")), _number(body.get("end")), {"words": words}
 
 

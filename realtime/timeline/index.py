@@ -24,24 +24,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.events import EventKind
 from realtime.timeline.entries import Entry
 from realtime.timeline.query import Query
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MAX_LIMIT = 100
 MAX_OFFSET = 10_000
 QUERY_TIME_LIMIT_S = 2.0
 PROGRESS_STEPS = 10_000  # SQLite VM steps between looks at the clock
 SNIPPET_TOKENS = 16
+UTTERANCE_PAUSE_S = 1.0  # as `vidsentry run` joins finals into lines
+UTTERANCE_MAX_WORDS = 40
+SENTENCE_END = (".", "?", "!")
 MARK_OPEN, MARK_CLOSE = "\ue000", "\ue001"  # private-use characters: never in indexed text
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS entries(
     id INTEGER PRIMARY KEY,
-    event_id TEXT NOT NULL UNIQUE,
+    event_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
     stream TEXT NOT NULL,
     kind TEXT NOT NULL,
@@ -51,6 +55,8 @@ CREATE TABLE IF NOT EXISTS entries(
     text TEXT NOT NULL,
     extra TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS events(event_id TEXT PRIMARY KEY, entry INTEGER NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS events_entry ON events(entry);
 CREATE INDEX IF NOT EXISTS entries_wall ON entries(wall);
 CREATE INDEX IF NOT EXISTS entries_span ON entries(stream, kind, pts);
 CREATE VIRTUAL TABLE IF NOT EXISTS entries_fts USING fts5(
@@ -59,8 +65,13 @@ CREATE VIRTUAL TABLE IF NOT EXISTS entries_fts USING fts5(
 CREATE TRIGGER IF NOT EXISTS entries_ai AFTER INSERT ON entries BEGIN
     INSERT INTO entries_fts(rowid, text) VALUES (new.id, new.text);
 END;
+CREATE TRIGGER IF NOT EXISTS entries_au AFTER UPDATE OF text ON entries BEGIN
+    INSERT INTO entries_fts(entries_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    INSERT INTO entries_fts(rowid, text) VALUES (new.id, new.text);
+END;
 CREATE TRIGGER IF NOT EXISTS entries_ad AFTER DELETE ON entries BEGIN
     INSERT INTO entries_fts(entries_fts, rowid, text) VALUES ('delete', old.id, old.text);
+    DELETE FROM events WHERE entry = old.id;
 END;
 """
 
@@ -165,25 +176,51 @@ class TimelineIndex:
 
     def add(self, entries: Sequence[tuple[int, Entry]], position: int, *, now: float | None = None) -> int:
         """Keep `entries` (each with its JetStream sequence) and move the position to `position`,
-        in one transaction; then prune. Returns how many were new."""
+        in one transaction; then prune. Returns how many entries were made (a caption that
+        continues its stream's utterance joins that entry instead)."""
         with self._lock:
-            cursor = self._db.executemany(
-                "INSERT OR IGNORE INTO entries(event_id, seq, stream, kind, pts, end_pts, wall, text, extra) "
-                "VALUES (?,?,?,?,?,?,?,?,?)",
-                [
-                    (e.event_id, seq, e.stream_id, e.kind.value, e.pts, e.end_pts, e.wall, e.text,
-                     json.dumps(e.extra, separators=(",", ":")))
-                    for seq, e in entries
-                ],
-            )
-            added = max(cursor.rowcount, 0)  # rows the statement itself inserted (not its triggers')
+            added = 0
+            db = self._db
+            for seq, e in entries:
+                if db.execute("SELECT 1 FROM events WHERE event_id = ?", (e.event_id,)).fetchone() is not None:
+                    self.stats.duplicates += 1  # a replay of an event already kept
+                    continue
+                entry_id = self._continue_utterance(e) if e.kind is EventKind.CAPTIONS else None
+                if entry_id is None:
+                    entry_id = db.execute(
+                        "INSERT INTO entries(event_id, seq, stream, kind, pts, end_pts, wall, text, extra) "
+                        "VALUES (?,?,?,?,?,?,?,?,?)",
+                        (e.event_id, seq, e.stream_id, e.kind.value, e.pts, e.end_pts, e.wall, e.text,
+                         json.dumps(e.extra, separators=(",", ":"))),
+                    ).lastrowid
+                    added += 1
+                db.execute("INSERT INTO events(event_id, entry) VALUES (?, ?)", (e.event_id, entry_id))
             self._set_meta("position", str(position))
-            self._db.commit()
+            db.commit()
             self.stats.indexed += added
-            self.stats.duplicates += len(entries) - added
             self.stats.entries += added
             self._prune(time.time() if now is None else now)
         return added
+
+    def _continue_utterance(self, e: Entry) -> int | None:
+        """Finals come in pieces of a few words: one that follows its stream's last caption within a
+        pause, with no sentence end between, joins it, so a phrase said across pieces is found."""
+        row = self._db.execute(
+            "SELECT id, end_pts, text, extra FROM entries WHERE stream = ? AND kind = 'captions' "
+            "ORDER BY pts DESC LIMIT 1", (e.stream_id,)).fetchone()
+        if row is None or e.pts is None or row[1] is None:
+            return None
+        entry_id, end, text, extra_json = row
+        extra = json.loads(extra_json)
+        words = extra.get("words") or []
+        new_words = list(e.extra.get("words") or ())
+        if (not 0.0 <= e.pts - end < UTTERANCE_PAUSE_S or text.endswith(SENTENCE_END)
+                or len(words) + len(new_words) > UTTERANCE_MAX_WORDS):
+            return None
+        extra["words"] = words + new_words
+        self._db.execute("UPDATE entries SET text = ?, end_pts = ?, extra = ? WHERE id = ?",
+                         (f"{text} {e.text}", e.end_pts, json.dumps(extra, separators=(",", ":")), entry_id))
+        return int(entry_id)
 
     def _prune(self, now: float) -> None:
         pruned = self._db.execute("DELETE FROM entries WHERE wall < ?", (now - self.max_age_s,)).rowcount
@@ -220,6 +257,21 @@ class TimelineIndex:
             conn.close()
         self.stats.queries += 1
         return hits, len(rows) > limit
+
+    def known(self, event_ids: Iterable[str]) -> set[str]:
+        """Which of these events the index has kept (each joins an entry)."""
+        ids = list(event_ids)
+        conn = connect(self.path, readonly=True)
+        try:
+            found: set[str] = set()
+            for start in range(0, len(ids), 500):
+                chunk = ids[start:start + 500]
+                rows = conn.execute(f"SELECT event_id FROM events WHERE event_id IN ({','.join('?' * len(chunk))})",
+                                    chunk).fetchall()
+                found.update(row[0] for row in rows)
+            return found
+        finally:
+            conn.close()
 
     def clip_at(self, stream_id: str, pts: float) -> dict[str, Any] | None:
         conn = connect(self.path, readonly=True)

@@ -90,6 +90,7 @@ class TimelineIndexer:
                     await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
                     attempt += 1
                     continue
+                batches = self.stats.batches
                 try:
                     await self._consume(nc)
                 except (nats.errors.Error, nats.js.errors.Error, OSError) as exc:
@@ -98,6 +99,12 @@ class TimelineIndexer:
                     self.stats.failures += 1
                     self._problem(f"indexing failed: {exc.__class__.__name__}: {exc}")
                 self.stats.caught_up = False
+                if self.stats.batches > batches:
+                    attempt = 0  # it worked for a while: the back-off starts over
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # nats-py turns a cancelled wait on a closing connection into ConnectionClosedError.
+                    raise asyncio.CancelledError
                 await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
                 attempt += 1
         finally:

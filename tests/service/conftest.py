@@ -27,6 +27,7 @@ from realtime.bus.publisher import NatsEventPublisher
 from realtime.cli.bootstrap import compute_budget
 from realtime.config import Config
 from realtime.service.service import Service
+from realtime.timeline.timeline import open_timeline
 from tests.support.waiting import wait_until
 
 CaptionModels = tuple[SpeechRecognizer, VadModel]  # the session-wide `caption_models` fixture
@@ -131,11 +132,12 @@ async def live_service(
     describe: DescribeEngine | None = None,
     compute: bool = False,
     opened: dict[str, object] | None = None,
+    timeline: bool = False,
 ) -> AsyncIterator[LiveService]:
     """The service; with `captions` (the session's recognizer and VAD) streams with audio get captions,
     with `describe` (a VLM client) every stream gets scene descriptions, with `compute` the models
     share the cores through the compute budget as `serve` builds it (config.compute); `opened` adds
-    other capabilities' engines by name."""
+    other capabilities' engines by name; with `timeline` the search index runs (config.timeline)."""
     config = config or make_config()
     budget = None
     if compute:
@@ -150,8 +152,12 @@ async def live_service(
             speech = await stack.enter_async_context(SpeechBatcher(captions[0], compute=budget))
             engine = CaptionEngine(speech, captions[1], config.captions.to_policy())
         engines = {**(opened or {}), CAPTIONS.name: engine, DESCRIPTIONS.name: describe}
+        index = None
+        if timeline:
+            index = await stack.enter_async_context(
+                open_timeline(config.timeline, lambda: publisher.nc, node=config.node))
         service = Service(config, batcher, publisher, api_token=token,
-                          opened={name: e for name, e in engines.items() if e is not None})
+                          opened={name: e for name, e in engines.items() if e is not None}, timeline=index)
         stop = asyncio.Event()
         listening = asyncio.Event()
         task = asyncio.create_task(service.run("127.0.0.1", 0, stop, on_listening=lambda _: listening.set()))

@@ -74,10 +74,30 @@ def test_a_replay_adds_nothing_twice_and_the_position_moves(index: TimelineIndex
     assert reopened.position == 9 and reopened.stats.entries == 4
 
 
+def test_finals_said_in_one_breath_are_one_entry(tmp_path: Path) -> None:
+    idx = TimelineIndex(tmp_path / "u.db", max_entries=1000, max_age_s=86400)
+    idx.add(entries(
+        caption("cam", "a", "several people are", 10.0, at=NOW),  # words end at 10.32, 10.72, 11.12
+        caption("cam", "b", "walking across the plaza.", 11.5, at=NOW + 1.5),  # 0.38 s later: the same breath
+        caption("cam", "c", "a dog barks", 12.9, at=NOW + 3),  # after a sentence end: a new entry
+        caption("cam", "d", "far away", 16.0, at=NOW + 6),  # after a 2 s pause: another
+        caption("other", "e", "walking across", 11.6, at=NOW),  # another stream never joins
+    ), 5, now=NOW)
+    assert idx.stats.entries == 4
+    [hit] = search(idx, '"are walking"', streams=("cam",))
+    assert hit.pts == pytest.approx(10.8) and hit.end_pts == pytest.approx(11.5 + 3 * 0.4 + 0.32)
+    assert hit.event_id == "caption-cam-a"
+    [plaza] = search(idx, "plaza")
+    assert plaza.pts == pytest.approx(11.5 + 3 * 0.4)  # the fourth word of the second piece
+    assert {h.event_id for h in search(idx, "dog OR far")} == {"caption-cam-c", "caption-cam-d"}
+    assert idx.add(entries(caption("cam", "b", "walking across the plaza.", 11.5, at=NOW + 1.5)), 6, now=NOW) == 0
+    assert idx.stats.duplicates == 1  # a joined piece, read again, is still known
+
+
 def test_old_and_surplus_entries_are_pruned_and_counted(tmp_path: Path) -> None:
     idx = TimelineIndex(tmp_path / "p.db", max_entries=500, max_age_s=100)
     # Walls from 150 s to 40 s ago: the older half goes for age, then the oldest past 500 for count.
-    events = [caption("cam", f"s{i}", f"word{i} spoken", float(i), at=NOW - 150.05 + i * 0.1) for i in range(1100)]
+    events = [caption("cam", f"s{i}", f"word{i} spoken.", float(i), at=NOW - 150.05 + i * 0.1) for i in range(1100)]
     idx.add(entries(*events), 1100, now=NOW)
     assert idx.stats.entries == 500 and idx.stats.pruned == 600
     assert search(idx, "word599") == [] and len(search(idx, "word600")) == 1

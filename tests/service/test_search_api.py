@@ -1,0 +1,162 @@
+"""Search through the running service: a real RTSP camera with speech, the real tiny.en model,
+the VLM simulator describing it, a real nats-server; its captions and descriptions indexed from
+JetStream and found by `GET /api/search` at the right media time. Then what a hostile client
+sends: each a 400 that says why, never a 500."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import nats
+import pytest
+
+from engines.detector import Detector
+from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
+from pipelines.describe.settings import DescribeEngine, DescribeSettings
+from realtime.bus.embedded import EmbeddedNatsServer
+from tests.service.conftest import CaptionModels, LiveService, live_service, make_config
+from tests.support.rtsp import RtspServer
+from tests.support.vllm_sim import VllmSimulator
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+DESCRIBE = DescribeSettings(min_interval_s=1.0, max_interval_s=2.0, describe_interval_s=2.0, max_frames=4)
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[VllmSimulator]:
+    async with VllmSimulator(latency_s=0.05, limit_images=8) as server:
+        yield server
+
+
+@pytest.fixture
+async def vlm(sim: VllmSimulator) -> AsyncIterator[VlmClient]:
+    client = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model, max_retries=0))
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def svc(detector: Detector, nats_server: EmbeddedNatsServer, caption_models: CaptionModels,
+              sim: VllmSimulator, vlm: VlmClient) -> AsyncIterator[LiveService]:
+    # A server of its own: the index holds this test's events only.
+    engine = DescribeEngine(vlm, sim.model, DESCRIBE)
+    async with live_service(detector, nats_server.url, config=make_config(), captions=caption_models,
+                            describe=engine, timeline=True) as live:
+        yield live
+
+
+async def test_a_spoken_phrase_and_a_description_are_found_at_their_moment(
+    svc: LiveService, nats_server: EmbeddedNatsServer, sample_clip: Path, tmp_path: Path
+) -> None:
+    finals: list[dict[str, Any]] = []
+    nc = await nats.connect(nats_server.url)
+
+    async def on_final(msg: Any) -> None:
+        finals.append(json.loads(msg.data))
+
+    await nc.subscribe("vidsentry.cam.captions", cb=on_final)
+    rtsp = RtspServer(clip=sample_clip, log_path=tmp_path / "rtsp.log").start()
+    try:
+        reply = await svc.call("POST", "/api/streams", json_body={"id": "cam", "url": rtsp.url("/vtest")})
+        assert reply.status == 201, reply
+        await wait_until(lambda: sum(len(f["words"]) for f in finals) >= 12, 60, "a dozen words of finals")
+        assert (await svc.call("DELETE", "/api/streams/cam")).status == 204
+        await wait_until(lambda: svc.service.registry.running_count == 0, 15, "the stream to stop")
+        timeline = svc.service.timeline
+        assert timeline is not None
+        ids = [f"caption-cam-{f['segment_id']}" for f in finals]
+        await wait_until(lambda: len(timeline.index.known(ids)) == len(ids) and timeline.index.stats.entries > 1, 10,
+                         lambda: f"finals indexed: {len(timeline.index.known(ids))} of {len(ids)}")
+        for _ in range(100):  # a description is asked for every 1-2 s
+            described = await svc.call("GET", "/api/search?q=walking+parking&kind=descriptions")
+            assert described.status == 200, described
+            if described.body["hits"]:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await nc.close()
+        rtsp.close()
+
+    # Two words said one after the other, as a phrase: the hit is that caption, at the first word's start.
+    final = max(finals, key=lambda f: len(f["words"]))
+    words = [w for w in final["words"] if len(w["word"].strip(".,?!")) > 2]
+    first, second = final["words"].index(words[0]), final["words"].index(words[0]) + 1
+    phrase = " ".join(re.sub(r"[^\w ]", "", w["word"]) for w in final["words"][first:second + 1]).lower()
+    reply = await svc.call("GET", f"/api/search?q={quote(chr(34) + phrase + chr(34))}&stream=cam&kind=captions")
+    assert reply.status == 200, reply
+    # Finals said in one breath are one entry: the hit is the one holding this final, at the word's start.
+    said_at = final["words"][first]["start"]
+    hit = next(h for h in reply.body["hits"] if h["pts"] == pytest.approx(said_at, abs=0.002))
+    assert hit["pts"] <= final["start"] + 30 and hit["end_pts"] >= final["end"]
+    assert "frame" not in hit["links"]  # the stream has stopped: no newest frame to link
+    assert [re.sub(r"[^\w ]", "", hit["snippet"][a:b].lower()) for a, b in hit["marks"]] == [phrase]
+
+    assert described.body["hits"], described
+    top = described.body["hits"][0]
+    assert top["kind"] == "descriptions" and top["stream_id"] == "cam" and top["pts"] is not None
+    assert "\ue000" not in top["snippet"] and top["marks"]
+
+    # Paging: every hit once, and the `next` link carries the query.
+    seen: list[str] = []
+    path: str | None = "/api/search?q=parking&limit=1"
+    while path is not None and len(seen) < 5:
+        page = await svc.call("GET", path)
+        assert page.status == 200, page
+        seen += [h["event_id"] for h in page.body["hits"]]
+        path = page.body["next"]
+    assert len(seen) == len(set(seen)) >= 2
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("q=", "q"),
+        ("q=%22unclosed", "q"),
+        ("q=a*", "q"),
+        ("q=" + "x" * 600, "q"),
+        ("q=door&kind=detections", "kind"),
+        ("q=door&stream=..%2Fetc", "stream"),
+        ("q=door&since=yesterday", "since"),
+        ("q=door&since=2026-01-01T00:00:00", "since"),
+        ("q=door&since=10&until=5", "since"),
+        ("q=door&limit=1000", "limit"),
+        ("q=door&offset=-1", "offset"),
+        ("q=door&order=random", "order"),
+    ],
+)
+async def test_bad_searches_are_400s_that_say_why(detector: Detector, shared_nats_server: EmbeddedNatsServer,
+                                                 query: str, field: str) -> None:
+    async with live_service(detector, shared_nats_server.url, timeline=True) as svc:
+        reply = await svc.call("GET", f"/api/search?{query}")
+        assert reply.status == 400, reply
+        assert reply.body["detail"][0]["field"] == field and reply.body["error"].startswith("invalid search")
+
+
+async def test_hostile_queries_are_refused_or_bounded(detector: Detector,
+                                                     shared_nats_server: EmbeddedNatsServer) -> None:
+    async with live_service(detector, shared_nats_server.url, timeline=True) as svc:
+        for q in ['NEAR("a" "b")', "text:secret", "^x", "a OR OR b", "{text}:x", "'; DROP TABLE entries; --"]:
+            reply = await svc.call("GET", f"/api/search?q={quote(q)}")
+            assert reply.status in (200, 400), (q, reply)
+            assert reply.is_json
+        started = time.monotonic()
+        huge = await svc.call("GET", "/api/search?q=" + "a" * (1 << 20))  # a megabyte in the URL
+        assert 400 <= huge.status < 500 and time.monotonic() - started < 5
+        assert (await svc.call("GET", "/healthz")).status == 200  # still serving
+
+
+async def test_with_the_timeline_off_search_says_so(detector: Detector,
+                                                   shared_nats_server: EmbeddedNatsServer) -> None:
+    config = make_config(timeline={"enabled": False})
+    async with live_service(detector, shared_nats_server.url, config=config, timeline=True) as svc:
+        reply = await svc.call("GET", "/api/search?q=door")
+        assert reply.status == 409 and "timeline.enabled" in reply.body["error"]
