@@ -14,7 +14,7 @@ from engines.vlm.errors import VlmBadResponse, VlmError, VlmTimeout, VlmTooManyI
 from engines.vlm.resilience import BreakerState, CircuitBreaker, RetryBudget, backoff_s
 from engines.vlm.routing import rendezvous_order
 from engines.vlm.schema import schema_problem
-from engines.vlm.types import VlmRequest, VlmResponse
+from engines.vlm.types import DeltaSink, VlmRequest, VlmResponse
 from engines.vlm.wire import chat_body
 
 if TYPE_CHECKING:
@@ -104,10 +104,13 @@ class VlmClient:
             ("requests", "succeeded", "failed", "retries", "retries_denied", "timeouts", "in_flight",
              "prompt_tokens", "cached_tokens", "completion_tokens"), 0)
 
-    async def complete(self, request: VlmRequest) -> VlmResponse:
+    async def complete(self, request: VlmRequest, *, on_delta: DeltaSink | None = None) -> VlmResponse:
         """One chat completion. Raises VlmUnavailable (fast while every circuit is open),
         VlmTimeout after request.timeout_s, VlmContextTooLong, VlmTooManyImages, VlmBadResponse,
-        VlmRequestError. Cancelling it aborts the HTTP request."""
+        VlmRequestError. Cancelling it aborts the HTTP request.
+
+        `on_delta` sees the answer as it streams in: each piece of text, and None when an attempt
+        failed part-way and a retry starts over (what it saw so far is void)."""
         if self._closed:
             raise VlmUnavailable("VLM client is closed", retry_after_s=float("inf"))
         self._counts["requests"] += 1
@@ -123,7 +126,7 @@ class VlmClient:
                                  f"({self._settings.max_in_flight} requests in flight)") from None
             self._counts["in_flight"] += 1
             try:
-                response = await self._with_retries(request, started, deadline)
+                response = await self._with_retries(request, started, deadline, on_delta)
             finally:
                 self._counts["in_flight"] -= 1
                 self._slots.release()
@@ -137,7 +140,9 @@ class VlmClient:
         self._counts["completion_tokens"] += response.completion_tokens
         return response
 
-    async def _with_retries(self, request: VlmRequest, started: float, deadline: float) -> VlmResponse:
+    async def _with_retries(
+        self, request: VlmRequest, started: float, deadline: float, on_delta: DeltaSink | None
+    ) -> VlmResponse:
         attempt = 0
         while True:
             endpoint = self._pick(request.route_key)
@@ -147,9 +152,11 @@ class VlmClient:
                 raise VlmTooManyImages(
                     f"{request.image_count()} images, but {endpoint.url} takes at most {limit} per prompt", limit=limit)
             try:
-                completion = await self._attempt(endpoint, request, deadline)
+                completion = await self._attempt(endpoint, request, deadline, on_delta)
             except self._transport.TransientFailure as exc:
                 attempt += 1
+                if on_delta is not None:
+                    on_delta(None)
                 log.debug("VLM %s failed (%s), attempt %d", endpoint.url, exc, attempt)
                 if attempt > self._settings.max_retries:
                     raise VlmUnavailable(f"VLM request failed {attempt} times; last: {exc}",
@@ -183,13 +190,15 @@ class VlmClient:
         waits = [e.breaker.retry_after_s() for e in self._endpoints.values()]
         return max(0.5, min(waits))
 
-    async def _attempt(self, endpoint: _Endpoint, request: VlmRequest, deadline: float) -> Completion:
+    async def _attempt(
+        self, endpoint: _Endpoint, request: VlmRequest, deadline: float, on_delta: DeltaSink | None
+    ) -> Completion:
         endpoint.requests += 1
         body = chat_body(request, self._settings.model, image_uuids=self._settings.image_uuids)
         breaker = endpoint.breaker
         try:
             async with asyncio.timeout_at(deadline):
-                completion = await self._transport.stream_chat(self._get_session(), endpoint.url, body)
+                completion = await self._transport.stream_chat(self._get_session(), endpoint.url, body, on_delta)
         except TimeoutError:
             self._failed(endpoint, "no answer in time")  # a hung server is as down as a refusing one
             raise VlmTimeout(f"no answer from {endpoint.url} within {request.timeout_s:g} s",

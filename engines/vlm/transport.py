@@ -12,6 +12,7 @@ import aiohttp
 
 from engines.vlm.errors import VlmBadResponse
 from engines.vlm.sse import DONE, SseParser
+from engines.vlm.types import DeltaSink
 from engines.vlm.wire import Usage, client_error, is_transient, parse_error, parse_usage
 
 MAX_ANSWER_CHARS = 1 << 20  # a runaway stream is cut here; max_tokens keeps real answers far below
@@ -47,7 +48,9 @@ def new_session(*, connect_timeout_s: float, max_connections: int, api_key: str 
     )
 
 
-async def stream_chat(session: aiohttp.ClientSession, endpoint: str, body: dict[str, Any]) -> Completion:
+async def stream_chat(
+    session: aiohttp.ClientSession, endpoint: str, body: dict[str, Any], on_delta: DeltaSink | None = None
+) -> Completion:
     url = endpoint.rstrip("/") + "/chat/completions"
     try:
         async with session.post(url, json=body) as response:
@@ -59,8 +62,11 @@ async def stream_chat(session: aiohttp.ClientSession, endpoint: str, body: dict[
                         raise TransientFailure(f"HTTP {error.status}: {error.message}", status=error.status)
                     raise client_error(error)
                 if response.content_type == "application/json":
-                    return await _read_whole(response)  # a proxy or server that would not stream
-                return await _read_stream(response)
+                    whole = await _read_whole(response)  # a proxy or server that would not stream
+                    if on_delta is not None and whole.text:
+                        on_delta(whole.text)
+                    return whole
+                return await _read_stream(response, on_delta)
             except BaseException:
                 response.close()  # cancelled or failed mid-stream: drop the connection, never reuse it
                 raise
@@ -70,7 +76,7 @@ async def stream_chat(session: aiohttp.ClientSession, endpoint: str, body: dict[
         raise TransientFailure(f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
 
 
-async def _read_stream(response: aiohttp.ClientResponse) -> Completion:
+async def _read_stream(response: aiohttp.ClientResponse, on_delta: DeltaSink | None = None) -> Completion:
     parser = SseParser()
     pieces: list[str] = []
     size = 0
@@ -105,6 +111,8 @@ async def _read_stream(response: aiohttp.ClientResponse) -> Completion:
                     if size > MAX_ANSWER_CHARS:
                         raise VlmBadResponse(f"answer longer than {MAX_ANSWER_CHARS} characters")
                     pieces.append(content)
+                    if on_delta is not None:
+                        on_delta(content)
                 if choice.get("finish_reason"):
                     finish_reason = str(choice["finish_reason"])
     except UnicodeDecodeError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -80,3 +80,6 @@ class VlmResponse:
     latency_ms: float
     model: str
     endpoint: str  # base URL used (never credentials)
+
+
+DeltaSink = Callable[[str | None], None]  # a streamed piece of the answer; None: a retry starts over

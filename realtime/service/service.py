@@ -41,6 +41,7 @@ from realtime.streams.runner import StreamRunner
 from realtime.streams.spec import stream_spec
 from realtime.streams.transcripts import TranscriptStore
 from realtime.streams.view import StreamView
+from realtime.timeline.ask import Asker
 from realtime.timeline.timeline import Timeline, TimelineCollector
 from realtime.webrtc import signalling
 from realtime.webrtc.metrics import SessionCollector
@@ -143,7 +144,14 @@ class Service:
         description.add_routes(self.app, self.descriptions)
         clips.add_routes(self.app, self.engines.get(CLIPS))  # answers with clips off too
         self.timeline = timeline
-        search.add_routes(self.app, timeline)  # answers with the timeline off too
+        describer = self.engines.get(DESCRIPTIONS)
+        asker = None
+        if timeline is not None and describer is not None:  # asking needs the index and a VLM
+            snapshots = self.engines.snapshots
+            asker = Asker(timeline.retrieve, describer.client, describer.model,
+                          snapshot=snapshots.get if isinstance(snapshots, NatsSnapshotStore) else None,
+                          timeout_s=max(5.0, http.request_timeout_s - 5.0))
+        search.add_routes(self.app, timeline, asker)  # answers with the timeline off too
         if timeline is not None:
             self.metrics.registry.register(TimelineCollector(timeline))
         self.url: str | None = None

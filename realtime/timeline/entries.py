@@ -104,6 +104,8 @@ def _alert(body: Mapping[str, Any], pts: float | None) -> Built:
     start = _number(body.get("started_pts"))
     end = _number(body.get("ended_pts"))
     extra = {"alert_id": str(body.get("alert_id")), "rule_id": str(body.get("rule_id")), "event": body.get("event")}
+    if isinstance(body.get("snapshot"), str):
+        extra["snapshot"] = body["snapshot"]  # the frame it fired on (the snapshot store's reference)
     return ". ".join(words), start if start is not None else pts, end, extra
 
 

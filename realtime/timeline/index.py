@@ -104,6 +104,7 @@ class Hit:
     marks: list[tuple[int, int]]  # [start, end) of each matched token in `snippet`
     score: float
     clip: dict[str, Any] | None = None  # the clip covering `pts`, when one does
+    text: str = ""  # the entry's whole text
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -240,7 +241,7 @@ class TimelineIndex:
         """Hits best first (or newest first), and whether more follow. QueryTooBroad past the time limit."""
         where, params = _filters(filters)
         sql = (
-            "SELECT e.id, e.event_id, e.stream, e.kind, e.pts, e.end_pts, e.wall, e.extra, bm25(entries_fts), "
+            "SELECT e.id, e.event_id, e.stream, e.kind, e.pts, e.end_pts, e.wall, e.extra, e.text, bm25(entries_fts), "
             f"snippet(entries_fts, 0, '{MARK_OPEN}', '{MARK_CLOSE}', '…', {SNIPPET_TOKENS}), "
             f"CASE WHEN e.kind = 'captions' THEN highlight(entries_fts, 0, '{MARK_OPEN}', '{MARK_CLOSE}') END "
             "FROM entries_fts JOIN entries e ON e.id = entries_fts.rowid "
@@ -322,14 +323,14 @@ def _timed(conn: sqlite3.Connection, sql: str, params: Iterable[Any]) -> list[An
 
 
 def _hit(row: Sequence[Any]) -> Hit:
-    _, event_id, stream, kind, pts, end_pts, wall, extra_json, score, snippet, highlighted = row
+    _, event_id, stream, kind, pts, end_pts, wall, extra_json, full, score, snippet, highlighted = row
     extra = json.loads(extra_json)
     text, marks = _split_marks(snippet)
     hit_pts = pts
     if highlighted is not None and extra.get("words"):
         hit_pts = _matched_word_start(highlighted, extra["words"], pts)
     shift = hit_pts - pts if hit_pts is not None and pts is not None else 0.0
-    hit = Hit(event_id, stream, kind, hit_pts, end_pts, wall + shift, text, marks, -float(score))
+    hit = Hit(event_id, stream, kind, hit_pts, end_pts, wall + shift, text, marks, -float(score), text=full)
     hit.extra = {k: v for k, v in extra.items() if k != "words"}
     return hit
 

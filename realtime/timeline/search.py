@@ -72,18 +72,14 @@ def read_request(get: Callable[[str], Sequence[str]], *, now: float | None = Non
     except QueryError as exc:
         raise SearchRequestError(f"q: {exc}", "q") from None
     streams = _listed(get("stream"))
-    if len(streams) > MAX_STREAMS:
-        raise SearchRequestError(f"stream: at most {MAX_STREAMS} streams", "stream")
-    for stream in streams:
-        if not STREAM_ID_PATTERN.fullmatch(stream):
-            raise SearchRequestError(f"stream: {stream[:70]!r} is not a stream id", "stream")
+    check_streams(streams)
     kinds = _listed(get("kind"))
     known = [k.value for k in INDEXED_KINDS]
     for kind in kinds:
         if kind not in known:
             raise SearchRequestError(f"kind: {kind[:30]!r} is not one of {', '.join(known)}", "kind")
     at = time.time() if now is None else now
-    since, until = (_time(get(name), name, at) for name in ("since", "until"))
+    since, until = (parse_time(get(name), name, at) for name in ("since", "until"))
     if since is not None and until is not None and since > until:
         raise SearchRequestError("since is after until", "since")
     order = (get("order") or ["relevance"])[0]
@@ -92,6 +88,14 @@ def read_request(get: Callable[[str], Sequence[str]], *, now: float | None = Non
     limit = _integer(get("limit"), "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
     offset = _integer(get("offset"), "offset", 0, 0, MAX_OFFSET)
     return SearchRequest(texts[0], query, Filters(tuple(streams), tuple(kinds), since, until), limit, offset, order)
+
+
+def check_streams(streams: Sequence[str]) -> None:
+    if len(streams) > MAX_STREAMS:
+        raise SearchRequestError(f"stream: at most {MAX_STREAMS} streams", "stream")
+    for stream in streams:
+        if not isinstance(stream, str) or not STREAM_ID_PATTERN.fullmatch(stream):
+            raise SearchRequestError(f"stream: {str(stream)[:70]!r} is not a stream id", "stream")
 
 
 def _listed(values: Sequence[str]) -> list[str]:
@@ -110,7 +114,7 @@ def _integer(values: Sequence[str], name: str, default: int, low: int, high: int
     return value
 
 
-def _time(values: Sequence[str], name: str, now: float) -> float | None:
+def parse_time(values: Sequence[str], name: str, now: float) -> float | None:
     if not values or not values[0].strip():
         return None
     raw = values[0].strip()

@@ -15,8 +15,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from realtime.timeline.config import TimelineSettings
-from realtime.timeline.index import Hit, TimelineIndex
+from realtime.timeline.index import Filters, Hit, TimelineIndex
 from realtime.timeline.indexer import TimelineIndexer
+from realtime.timeline.query import Query
 from realtime.timeline.search import SearchRequest
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,12 @@ class Timeline:
             return await asyncio.to_thread(
                 self.index.search, request.query, request.filters, limit=request.limit, offset=request.offset,
                 order=request.order)
+
+    async def retrieve(self, query: Query, filters: Filters, limit: int) -> list[Hit]:
+        """The best `limit` entries for the query (what `ask` gives the VLM as evidence)."""
+        async with self._slots:
+            hits, _ = await asyncio.to_thread(self.index.search, query, filters, limit=limit, offset=0)
+        return hits
 
     async def run(self) -> None:
         await self.indexer.run()

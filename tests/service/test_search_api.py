@@ -21,6 +21,7 @@ from engines.detector import Detector
 from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
 from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
+from tests.realtime.timeline.bodies import caption
 from tests.service.conftest import CaptionModels, LiveService, live_service, make_config
 from tests.support.rtsp import RtspServer
 from tests.support.vllm_sim import VllmSimulator
@@ -160,3 +161,69 @@ async def test_with_the_timeline_off_search_says_so(detector: Detector,
     async with live_service(detector, shared_nats_server.url, config=config, timeline=True) as svc:
         reply = await svc.call("GET", "/api/search?q=door")
         assert reply.status == 409 and "timeline.enabled" in reply.body["error"]
+
+
+async def read_events(response: Any) -> list[tuple[str, Any]]:
+    events: list[tuple[str, Any]] = []
+    kind = ""
+    async for raw in response.content:
+        line = raw.decode().rstrip("\n")
+        if line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: "):
+            events.append((kind, json.loads(line[6:])))
+    return events
+
+
+async def test_ask_streams_an_answer_with_checked_citations(
+    detector: Detector, nats_server: EmbeddedNatsServer
+) -> None:
+    def answer_or_check(body: dict[str, Any]) -> str:
+        if (body.get("response_format") or {}).get("type") == "json_schema":
+            return json.dumps({"verdicts": [{"claim": 1, "evidence": "E1", "supported": True}]})
+        return "The parcel was left at the front door [E1]. It was raining [E2]."
+
+    async with VllmSimulator(answer=answer_or_check, per_token_s=0.002) as sim:
+        client = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model, max_retries=0))
+        engine = DescribeEngine(client, sim.model, DESCRIBE)
+        try:
+            async with live_service(detector, nats_server.url, describe=engine, timeline=True) as svc:
+                now = time.time()
+                for event in (caption("door", "s1", "the parcel was left at the front door.", 12.0, at=now),
+                              caption("yard", "s2", "it started raining hard.", 40.0, at=now)):
+                    await svc.service.publisher.publish(event)
+                timeline = svc.service.timeline
+                assert timeline is not None
+                await wait_until(lambda: timeline.index.stats.entries == 2, 10, "two captions indexed")
+
+                headers = {"Accept": "text/event-stream", "Content-Type": "application/json"}
+                body = json.dumps({"question": "where was the parcel left?", "streams": ["door"], "since": "1h"})
+                async with svc.session.post(svc.url + "/api/ask", data=body, headers=headers) as response:
+                    assert response.status == 200 and response.content_type == "text/event-stream"
+                    events = await read_events(response)
+                kinds = [k for k, _ in events]
+                assert kinds[0] == "evidence" and kinds[-1] == "answer" and kinds.count("delta") > 3
+                assert [h["stream_id"] for h in events[0][1]["evidence"]] == ["door"]  # the filter held
+                final = events[-1][1]
+                assert final["answer"] == "The parcel was left at the front door [E1]."
+                assert final["citations"]["E1"]["pts"] == pytest.approx(12.4, abs=0.01)  # "parcel"
+                assert {d["citation"] for d in final["dropped"]} >= {"E2"}  # one entry of evidence only
+
+                plain = await svc.call("POST", "/api/ask", json_body={"question": "where was the parcel left?"})
+                assert plain.status == 200 and plain.body["citations"]["E1"]["stream_id"] == "door"
+                for bad, field in (({"question": ""}, "question"), ({"question": "x", "streams": "door"}, "streams"),
+                                   ({"question": "x", "since": "soon"}, "since"), ({"q": "x"}, "q")):
+                    reply = await svc.call("POST", "/api/ask", json_body=bad)
+                    assert reply.status == 400 and reply.body["detail"][0]["field"] == field, reply
+                sim.down = True
+                outage = await svc.call("POST", "/api/ask", json_body={"question": "where was the parcel left?"})
+                assert outage.status == 503 and "VLM" in outage.body["error"]
+        finally:
+            await client.aclose()
+
+
+async def test_ask_without_a_vlm_says_what_to_configure(detector: Detector,
+                                                       shared_nats_server: EmbeddedNatsServer) -> None:
+    async with live_service(detector, shared_nats_server.url, timeline=True) as svc:
+        reply = await svc.call("POST", "/api/ask", json_body={"question": "anyone at the door?"})
+        assert reply.status == 409 and "vlm.endpoints" in reply.body["error"]
