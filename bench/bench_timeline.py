@@ -172,7 +172,7 @@ def build(path: Path, count: int) -> tuple[TimelineIndex, float, list[str]]:
         pts = (n // 8) * 2.5
         extra: dict[str, Any] = {}
         if kind is EventKind.CAPTIONS:
-            extra["words"] = [(w, pts + i * 0.2, pts + i * 0.2 + 0.15) for i, w in enumerate(words[:-1])]
+            extra["times"] = [[round(pts + i * 0.2, 3), round(pts + i * 0.2 + 0.15, 3)] for i in range(length)]
         batch.append((n + 1, Entry(f"e{n}", f"cam{n % 8}", kind, pts, pts + 2.0,
                                    now - 30 * 86400 + n * (30 * 86400 / count), " ".join(words[:-1]) + ".", extra)))
         if len(batch) == 5000:

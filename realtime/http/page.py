@@ -18,6 +18,7 @@ STATIC_TYPES = {
     "index.html": "text/html",
     "app.js": "text/javascript",
     "clips.js": "text/javascript",
+    "timeline.js": "text/javascript",
     "app.css": "text/css",
     "icon.svg": "image/svg+xml",
 }

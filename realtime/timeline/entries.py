@@ -38,7 +38,7 @@ class Entry:
     end_pts: float | None
     wall: float  # epoch seconds the media reached the service
     text: str
-    extra: Mapping[str, Any]  # per kind: `words` (captions), `clip_id` (clips), `alert_id`, ...
+    extra: Mapping[str, Any]  # per kind: `times` (captions' words), `clip_id` (clips), `alert_id`, ...
 
 
 class NotIndexed(Exception):
@@ -73,12 +73,14 @@ Built = tuple[str, float | None, float | None, dict[str, Any]]
 
 def _caption(body: Mapping[str, Any], pts: float | None) -> Built:
     words = [
-        (str(w["word"]), float(w["start"]), float(w["end"]))
+        ("".join(str(w["word"]).split()), float(w["start"]), float(w["end"]))
         for w in list(body.get("words") or ())[:MAX_WORDS] if str(w["word"]).strip()
     ]
-    # The text is the words joined by spaces, so a hit's position in it names the word (and its time).
-    text = " ".join(w[0].strip() for w in words) if words else str(body["text"])
-    return text, _number(body.get("start")), _number(body.get("end")), {"words": words}
+    # The text is the words joined by spaces, so a hit's position in it names the word, and `times`
+    # (each word's start and end, media seconds) its moment. Times only: the words are the text.
+    text = " ".join(w[0] for w in words) if words else str(body["text"])
+    times = [[round(start, 3), round(end, 3)] for _, start, end in words]
+    return text, _number(body.get("start")), _number(body.get("end")), {"times": times}
 
 
 def _description(body: Mapping[str, Any], pts: float | None) -> Built:

@@ -30,7 +30,7 @@ from realtime.timeline.query import Query
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MAX_LIMIT = 100
 MAX_OFFSET = 10_000
 QUERY_TIME_LIMIT_S = 2.0
@@ -39,6 +39,8 @@ SNIPPET_TOKENS = 16
 UTTERANCE_PAUSE_S = 1.0  # as `vidsentry run` joins finals into lines
 UTTERANCE_MAX_WORDS = 40
 SENTENCE_END = (".", "?", "!")
+RANK_WINDOW = 50_000  # relevance ranks the newest this many matches: a common word stays fast
+MARK_EVERY = 1024  # entries between two wall-time marks (see _since_bound)
 MARK_OPEN, MARK_CLOSE = "\ue000", "\ue001"  # private-use characters: never in indexed text
 
 _SCHEMA = """
@@ -57,6 +59,8 @@ CREATE TABLE IF NOT EXISTS entries(
 );
 CREATE TABLE IF NOT EXISTS events(event_id TEXT PRIMARY KEY, entry INTEGER NOT NULL) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS events_entry ON events(entry);
+CREATE TABLE IF NOT EXISTS marks(id INTEGER PRIMARY KEY, max_wall REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS marks_wall ON marks(max_wall);
 CREATE INDEX IF NOT EXISTS entries_wall ON entries(wall);
 CREATE INDEX IF NOT EXISTS entries_span ON entries(stream, kind, pts);
 CREATE VIRTUAL TABLE IF NOT EXISTS entries_fts USING fts5(
@@ -149,6 +153,8 @@ class TimelineIndex:
                 raise TimelineIndexError(f"{path}: index schema {version}, this version reads {SCHEMA_VERSION}; "
                                   "delete the file and it is rebuilt from JetStream")
             self.stats.entries = self._count()
+            row = self._db.execute("SELECT max(id), max(wall) FROM entries").fetchone()
+            self._last_id, self._max_wall = int(row[0] or 0), float(row[1] or 0.0)
         except sqlite3.DatabaseError as exc:
             raise TimelineIndexError(f"{path}: {exc}; delete the file and it is rebuilt from JetStream") from None
         self._lock = threading.Lock()
@@ -195,6 +201,12 @@ class TimelineIndex:
                          json.dumps(e.extra, separators=(",", ":"))),
                     ).lastrowid
                     added += 1
+                    self._max_wall = max(self._max_wall, e.wall)
+                    if entry_id is not None and entry_id // MARK_EVERY != self._last_id // MARK_EVERY:
+                        # Every entry up to here has a wall time at most max_wall.
+                        db.execute("INSERT OR REPLACE INTO marks(id, max_wall) VALUES (?, ?)",
+                                   (entry_id, self._max_wall))
+                    self._last_id = entry_id or self._last_id
                 db.execute("INSERT INTO events(event_id, entry) VALUES (?, ?)", (e.event_id, entry_id))
             self._set_meta("position", str(position))
             db.commit()
@@ -213,12 +225,12 @@ class TimelineIndex:
             return None
         entry_id, end, text, extra_json = row
         extra = json.loads(extra_json)
-        words = extra.get("words") or []
-        new_words = list(e.extra.get("words") or ())
+        words = extra.get("times") or []
+        new_words = list(e.extra.get("times") or ())
         if (not 0.0 <= e.pts - end < UTTERANCE_PAUSE_S or text.endswith(SENTENCE_END)
                 or len(words) + len(new_words) > UTTERANCE_MAX_WORDS):
             return None
-        extra["words"] = words + new_words
+        extra["times"] = words + new_words
         self._db.execute("UPDATE entries SET text = ?, end_pts = ?, extra = ? WHERE id = ?",
                          (f"{text} {e.text}", e.end_pts, json.dumps(extra, separators=(",", ":")), entry_id))
         return int(entry_id)
@@ -238,19 +250,37 @@ class TimelineIndex:
 
     def search(self, query: Query, filters: Filters, *, limit: int, offset: int,
                order: str = "relevance") -> tuple[list[Hit], bool]:
-        """Hits best first (or newest first), and whether more follow. QueryTooBroad past the time limit."""
+        """Hits best first (BM25 over the newest `RANK_WINDOW` matches) or newest first, and
+        whether more follow. QueryTooBroad past the time limit."""
         where, params = _filters(filters)
-        sql = (
-            "SELECT e.id, e.event_id, e.stream, e.kind, e.pts, e.end_pts, e.wall, e.extra, e.text, bm25(entries_fts), "
-            f"snippet(entries_fts, 0, '{MARK_OPEN}', '{MARK_CLOSE}', '…', {SNIPPET_TOKENS}), "
-            f"CASE WHEN e.kind = 'captions' THEN highlight(entries_fts, 0, '{MARK_OPEN}', '{MARK_CLOSE}') END "
-            "FROM entries_fts JOIN entries e ON e.id = entries_fts.rowid "
-            f"WHERE entries_fts MATCH ?{where} "
-            f"ORDER BY {'bm25(entries_fts)' if order == 'relevance' else 'e.wall DESC'} LIMIT ? OFFSET ?"
-        )
+        fts = query.fts()
         conn = connect(self.path, readonly=True)
         try:
-            rows = _timed(conn, sql, [query.fts(), *params, limit + 1, offset])
+            deadline = time.monotonic() + QUERY_TIME_LIMIT_S
+            bounds: list[str] = []
+            bound_params: list[Any] = []
+            if filters.since is not None:  # entries older than `since` are skipped inside FTS5
+                floor = _since_bound(conn, filters.since)
+                if floor:
+                    bounds.append("entries_fts.rowid > ?")
+                    bound_params.append(floor)
+            if order == "relevance":
+                window = _timed(conn, "SELECT rowid FROM entries_fts WHERE entries_fts MATCH ?"
+                                + "".join(f" AND {b}" for b in bounds) + " ORDER BY rowid DESC LIMIT 1 OFFSET ?",
+                                [fts, *bound_params, RANK_WINDOW - 1], deadline)
+                if window:
+                    bounds.append("entries_fts.rowid >= ?")
+                    bound_params.append(window[0][0])
+            sql = (
+                "SELECT e.id, e.event_id, e.stream, e.kind, e.pts, e.end_pts, e.wall, e.extra, e.text, "
+                f"bm25(entries_fts), snippet(entries_fts, 0, '{MARK_OPEN}', '{MARK_CLOSE}', '…', {SNIPPET_TOKENS}), "
+                f"CASE WHEN e.kind = 'captions' THEN highlight(entries_fts, 0, '{MARK_OPEN}', '{MARK_CLOSE}') END "
+                "FROM entries_fts JOIN entries e ON e.id = entries_fts.rowid "
+                f"WHERE entries_fts MATCH ?{''.join(f' AND {b}' for b in bounds)}{where} "
+                f"ORDER BY {'bm25(entries_fts)' if order == 'relevance' else 'entries_fts.rowid DESC'} "
+                "LIMIT ? OFFSET ?"
+            )
+            rows = _timed(conn, sql, [fts, *bound_params, *params, limit + 1, offset], deadline)
             hits = [_hit(row) for row in rows[:limit]]
             for hit in hits:
                 hit.clip = _covering_clip(conn, hit)
@@ -311,8 +341,7 @@ def _filters(filters: Filters) -> tuple[str, list[Any]]:
     return "".join(f" AND {c}" for c in clauses), params
 
 
-def _timed(conn: sqlite3.Connection, sql: str, params: Iterable[Any]) -> list[Any]:
-    deadline = time.monotonic() + QUERY_TIME_LIMIT_S
+def _timed(conn: sqlite3.Connection, sql: str, params: Iterable[Any], deadline: float) -> list[Any]:
     conn.set_progress_handler(lambda: int(time.monotonic() > deadline), PROGRESS_STEPS)
     try:
         return conn.execute(sql, list(params)).fetchall()
@@ -322,16 +351,26 @@ def _timed(conn: sqlite3.Connection, sql: str, params: Iterable[Any]) -> list[An
         raise
 
 
+def _since_bound(conn: sqlite3.Connection, since: float) -> int:
+    """An entry id at or below which every entry is older than `since`, so FTS5 can skip them.
+
+    Marks record, every MARK_EVERY entries, the newest wall time among all entries up to then;
+    that maximum only grows with the id, so the last mark still below `since` bounds exactly
+    (events that arrive late, with older wall times, only ever sit above it)."""
+    row = conn.execute("SELECT max(id) FROM marks WHERE max_wall < ?", (since,)).fetchone()
+    return int(row[0] or 0)
+
+
 def _hit(row: Sequence[Any]) -> Hit:
     _, event_id, stream, kind, pts, end_pts, wall, extra_json, full, score, snippet, highlighted = row
     extra = json.loads(extra_json)
     text, marks = _split_marks(snippet)
     hit_pts = pts
-    if highlighted is not None and extra.get("words"):
-        hit_pts = _matched_word_start(highlighted, extra["words"], pts)
+    if highlighted is not None and extra.get("times"):
+        hit_pts = _matched_word_start(highlighted, extra["times"], pts)
     shift = hit_pts - pts if hit_pts is not None and pts is not None else 0.0
     hit = Hit(event_id, stream, kind, hit_pts, end_pts, wall + shift, text, marks, -float(score), text=full)
-    hit.extra = {k: v for k, v in extra.items() if k != "words"}
+    hit.extra = {k: v for k, v in extra.items() if k != "times"}
     return hit
 
 
@@ -353,16 +392,16 @@ def _split_marks(text: str) -> tuple[str, list[tuple[int, int]]]:
     return "".join(out), marks
 
 
-def _matched_word_start(highlighted: str, words: list[list[Any]], default: float | None) -> float | None:
+def _matched_word_start(highlighted: str, times: list[list[float]], default: float | None) -> float | None:
     """The start time of the first matched word: count the words before the first mark."""
     cut = highlighted.find(MARK_OPEN)
-    if cut < 0 or not words:
+    if cut < 0 or not times:
         return default
     head = highlighted[:cut]
     before = len(head.split())
     if head and not head[-1].isspace():
         before -= 1  # the match is inside a word ("o'brien" is two tokens): that word is the one
-    return float(words[min(before, len(words) - 1)][1])
+    return float(times[min(before, len(times) - 1)][0])
 
 
 def _covering_clip(conn: sqlite3.Connection, hit: Hit) -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 // Plain modern JavaScript served as is: no build step, no framework, nothing from another origin.
 
 import { ClipPanel } from "./clips.js";
+import { TimelinePanel } from "./timeline.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -116,8 +117,11 @@ function pageNotice(text) {
 
 // -- Modes -------------------------------------------------------------------------------------
 
+const MODES = ["live", "watch", "ask"];
+
 function currentMode() {
-  return location.hash === "#watch" ? "watch" : "live";
+  const mode = location.hash.slice(1);
+  return MODES.includes(mode) ? mode : "live";
 }
 
 function showMode(mode) {
@@ -1132,12 +1136,17 @@ async function boot() {
       overlay: $("clip-overlay"), info: $("clip-info") },
     { api, drawBoxes },
   );
+  new TimelinePanel(
+    { form: $("ask-form"), input: $("ask-input"), search: $("ask-search"), ask: $("ask-ask"), status: $("ask-status"),
+      answer: $("ask-answer"), list: $("ask-hits"), box: $("ask-box"), video: $("ask-video"), info: $("ask-info") },
+    { api, errorText },
+  );
   $("token-form").addEventListener("submit", submitToken);
   $("start").addEventListener("click", startLive);
   $("stop").addEventListener("click", () => stopLive());
   for (const tab of document.querySelectorAll("[role=tab]")) {
     tab.addEventListener("click", () => {
-      history.replaceState(null, "", tab.dataset.mode === "watch" ? "#watch" : "#live");
+      history.replaceState(null, "", `#${tab.dataset.mode}`);
       showMode(tab.dataset.mode);
     });
   }

@@ -134,3 +134,25 @@ def test_a_file_that_is_not_an_index_says_what_to_do(tmp_path: Path) -> None:
     bad.write_bytes(b"not sqlite at all" * 100)
     with pytest.raises(TimelineIndexError, match="delete the file"):
         TimelineIndex(bad, max_entries=1000, max_age_s=100)
+
+
+def test_a_since_filter_skips_old_entries_exactly_even_when_they_arrive_out_of_order(tmp_path: Path) -> None:
+    import random
+
+    rng = random.Random(3)
+    walls = [NOW - 5000 + i + rng.uniform(-400, 400) for i in range(4000)]  # late and early arrivals
+    idx = TimelineIndex(tmp_path / "s.db", max_entries=100_000, max_age_s=86400)
+    events = [caption("cam", f"s{i}", f"needle number{i}.", float(i), at=wall) for i, wall in enumerate(walls)]
+    idx.add(entries(*events), len(events), now=NOW)
+    since = NOW - 2500
+    hits, _ = idx.search(parse("needle"), Filters(since=since), limit=100, offset=0, order="newest")
+    expected = sum(1 for w in walls if w >= since)
+    found: set[str] = set()
+    offset = 0
+    while True:
+        page, more = idx.search(parse("needle"), Filters(since=since), limit=100, offset=offset, order="newest")
+        found.update(h.event_id for h in page)
+        if not more:
+            break
+        offset += 100
+    assert len(found) == expected and all(h.wall >= since for h in hits)
