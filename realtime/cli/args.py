@@ -31,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     search = commands.add_parser("search", help="search what the streams said and saw (a running service's timeline)")
     add_search_arguments(search)
 
+    ask = commands.add_parser("ask", help="ask a question about what the streams said and saw (needs a VLM)")
+    ask.add_argument("question")
+    add_timeline_arguments(ask)
+    ask.add_argument("--json", action="store_true", help="print the checked answer as JSON")
+
     doctor = commands.add_parser("doctor", help="which engines can run on this machine, and why not")
     doctor.add_argument("--config", help="YAML config whose vlm.endpoints to check (also VIDSENTRY_VLM__* variables)")
     doctor.add_argument("--vlm-url", action="append", help="check this vLLM base URL, e.g. http://vllm:8000/v1 "
@@ -40,15 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_search_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("query", help='words, "a phrase", a OR b, -excluded, prefix* (3+ characters)')
+def add_timeline_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="the service (default http://127.0.0.1:8080; "
                         f"token from {TOKEN_ENV})")
     parser.add_argument("--stream", action="append", help="only this stream (repeatable)")
-    parser.add_argument("--kind", action="append",
-                        choices=["captions", "descriptions", "alerts", "tracks", "clips"], help="only this kind")
     parser.add_argument("--since", help="epoch seconds, RFC 3339, or an age: 15m, 2h, 7d")
     parser.add_argument("--until", help="the same")
+
+
+def add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("query", help='words, "a phrase", a OR b, -excluded, prefix* (3+ characters)')
+    add_timeline_arguments(parser)
+    parser.add_argument("--kind", action="append",
+                        choices=["captions", "descriptions", "alerts", "tracks", "clips"], help="only this kind")
     parser.add_argument("--order", choices=["relevance", "newest"], default="relevance")
     parser.add_argument("--limit", type=int, default=20, help="hits to print (1-100, default 20)")
     parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")

@@ -38,10 +38,10 @@ def main(argv: list[str] | None = None) -> int:
             from realtime.cli.subscribe import subscribe_command
 
             return asyncio.run(subscribe_command(args))
-        if args.command == "search":
-            from realtime.cli.search import search_command
+        if args.command in ("search", "ask"):
+            from realtime.cli.search import ask_command, search_command
 
-            return asyncio.run(search_command(args))
+            return asyncio.run(search_command(args) if args.command == "search" else ask_command(args))
         from realtime.cli.doctor import doctor_command
 
         return doctor_command(args)

@@ -1,8 +1,9 @@
-"""`vidsentry search QUERY`: ask a running service's timeline (GET /api/search) and print the hits,
-one line each, newest or best first; `--json` prints the API's answer as it is.
+"""`vidsentry search QUERY` and `vidsentry ask QUESTION`: a running service's timeline
+(GET /api/search, POST /api/ask). Search prints the hits one line each; ask prints the answer as
+it is written, then the checked answer and its citations. `--json` prints the API's answer as it is.
 
-Exit 0 with or without hits; 2 for a query the service refuses (its reason, one line); 1 when the
-service cannot be reached or answers otherwise.
+Exit 0 with or without hits; 2 for a query or question the service refuses (its reason, one
+line); 1 when the service cannot be reached or answers otherwise (no VLM, a VLM outage).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from urllib.parse import urlencode, urlsplit
 import aiohttp
 
 from realtime.cli.args import TOKEN_ENV
-from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
+from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CommandError
 from realtime.timeline.search import marked
 
 TIMEOUT_S = 30.0
+ASK_TIMEOUT_S = 120.0
 
 
 def check_url(url: str) -> str:
@@ -88,4 +90,73 @@ async def search_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> 
     elif body.get("next"):
         print(f"more: --limit {args.limit} and offset {body['offset'] + body['limit']} (--json gives the link)",
               file=sys.stderr)
+    return EXIT_OK
+
+
+async def ask_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """`vidsentry ask QUESTION`: the answer as the model writes it, then the checked answer with
+    its citations (stream, time, clip), and what the check dropped."""
+    url = check_url(args.url)
+    token = os.environ.get(TOKEN_ENV, "").strip() or None
+    headers = {"Accept": "text/event-stream", **({"Authorization": f"Bearer {token}"} if token else {})}
+    body: dict[str, Any] = {"question": args.question}
+    if args.stream:
+        body["streams"] = args.stream
+    for name in ("since", "until"):
+        if getattr(args, name):
+            body[name] = getattr(args, name)
+    streaming = out.isatty() and not args.json
+    final: dict[str, Any] | None = None
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=ASK_TIMEOUT_S)) as session,
+            session.post(f"{url}/api/ask", json=body, headers=headers) as response,
+        ):
+            if response.status != 200:
+                try:
+                    reason = (await response.json(content_type=None)).get("error")
+                except (ValueError, AttributeError):
+                    reason = response.reason
+                code = EXIT_USAGE if response.status == 400 else EXIT_RUNTIME
+                raise CommandError(f"{url} answered {response.status}: {reason}", code)
+            kind = ""
+            async for raw in response.content:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                if line.startswith("event: "):
+                    kind = line[7:]
+                    continue
+                if not line.startswith("data: "):
+                    continue
+                data = json.loads(line[6:])
+                if kind == "delta" and streaming:
+                    out.write(data["text"])
+                    out.flush()
+                elif kind == "restart" and streaming:
+                    out.write("\n[retrying]\n")
+                elif kind == "error":
+                    raise CommandError(str(data.get("error")), EXIT_RUNTIME)
+                elif kind == "answer":
+                    final = data
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise CommandError(f"cannot reach the service at {url} ({exc.__class__.__name__}); is `vidsentry serve` "
+                           "running there? (--url)", EXIT_RUNTIME) from None
+    if final is None:
+        raise CommandError("the answer stopped part-way", EXIT_RUNTIME)
+    if args.json:
+        out.write(json.dumps(final, ensure_ascii=False) + "\n")
+        return EXIT_OK
+    if streaming:
+        out.write("\n\nchecked:\n")
+    out.write(final["answer"] + "\n")
+    for label, hit in final["citations"].items():
+        when = datetime.fromtimestamp(hit["wall"]).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        at = f" at {hit['pts']:.1f}s" if hit.get("pts") is not None else ""
+        clip = f", clip {hit['clip']['clip_id'][:8]} at {hit['clip']['offset_s']:.1f}s" if hit.get("clip") else ""
+        out.write(f"  [{label}] {hit['stream_id']}{at}, {when}, {hit['kind']}{clip}: {hit['text'][:120]}\n")
+    dropped = [d for d in final["dropped"] if d["citation"]]
+    if dropped:
+        out.write(f"  dropped {len(dropped)} citation{'s' if len(dropped) != 1 else ''}: "
+                  + "; ".join(f"{d['citation']} ({d['reason']})" for d in dropped) + "\n")
+    if not final["checked"]:
+        out.write("  (unchecked: the citation check could not run)\n")
     return EXIT_OK

@@ -23,6 +23,7 @@ from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.realtime.timeline.bodies import caption
 from tests.service.conftest import CaptionModels, LiveService, live_service, make_config
+from tests.support.cli import one_error_line, vidsentry
 from tests.support.rtsp import RtspServer
 from tests.support.vllm_sim import VllmSimulator
 from tests.support.waiting import wait_until
@@ -215,9 +216,22 @@ async def test_ask_streams_an_answer_with_checked_citations(
                                    ({"question": "x", "since": "soon"}, "since"), ({"q": "x"}, "q")):
                     reply = await svc.call("POST", "/api/ask", json_body=bad)
                     assert reply.status == 400 and reply.body["detail"][0]["field"] == field, reply
+                # The commands, as a user runs them against the service.
+                found = await asyncio.to_thread(vidsentry, "search", "front door", "--url", svc.url)
+                assert found.returncode == 0 and "door  captions" in found.stdout and "«front» «door»" in found.stdout
+                asked = await asyncio.to_thread(vidsentry, "ask", "where was the parcel left?", "--url", svc.url,
+                                                "--stream", "door")
+                assert asked.returncode == 0, asked.stderr
+                assert asked.stdout.startswith("The parcel was left at the front door [E1].")
+                assert "[E1] door at 12.4s" in asked.stdout and "dropped 1 citation: E2" in asked.stdout
+                bad = await asyncio.to_thread(vidsentry, "search", '"unclosed', "--url", svc.url)
+                assert "unclosed quote" in one_error_line(bad, 2)
+
                 sim.down = True
                 outage = await svc.call("POST", "/api/ask", json_body={"question": "where was the parcel left?"})
                 assert outage.status == 503 and "VLM" in outage.body["error"]
+                down = await asyncio.to_thread(vidsentry, "ask", "where was the parcel left?", "--url", svc.url)
+                assert "VLM" in one_error_line(down, 1)
         finally:
             await client.aclose()
 
