@@ -178,6 +178,7 @@ export class TimelinePanel {
     if (this.url) URL.revokeObjectURL(this.url);
     this.url = null;
     this.el.box.hidden = true;
+    this.el.box.classList.remove("on");
   }
 
   async open(hit) {
@@ -195,6 +196,7 @@ export class TimelinePanel {
       const video = this.el.video;
       video.src = this.url;
       this.el.box.hidden = false;
+      this.el.box.classList.add("on");
       video.addEventListener("loadedmetadata", () => { video.currentTime = hit.clip.offset_s; }, { once: true });
       this.el.info.textContent = `${hit.stream_id} · clip ${hit.clip.clip_id.slice(0, 8)} at ${hit.clip.offset_s.toFixed(1)} s`;
       await video.play().catch(() => {});
