@@ -43,7 +43,8 @@ from pipelines.tracker import LifecycleKind, TrackEvent  # noqa: E402
 from realtime.bus.embedded import EmbeddedNatsServer  # noqa: E402
 from realtime.bus.publisher import NatsEventPublisher  # noqa: E402
 from realtime.timeline.entries import Entry  # noqa: E402
-from realtime.timeline.index import Filters, QueryTooBroad, TimelineIndex  # noqa: E402
+from realtime.timeline.errors import QueryTooBroad  # noqa: E402
+from realtime.timeline.index import Filters, TimelineIndex  # noqa: E402
 from realtime.timeline.query import parse  # noqa: E402
 from tests.service.serve_process import ServeProcess  # noqa: E402
 

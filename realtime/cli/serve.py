@@ -31,12 +31,12 @@ from realtime.cli.bootstrap import (
 )
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
 from realtime.config import Config, ConfigError, config_class_problems, config_vlm_problems, load_config
-from realtime.fleet.options import with_flags
+from realtime.fleet.options import fleet_options, with_flags
 from realtime.fleet.worker import DuplicateNode, FleetUnavailable
 from realtime.http import ListenError
 from realtime.service.memory import cap_malloc_arenas
 from realtime.service.service import Service
-from realtime.timeline.index import TimelineIndexError
+from realtime.timeline.errors import TimelineIndexError
 from realtime.timeline.timeline import open_timeline
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,8 @@ async def serve_command(args: argparse.Namespace) -> int:
                     open_bus(args.nats_url or config.nats.url, config.nats, config.node) as publisher,
                     DetectionBatcher(detector, compute=compute) as batcher,
                     open_engines(config, compute) as opened,
-                    open_timeline(config.timeline, lambda: publisher.nc, node=config.node) as timeline,
+                    open_timeline(config.timeline, lambda: publisher.nc, node=config.node,
+                                  fleet=fleet_options(config)) as timeline,
                 ):
                     service = Service(
                         config, batcher, publisher, api_token=plan.token, opened=opened, timeline=timeline

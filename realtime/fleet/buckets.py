@@ -49,6 +49,19 @@ async def open_buckets(js: JetStreamContext, fleet: str, *, lease_ttl_s: float, 
     return FleetBuckets(desired, leases, ttl)
 
 
+def roles_bucket(fleet: str) -> str:
+    """Bucket of the fleet-wide roles one worker at a time holds (the timeline's indexer)."""
+    return f"vidsentry-fleet-{fleet}-roles"
+
+
+async def open_roles(js: JetStreamContext, fleet: str, *, lease_ttl_s: float, replicas: int) -> KeyValue:
+    """The roles bucket: leases like the streams', in a bucket of their own so they are never
+    taken for a stream's."""
+    return await _bucket(js, KeyValueConfig(
+        bucket=roles_bucket(fleet), history=1, ttl=lease_ttl_s, storage=StorageType.FILE, replicas=replicas,
+        description=f"vidsentry fleet {fleet}: roles one worker holds at a time"))
+
+
 async def _bucket(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
     try:
         return await js.create_key_value(config)

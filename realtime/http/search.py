@@ -26,7 +26,8 @@ from realtime.http.api import read_json_object
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
 from realtime.timeline.ask import Asker, AskError
-from realtime.timeline.index import Filters, Hit, QueryTooBroad
+from realtime.timeline.errors import IndexUnavailable, QueryTooBroad, RemoteRefusal
+from realtime.timeline.index import Filters, Hit
 from realtime.timeline.search import (
     SearchRequestError,
     answer,
@@ -62,14 +63,18 @@ class TimelineApi:
             timeline.index.stats.refused += 1
             raise ApiError(400, f"invalid search: {exc}", [{"field": exc.field, "message": str(exc)}]) from None
         try:
-            hits, more = await timeline.search(search)
+            hits, more, index = await timeline.search(search)
         except QueryTooBroad as exc:
             timeline.index.stats.refused += 1
             raise ApiError(400, f"{exc}: add words, a stream, a kind or a time range", {"q": search.text[:200]}) \
                 from None
+        except RemoteRefusal as exc:
+            raise ApiError(400, f"invalid search: {exc}") from None
+        except IndexUnavailable as exc:
+            raise ApiError(503, str(exc), headers={"Retry-After": "2"}) from None
         registry = context_of(request).registry
         body = answer(search, hits, more, live=lambda stream_id: stream_id in registry)
-        body["index"] = {"entries": timeline.index.stats.entries, "caught_up": timeline.indexer.stats.caught_up}
+        body["index"] = index
         return web.json_response(body, headers={"Cache-Control": "no-store"})
 
     async def ask(self, request: web.Request) -> web.StreamResponse:

@@ -36,8 +36,9 @@ import numpy as np
 from engines.vlm.client import VlmClient
 from engines.vlm.errors import VlmError
 from engines.vlm.types import VlmImage, VlmMessage, VlmRequest, VlmText
-from realtime.timeline.index import Filters, Hit, QueryTooBroad
-from realtime.timeline.query import MAX_TERMS, Query, Term
+from realtime.timeline.errors import IndexUnavailable, QueryTooBroad
+from realtime.timeline.index import Filters, Hit
+from realtime.timeline.query import QueryError, retrieval_query
 from realtime.timeline.search import hit_view
 
 log = logging.getLogger(__name__)
@@ -51,13 +52,6 @@ CHECK_TOKENS = 600
 _CITATION = re.compile(r"\[E(\d{1,3})\]")
 # A sentence ends at . ! ? before a space (not inside "3.5"); citations right after it are its own.
 _SENTENCE = re.compile(r"\s*(.+?(?:[.!?]+(?=\s|$)(?:\s*\[E\d{1,3}\])*|$))", re.S)
-_STOPWORD_TEXT = (
-    "a an and any are as at be been but by can could did do does for from had has have how i if in into is it its "
-    "me my no not of on or our please say said show tell than that the their them then there these they this "
-    "those to up was we were what when where which while who whom why will with would you your ever anything "
-    "anyone someone something happen happened"
-)
-_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
 
 SYSTEM = (
     "You answer questions about what cameras saw and heard. Use only the numbered evidence the user gives. "
@@ -139,14 +133,6 @@ def _citation(hit: Hit, live: Callable[[str], bool]) -> dict[str, Any]:
     return view
 
 
-def retrieval_query(question: str) -> Query:
-    """The question's content words, any of them (BM25 ranks entries with more, and rarer, first)."""
-    words = list(dict.fromkeys(w for w in re.findall(r"\w+", question.lower()) if w not in _STOPWORDS and len(w) > 2))
-    if not words:
-        raise AskError("the question has no words to look for (ask about what was said or seen)", 400)
-    return Query((tuple(Term((w,)) for w in words[:MAX_TERMS]),), ())
-
-
 def claims_of(text: str) -> list[Claim]:
     """Sentences with the citations written in them or right after their full stop."""
     out: list[Claim] = []
@@ -165,7 +151,7 @@ class Asker:
     def __init__(self, search: Callable[..., Any], vlm: VlmClient, model: str, *,
                  snapshot: Callable[[str], Any] | None = None, max_evidence: int = MAX_EVIDENCE,
                  timeout_s: float = 60.0) -> None:
-        self._search = search  # Timeline.retrieve: (query, filters, limit) -> hits
+        self._search = search  # Timeline.retrieve: (question, filters, limit) -> hits
         self._vlm = vlm
         self._model = model
         self._snapshot = snapshot  # reference -> JPEG bytes (alert snapshots), or None
@@ -187,9 +173,15 @@ class Asker:
         timings: dict[str, float] = {}
         started = time.monotonic()
         try:
-            evidence: list[Hit] = await self._search(retrieval_query(question), filters, self.max_evidence)
+            retrieval_query(question)  # a question with nothing to look for is refused before anything runs
+        except QueryError as exc:
+            raise AskError(f"question: {exc}", 400) from None
+        try:
+            evidence: list[Hit] = await self._search(question, filters, self.max_evidence)
         except QueryTooBroad as exc:
             raise AskError(f"{exc}: name a stream or a time range", 400) from None
+        except IndexUnavailable as exc:
+            raise AskError(str(exc), 503) from None
         timings["retrieve"] = 1000 * (time.monotonic() - started)
         if on_evidence is not None:
             on_evidence(evidence)

@@ -26,6 +26,7 @@ from typing import Any
 
 from pipelines.events import EventKind
 from realtime.timeline.entries import Entry
+from realtime.timeline.errors import QueryTooBroad, TimelineIndexError
 from realtime.timeline.query import Query
 
 log = logging.getLogger(__name__)
@@ -78,14 +79,6 @@ CREATE TRIGGER IF NOT EXISTS entries_ad AFTER DELETE ON entries BEGIN
     DELETE FROM events WHERE entry = old.id;
 END;
 """
-
-
-class TimelineIndexError(RuntimeError):
-    """The index file cannot be used (not SQLite, a newer schema, no FTS5)."""
-
-
-class QueryTooBroad(Exception):
-    """The query matched more than can be ranked within the time limit."""
 
 
 @dataclass(frozen=True, slots=True)

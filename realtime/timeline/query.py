@@ -21,6 +21,13 @@ MAX_QUERY_CHARS = 500
 MAX_TERMS = 16
 MIN_PREFIX_CHARS = 3
 _WORD = re.compile(r"\w+", re.UNICODE)
+_STOPWORD_TEXT = (
+    "a an and any are as at be been but by can could did do does for from had has have how i if in into is it its "
+    "me my no not of on or our please say said show tell than that the their them then there these they this "
+    "those to up was we were what when where which while who whom why will with would you your ever anything "
+    "anyone someone something happen happened"
+)
+_STOPWORDS = frozenset(_STOPWORD_TEXT.split())
 _TOKEN = re.compile(r'\s*(-?)(?:"([^"]*)"|([^\s"]+))(\*?)')
 
 
@@ -110,3 +117,11 @@ def parse(text: str) -> Query:
     if not groups:
         raise QueryError("only excluded words: say what to find as well (car -red)")
     return Query(tuple(tuple(g) for g in groups), tuple(excluded))
+
+
+def retrieval_query(question: str) -> Query:
+    """The question's content words, any of them (BM25 ranks entries with more, and rarer, first)."""
+    words = list(dict.fromkeys(w for w in re.findall(r"\w+", question.lower()) if w not in _STOPWORDS and len(w) > 2))
+    if not words:
+        raise QueryError("the question has no words to look for (ask about what was said or seen)")
+    return Query((tuple(Term((w,)) for w in words[:MAX_TERMS]),), ())

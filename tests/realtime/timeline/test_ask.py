@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
-from realtime.timeline.ask import Asker, AskError, claims_of, retrieval_query
+from realtime.timeline.ask import Asker, AskError, claims_of
 from realtime.timeline.entries import entry_of
 from realtime.timeline.index import Filters, Hit, TimelineIndex
-from realtime.timeline.query import Query
+from realtime.timeline.query import QueryError, retrieval_query
 from tests.realtime.timeline.bodies import caption, clip, description, wire
 from tests.support.vllm_sim import VllmSimulator
 
@@ -63,8 +63,8 @@ async def vlm(sim: VllmSimulator) -> AsyncIterator[VlmClient]:
 
 
 def asker_for(index: TimelineIndex, vlm: VlmClient, model: str) -> Asker:
-    async def retrieve(query: Query, filters: Filters, limit: int) -> list[Hit]:
-        return index.search(query, filters, limit=limit, offset=0)[0]
+    async def retrieve(question: str, filters: Filters, limit: int) -> list[Hit]:
+        return index.search(retrieval_query(question), filters, limit=limit, offset=0)[0]
 
     return Asker(retrieve, vlm, model, timeout_s=10.0)
 
@@ -75,7 +75,7 @@ def test_claims_and_their_citations_are_read_from_the_text() -> None:
         ("One thing.", ["E1"]), ("Two things!", ["E2", "E3"]), ("Three at 3.5 s?", []), ("No citation here", [])]
     assert retrieval_query("When was the parcel delivered to the door?").fts() == \
         '("parcel" OR "delivered" OR "door")'
-    with pytest.raises(AskError, match="no words"):
+    with pytest.raises(QueryError, match="no words"):
         retrieval_query("what is it?")
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from realtime.timeline import index as index_module
 from realtime.timeline.entries import Entry, NotIndexed, entry_of
-from realtime.timeline.index import Filters, QueryTooBroad, TimelineIndex, TimelineIndexError
+from realtime.timeline.errors import QueryTooBroad, TimelineIndexError
+from realtime.timeline.index import Filters, TimelineIndex
 from realtime.timeline.query import parse
 from tests.realtime.timeline.bodies import caption, clip, description, wire
 
