@@ -7,15 +7,16 @@ import asyncio
 import json
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engines.vlm.errors import VlmBadResponse, VlmError, VlmTimeout, VlmTooManyImages, VlmUnavailable
+from engines.vlm.errors import VlmBadResponse, VlmCacheMiss, VlmError, VlmTimeout, VlmTooManyImages, VlmUnavailable
 from engines.vlm.resilience import BreakerState, CircuitBreaker, RetryBudget, backoff_s
 from engines.vlm.routing import rendezvous_order
 from engines.vlm.schema import schema_problem
 from engines.vlm.types import DeltaSink, VlmRequest, VlmResponse
-from engines.vlm.wire import chat_body
+from engines.vlm.wire import chat_body, request_uuids
 
 if TYPE_CHECKING:
     import aiohttp
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from engines.vlm.transport import Completion
 
 log = logging.getLogger(__name__)
+
+MAX_MISSES_IN_A_ROW = 3  # an endpoint whose cache never holds an image (caching off) gets the data
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,9 @@ class VlmSettings:
     breaker_reset_s: float = 15.0  # open -> half-open probe after this
     max_in_flight: int = 16  # per client, across streams
     image_uuids: bool = True  # send each image's content-bound uuid so vLLM skips re-hashing its pixels
+    # An image sent (with data) to an endpoint in one of its last this many images goes by uuid alone
+    # next time; a cache miss sends it again with its data. 0: always send the data.
+    uuid_only_images: int = 1024
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -77,6 +83,10 @@ class VlmStats:
     cached_tokens: int
     completion_tokens: int
     endpoints: tuple[EndpointStats, ...]
+    request_bytes: int = 0  # request bodies sent (JSON), retries included
+    images_sent: int = 0  # images sent with their data
+    images_by_uuid: int = 0  # images sent by uuid alone (the server had them)
+    cache_misses: int = 0  # uuid-only requests the server no longer had the images for (sent again)
 
 
 class _Endpoint:
@@ -85,6 +95,8 @@ class _Endpoint:
         self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_reset_s)
         self.image_limit: int | None = None  # learned from a too-many-images refusal
         self.reports_cached = False  # vLLM omits cached_tokens when 0: once seen, absence means 0
+        self.sent: OrderedDict[str, None] = OrderedDict()  # image uuids this endpoint has (LRU, bounded)
+        self.misses_in_a_row = 0  # uuid-only images it no longer had; past MAX_MISSES_IN_A_ROW, data always
         self.requests = 0
         self.failures = 0
 
@@ -102,7 +114,8 @@ class VlmClient:
         self._closed = False
         self._counts = dict.fromkeys(
             ("requests", "succeeded", "failed", "retries", "retries_denied", "timeouts", "in_flight",
-             "prompt_tokens", "cached_tokens", "completion_tokens"), 0)
+             "prompt_tokens", "cached_tokens", "completion_tokens", "request_bytes", "images_sent",
+             "images_by_uuid", "cache_misses"), 0)
 
     async def complete(self, request: VlmRequest, *, on_delta: DeltaSink | None = None) -> VlmResponse:
         """One chat completion. Raises VlmUnavailable (fast while every circuit is open),
@@ -175,6 +188,18 @@ class VlmClient:
             except VlmTooManyImages as exc:
                 endpoint.image_limit = exc.limit  # remembered: image_limit() tells the describer
                 raise
+            except VlmCacheMiss:
+                # The server lost images it had (a restart, its cache full): send them with their
+                # data, at once; that is not a failure of the endpoint, and no retry is spent.
+                self._counts["cache_misses"] += 1
+                endpoint.sent.clear()
+                endpoint.misses_in_a_row += 1
+                if endpoint.misses_in_a_row == MAX_MISSES_IN_A_ROW:
+                    log.warning("VLM endpoint %s never keeps images sent by uuid (its multimodal caches are off?): "
+                                "sending their data every time", endpoint.url)
+                if on_delta is not None:
+                    on_delta(None)
+                continue
             return self._response(endpoint, request, completion, started)
 
     def _pick(self, route_key: str) -> _Endpoint:
@@ -194,7 +219,11 @@ class VlmClient:
         self, endpoint: _Endpoint, request: VlmRequest, deadline: float, on_delta: DeltaSink | None
     ) -> Completion:
         endpoint.requests += 1
-        body = chat_body(request, self._settings.model, image_uuids=self._settings.image_uuids)
+        uuid_only = (self._settings.image_uuids and self._settings.uuid_only_images > 0
+                     and endpoint.misses_in_a_row < MAX_MISSES_IN_A_ROW)
+        body = chat_body(request, self._settings.model, image_uuids=self._settings.image_uuids,
+                         cached=endpoint.sent if uuid_only else ())
+        by_uuid = self._count_body(body)
         breaker = endpoint.breaker
         try:
             async with asyncio.timeout_at(deadline):
@@ -213,7 +242,33 @@ class VlmClient:
             breaker.release()  # cancelled: no verdict on the endpoint
             raise
         self._answered(endpoint)
+        if uuid_only:
+            self._remember(endpoint, request, held=by_uuid > 0)
         return completion
+
+    def _count_body(self, body: dict[str, Any]) -> int:
+        """Bytes on the wire and how each image went (with its data, or by uuid alone); returns
+        how many went by uuid alone."""
+        self._counts["request_bytes"] += len(json.dumps(body, separators=(",", ":")))
+        by_uuid = 0
+        for message in body["messages"]:
+            for part in message["content"] if isinstance(message["content"], list) else ():
+                if part.get("type") == "image_url":
+                    by_uuid += part["image_url"] is None
+                    self._counts["images_by_uuid" if part["image_url"] is None else "images_sent"] += 1
+        return by_uuid
+
+    def _remember(self, endpoint: _Endpoint, request: VlmRequest, *, held: bool) -> None:
+        """The request's images are in the endpoint's cache now (until it evicts them); `held`: some
+        went by uuid alone and the server had them, so its cache works."""
+        uuids = request_uuids(request)
+        if held:
+            endpoint.misses_in_a_row = 0
+        for uuid in uuids:
+            endpoint.sent[uuid] = None
+            endpoint.sent.move_to_end(uuid)
+        while len(endpoint.sent) > self._settings.uuid_only_images:
+            endpoint.sent.popitem(last=False)
 
     def _failed(self, endpoint: _Endpoint, reason: str) -> None:
         endpoint.failures += 1
@@ -263,7 +318,8 @@ class VlmClient:
             requests=c["requests"], succeeded=c["succeeded"], failed=c["failed"], retries=c["retries"],
             retries_denied=c["retries_denied"], timeouts=c["timeouts"], in_flight=c["in_flight"],
             prompt_tokens=c["prompt_tokens"], cached_tokens=c["cached_tokens"],
-            completion_tokens=c["completion_tokens"],
+            completion_tokens=c["completion_tokens"], request_bytes=c["request_bytes"],
+            images_sent=c["images_sent"], images_by_uuid=c["images_by_uuid"], cache_misses=c["cache_misses"],
             endpoints=tuple(
                 EndpointStats(e.url, e.breaker.state.value, e.requests, e.failures, e.breaker.times_opened,
                               e.image_limit)

@@ -51,3 +51,8 @@ class VlmRequestError(VlmError):
     def __init__(self, message: str, *, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class VlmCacheMiss(VlmRequestError):
+    """An image sent by its uuid alone was not in vLLM's multimodal cache ("Cache miss for image at
+    index i but data is not provided."): send it again with its data."""

@@ -10,26 +10,31 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engines.vlm.errors import VlmContextTooLong, VlmError, VlmRequestError, VlmTooManyImages
+from engines.vlm.errors import VlmCacheMiss, VlmContextTooLong, VlmError, VlmRequestError, VlmTooManyImages
 from engines.vlm.types import VlmImage, VlmMessage, VlmRequest, VlmText
 
 # "This model's maximum context length is 32768 tokens. However, ..." (every vLLM version so far)
 _CONTEXT_RE = re.compile(r"maximum context length is (\d+) tokens", re.IGNORECASE)
 # "At most 8 image(s) may be provided in one prompt." (MultiModalDataParser)
 _IMAGES_RE = re.compile(r"at most (\d+) image\(s\) may be provided", re.IGNORECASE)
+# "Cache miss for image at index 0 but data is not provided." (a uuid-only image vLLM no longer holds)
+_CACHE_MISS_RE = re.compile(r"cache miss for \w+ at index \d+", re.IGNORECASE)
 _SCHEMA_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")
 MAX_ERROR_TEXT = 500  # of a server's message kept in an exception
 
 
-def chat_body(request: VlmRequest, model: str, *, image_uuids: bool) -> dict[str, Any]:
-    """The JSON body of one streamed chat completion for `request`."""
+def chat_body(request: VlmRequest, model: str, *, image_uuids: bool,
+              cached: Container[str] = ()) -> dict[str, Any]:
+    """The JSON body of one streamed chat completion for `request`. An image whose uuid is in
+    `cached` (the server has it) goes by its uuid alone, without its bytes."""
     body: dict[str, Any] = {
         "model": model,
-        "messages": [_message(m, request.cache_salt, image_uuids=image_uuids) for m in request.messages],
+        "messages": [_message(m, request.cache_salt, image_uuids=image_uuids, cached=cached)
+                     for m in request.messages],
         "max_tokens": request.max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -47,7 +52,7 @@ def chat_body(request: VlmRequest, model: str, *, image_uuids: bool) -> dict[str
     return body
 
 
-def _message(message: VlmMessage, salt: str | None, *, image_uuids: bool) -> dict[str, Any]:
+def _message(message: VlmMessage, salt: str | None, *, image_uuids: bool, cached: Container[str]) -> dict[str, Any]:
     if message.role != "user" and all(isinstance(p, VlmText) for p in message.parts):
         # System and assistant turns as plain strings: the chat template renders them byte-exact.
         return {"role": message.role, "content": "".join(p.text for p in message.parts if isinstance(p, VlmText))}
@@ -56,18 +61,28 @@ def _message(message: VlmMessage, salt: str | None, *, image_uuids: bool) -> dic
         if isinstance(part, VlmText):
             content.append({"type": "text", "text": part.text})
         else:
-            content.append(_image_part(part, salt, image_uuids=image_uuids))
+            content.append(_image_part(part, salt, image_uuids=image_uuids, cached=cached))
     return {"role": message.role, "content": content}
 
 
-def _image_part(image: VlmImage, salt: str | None, *, image_uuids: bool) -> dict[str, Any]:
-    part: dict[str, Any] = {"type": "image_url", "image_url": {"url": image.data_url()}}
-    if image_uuids:
-        # vLLM keys its processor cache by this uuid instead of hashing the pixels again. Bound to
-        # the content (sha256) and scoped by the tenant's salt, so it can neither collide nor be
-        # guessed across tenants (the processor cache is not salted).
-        part["uuid"] = image.digest if salt is None else hashlib.sha256(f"{salt}\0{image.digest}".encode()).hexdigest()
-    return part
+def image_uuid(image: VlmImage, salt: str | None) -> str:
+    """vLLM keys its processor cache by this uuid instead of hashing the pixels again. Bound to the
+    content (sha256) and scoped by the tenant's salt, so it can neither collide nor be guessed
+    across tenants (the processor cache is not salted)."""
+    return image.digest if salt is None else hashlib.sha256(f"{salt}\0{image.digest}".encode()).hexdigest()
+
+
+def request_uuids(request: VlmRequest) -> list[str]:
+    return [image_uuid(p, request.cache_salt) for m in request.messages for p in m.parts if isinstance(p, VlmImage)]
+
+
+def _image_part(image: VlmImage, salt: str | None, *, image_uuids: bool, cached: Container[str]) -> dict[str, Any]:
+    if not image_uuids:
+        return {"type": "image_url", "image_url": {"url": image.data_url()}}
+    uuid = image_uuid(image, salt)
+    if uuid in cached:  # the server holds it: its uuid alone (vLLM: `image_url` null)
+        return {"type": "image_url", "image_url": None, "uuid": uuid}
+    return {"type": "image_url", "image_url": {"url": image.data_url()}, "uuid": uuid}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +127,8 @@ def client_error(error: ServerError) -> VlmError:
         return VlmContextTooLong(f"vLLM: {error.message}")
     if (match := _IMAGES_RE.search(error.message)) is not None:
         return VlmTooManyImages(f"vLLM: {error.message}", limit=int(match.group(1)))
+    if _CACHE_MISS_RE.search(error.message) is not None:
+        return VlmCacheMiss(f"vLLM: {error.message}", status=error.status)
     hint = ""
     if error.status in (401, 403):
         hint = " (check the VLM API key)"

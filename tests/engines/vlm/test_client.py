@@ -221,3 +221,48 @@ async def test_cancelling_mid_stream_closes_the_connection_and_leaves_no_task(ma
         assert asyncio.all_tasks() - before == set()
         assert (await client.complete(question())).text  # the client carries on
 
+
+
+def image_parts(body: dict[str, object]) -> list[dict[str, object]]:
+    return [p for m in body["messages"] if isinstance(m["content"], list)  # type: ignore[index,union-attr]
+            for p in m["content"] if p["type"] == "image_url"]  # type: ignore[index]
+
+
+async def test_images_the_server_has_go_by_uuid_alone_and_a_cache_miss_sends_them_again(
+    sim: VllmSimulator, make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    client = await make_client(sim.url, max_retries=0)
+    first = await client.complete(append_only(frames, 3))
+    second = await client.complete(append_only(frames, 5))
+    parts = image_parts(sim.requests[-1])
+    assert [p["image_url"] is None for p in parts] == [True, True, True, False, False]  # the first three known
+    assert second.cached_tokens is not None and second.cached_tokens >= first.prompt_tokens - 40  # same prefix
+    stats = client.stats()
+    assert (stats.images_sent, stats.images_by_uuid, stats.cache_misses) == (5, 3, 0)
+
+    sim.reset_cache()  # the server restarted: it holds nothing
+    third = await client.complete(append_only(frames, 6))
+    miss, resent = sim.requests[-2], sim.requests[-1]
+    assert any(p["image_url"] is None for p in image_parts(miss))  # refused: "Cache miss for image ..."
+    assert all(p["image_url"] is not None for p in image_parts(resent))  # sent again, whole, at once
+    assert third.text and client.stats().cache_misses == 1 and client.stats().failed == 0
+    assert client.stats().retries == 0  # a miss spends no retry
+
+
+async def test_uuid_only_sending_stops_where_the_server_never_keeps_images(
+    sim: VllmSimulator, make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    client = await make_client(sim.url)
+    for n in range(1, 6):
+        await client.complete(append_only(frames, n))
+        sim.reset_cache()  # caching off: every uuid-only image misses
+    assert client.stats().cache_misses == 3  # then it sends the data every time
+    assert all(p["image_url"] is not None for p in image_parts(sim.requests[-1]))
+
+
+async def test_uuid_only_is_off_when_disabled(sim: VllmSimulator, make_client: MakeClient,
+                                              frames: list[VlmImage]) -> None:
+    client = await make_client(sim.url, uuid_only_images=0)
+    await client.complete(append_only(frames, 2))
+    await client.complete(append_only(frames, 3))
+    assert all(p["image_url"] is not None for p in image_parts(sim.requests[-1]))

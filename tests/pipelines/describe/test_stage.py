@@ -89,13 +89,15 @@ async def describer(
 
 
 def flat(body: dict[str, Any]) -> list[str]:
-    """A request body's messages as vLLM renders them, part by part."""
+    """A request body's messages as vLLM renders them, part by part: an image is its uuid, which is
+    what vLLM keys it by, whether its data came along or it went by uuid alone."""
     out: list[str] = []
     for message in body["messages"]:
         out.append(f"<{message['role']}>")
         content = message["content"]
         parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        out += [json.dumps(part, sort_keys=True) for part in parts]
+        out += [f"<image {part['uuid']}>" if part.get("type") == "image_url" else json.dumps(part, sort_keys=True)
+                for part in parts]
         out.append("</>")
     return out
 
