@@ -56,7 +56,7 @@ class DescribeSettings:
     motion_threshold: float = 6.0  # mean grey-level change (0-255) of a small thumbnail that counts as motion
     describe_interval_s: float = 3.0  # descriptions at most this often (and only with new frames)
     # An epoch ends (a new one starts, carrying the last description as its summary) at either budget.
-    max_frames: int = 24
+    max_frames: int = 64
     max_prompt_tokens: int = 12_000
     max_tokens: int = 200  # of a description
     check_max_tokens: int = 40  # of an alert check's short JSON answer
