@@ -19,6 +19,7 @@ STATIC_TYPES = {
     "app.js": "text/javascript",
     "clips.js": "text/javascript",
     "timeline.js": "text/javascript",
+    "sse.js": "text/javascript",
     "app.css": "text/css",
     "icon.svg": "image/svg+xml",
 }

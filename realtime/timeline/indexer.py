@@ -123,7 +123,12 @@ class TimelineIndexer:
             if self._last_problem is not None:
                 log.info("timeline indexer resumed", extra={"position": self.index.position})
                 self._last_problem = None
+            me = asyncio.current_task()
             while True:
+                if me is not None and me.cancelling():
+                    # A fetch's inner wait can swallow our cancellation (asyncio.wait_for before
+                    # Python 3.12, when a message lands as the cancel does): stop anyway.
+                    raise asyncio.CancelledError
                 try:
                     msgs = await sub.fetch(self.batch, timeout=self._fetch_timeout_s)
                 except nats.errors.TimeoutError:

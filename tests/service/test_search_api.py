@@ -23,27 +23,16 @@ from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.realtime.timeline.bodies import caption
 from tests.service.conftest import CaptionModels, LiveService, live_service, make_config
+from tests.service.test_descriptions import sim, vlm
 from tests.support.cli import one_error_line, vidsentry
 from tests.support.rtsp import RtspServer
 from tests.support.vllm_sim import VllmSimulator
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
+__all__ = ["sim", "vlm"]  # the VLM simulator and client fixtures of the descriptions tests
 
 DESCRIBE = DescribeSettings(min_interval_s=1.0, max_interval_s=2.0, describe_interval_s=2.0, max_frames=4)
-
-
-@pytest.fixture
-async def sim() -> AsyncIterator[VllmSimulator]:
-    async with VllmSimulator(latency_s=0.05, limit_images=8) as server:
-        yield server
-
-
-@pytest.fixture
-async def vlm(sim: VllmSimulator) -> AsyncIterator[VlmClient]:
-    client = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model, max_retries=0))
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 // Plain modern JavaScript served as is: no build step, no framework, nothing from another origin.
 
 import { ClipPanel } from "./clips.js";
+import { readSse } from "./sse.js";
 import { TimelinePanel } from "./timeline.js";
 
 const $ = (id) => document.getElementById(id);
@@ -16,7 +17,6 @@ const KEEP_ALERTS = 20;
 const FPS_WINDOW_MS = 2000;
 const STALE_OVERLAY_MS = 1500; // boxes older than this are cleared, not left on a moving picture
 const ICE_GATHER_TIMEOUT_MS = 5000;
-const MAX_SSE_BUFFER = 1 << 20;
 
 // The ICE servers the service is configured with (webrtc.ice_servers; none by default).
 async function iceServers() {
@@ -956,39 +956,6 @@ function sleep(ms, signal) {
   });
 }
 
-// EventSource cannot send a bearer header, so the events are read with fetch and parsed here.
-async function readSse(body, signal, onEvent, onId) {
-  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
-  signal.addEventListener("abort", () => reader.cancel().catch(() => {}), { once: true });
-  let buffer = "";
-  let name = "message";
-  let data = [];
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buffer += value;
-    let end;
-    while ((end = buffer.indexOf("\n")) >= 0) {
-      let line = buffer.slice(0, end);
-      buffer = buffer.slice(end + 1);
-      if (line.endsWith("\r")) line = line.slice(0, -1);
-      if (line === "") {
-        if (data.length) onEvent(name, data.join("\n"));
-        name = "message";
-        data = [];
-      } else if (!line.startsWith(":")) {
-        const colon = line.indexOf(":");
-        const field = colon < 0 ? line : line.slice(0, colon);
-        let value = colon < 0 ? "" : line.slice(colon + 1);
-        if (value.startsWith(" ")) value = value.slice(1);
-        if (field === "event") name = value;
-        else if (field === "data") data.push(value);
-        else if (field === "id" && !value.includes("\0")) onId(value);
-      }
-    }
-    if (buffer.length > MAX_SSE_BUFFER) throw new Error("an event line too long");
-  }
-}
 
 async function readEvents(id, signal) {
   let lastId = null; // as EventSource does: a reconnect resumes after the last event seen

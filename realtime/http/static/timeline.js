@@ -3,6 +3,8 @@
 // clip is fetched with the API token, then played from memory), or says that no clip covers it.
 // Its own module: it gets the authenticated `api` call from the page instead of importing it.
 
+import { readSse } from "./sse.js";
+
 function stamp(seconds) {
   return new Date(seconds * 1000).toLocaleString(undefined, { dateStyle: "short", timeStyle: "medium" });
 }
@@ -20,28 +22,6 @@ function marked(snippet, marks) {
   }
   out.push(document.createTextNode(snippet.slice(last)));
   return out;
-}
-
-async function* sseEvents(response) {
-  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buffer += value;
-    let cut;
-    while ((cut = buffer.indexOf("\n\n")) >= 0) {
-      const block = buffer.slice(0, cut);
-      buffer = buffer.slice(cut + 2);
-      let kind = "message";
-      let data = "";
-      for (const line of block.split("\n")) {
-        if (line.startsWith("event: ")) kind = line.slice(7);
-        else if (line.startsWith("data: ")) data += line.slice(6);
-      }
-      if (data) yield { kind, data: JSON.parse(data) };
-    }
-  }
 }
 
 export class TimelinePanel {
@@ -103,7 +83,8 @@ export class TimelinePanel {
         this.setBusy(false, await this.errorText(response));
         return;
       }
-      for await (const { kind, data } of sseEvents(response)) {
+      const onEvent = (kind, raw) => {
+        const data = JSON.parse(raw);
         if (kind === "evidence") {
           this.el.status.textContent = `${data.evidence.length} moments found; the model is answering…`;
         } else if (kind === "delta") {
@@ -121,7 +102,8 @@ export class TimelinePanel {
         } else if (kind === "error") {
           this.setBusy(false, data.error);
         }
-      }
+      };
+      await readSse(response.body, new AbortController().signal, onEvent, () => {});
       if (this.busy) this.setBusy(false, "The answer stopped part-way.");
     } catch (error) {
       this.setBusy(false, `Asking failed: ${error.message}`);
