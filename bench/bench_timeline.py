@@ -1,6 +1,7 @@
 """The timeline's index: how soon an event is searchable, and how fast a query is at 1 M entries.
 
-    python bench/bench_timeline.py [--seconds 60] [--streams 8] [--entries 1000000] [--skip-lag] [--skip-query]
+    python bench/bench_timeline.py [--seconds 60] [--streams 8] [--entries 1000000] [--asks 20]
+                                   [--skip-lag] [--skip-query] [--skip-ask]
 
 Index lag (live, all stages on): a real `vidsentry serve` process (default model, captions on)
 reads the sample clip as a live camera, and indexes the VIDSENTRY stream of a real nats-server.
@@ -15,12 +16,18 @@ descriptions, alerts, tracks from a 5,000-word vocabulary with a Zipf tail, over
 30 days) is built once in a temporary file; then each query shape runs 30 times: a common word,
 a rare word, a phrase, a prefix, an OR, with a stream and kind filter, newest first, and a
 query too broad to rank (refused within the time limit).
+
+Ask latency (in-process, against the vLLM simulator over HTTP with realistic delays: 0.35 s to the
+first token, 15 ms per output token): `--asks` questions over an index of 100,000 generated
+entries, each retrieved, answered (about 60 tokens, citing two entries) and checked (a JSON verdict
+per citation), one after the other; retrieve, answer, check and total p50 / p95.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import sys
 import tempfile
@@ -223,6 +230,49 @@ def query_latency(count: int) -> dict[str, Any]:
             "file_mb": round(size_mb), "queries": rows}
 
 
+def ask_latency(asks: int) -> dict[str, Any]:
+    from engines.vlm.client import VlmSettings, create_vlm_client
+    from realtime.timeline.ask import Asker
+    from realtime.timeline.query import retrieval_query
+    from tests.support.vllm_sim import VllmSimulator
+
+    def answer(body: dict[str, Any]) -> str:
+        if (body.get("response_format") or {}).get("type") == "json_schema":
+            return json.dumps({"verdicts": [{"claim": 1, "evidence": "E1", "supported": True},
+                                            {"claim": 2, "evidence": "E2", "supported": True}]})
+        return ("A person carried a package past the entrance while a truck waited near the door [E1]. "
+                "Someone said the delivery was left on the right side of the parking area [E2].")
+
+    async def run(index: TimelineIndex) -> list[dict[str, float]]:
+        async with VllmSimulator(answer=answer, latency_s=0.35, per_token_s=0.015) as sim:
+            client = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model))
+
+            async def retrieve(question: str, filters: Filters, limit: int) -> list[Any]:
+                hits, _ = await asyncio.to_thread(index.search, retrieval_query(question), filters, limit=limit,
+                                                  offset=0)
+                return hits
+
+            asker = Asker(retrieve, client, sim.model, timeout_s=60.0)
+            rng = random.Random(11)
+            timings = []
+            for _ in range(asks):
+                words = rng.sample(["person", "package", "truck", "door", "delivery", "entrance", "dog", "bag"], 3)
+                result = await asker.ask(f"when did the {words[0]} with the {words[1]} reach the {words[2]}?",
+                                         Filters())
+                timings.append(result.timings_ms)
+            await client.aclose()
+            return timings
+
+    with tempfile.TemporaryDirectory(prefix="vidsentry-tlask-") as tmp:
+        print("building an index of 100,000 entries for asking ...", flush=True)
+        index, _, _ = build(Path(tmp) / "a.db", 100_000)
+        timings = asyncio.run(run(index))
+        index.close()
+    return {"asks": asks, **{f"{k}_p50_ms": pct([t[k] for t in timings], 50) for k in ("retrieve", "answer", "check",
+                                                                                       "total")},
+            **{f"{k}_p95_ms": pct([t[k] for t in timings], 95) for k in ("retrieve", "answer", "check", "total")}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
@@ -230,6 +280,8 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--skip-lag", action="store_true")
     parser.add_argument("--skip-query", action="store_true")
+    parser.add_argument("--asks", type=int, default=20)
+    parser.add_argument("--skip-ask", action="store_true")
     args = parser.parse_args()
     results: dict[str, Any] = {}
     if not args.skip_lag:
@@ -243,6 +295,10 @@ def main() -> None:
         print(f"{query['entries']:,} entries built in {query['build_s']} s ({query['entries_per_s']:,}/s), "
               f"{query['file_mb']} MB")
         print(table(query["queries"], ["query", "q", "hits", "refused", "p50_ms", "p95_ms"]))
+    if not args.skip_ask:
+        asked = ask_latency(args.asks)
+        results["ask"] = asked
+        print(table([asked], list(asked)))
     path = write_results("bench_timeline", results)
     print(f"wrote {path}")
 
