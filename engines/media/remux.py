@@ -94,20 +94,58 @@ def write_mp4(path: Path, packets: Sequence[EncodedPacket]) -> Mp4Written:
         raise RemuxError("a clip must start at a keyframe")
     if any(p.header is not first.header for p in packets):
         raise RemuxError("packets of two connections cannot share a clip")
+    with replacing(path) as tmp, _open_output(str(tmp), "mp4") as out:
+        base, end = _mux(out, packets)
+    return Mp4Written(path, path.stat().st_size, len(packets), float((end - base) * first.time_base))
+
+
+def still_at(packets: Sequence[EncodedPacket], offset_s: float) -> tuple[Any, float]:
+    """The picture shown `offset_s` after the first packet (a keyframe) of `packets`: the last
+    frame decoded at or before it, as RGB (an ndarray), and that frame's own offset. Decodes the
+    packets from the keyframe on (a GOP at most, as `PacketRing.span` cuts them). RemuxError when
+    nothing decodes."""
+    if not packets or not packets[0].keyframe:
+        raise RemuxError("a still is decoded from a keyframe on")
+    if any(p.header is not packets[0].header for p in packets):
+        raise RemuxError("packets of two connections")
     import av
 
+    buffer = io.BytesIO()
+    with _open_output(buffer, "matroska") as out:
+        _mux(out, packets)
+    buffer.seek(0)
+    best: tuple[Any, float] | None = None
+    with av.open(buffer, "r", format="matroska") as source:
+        try:
+            for frame in source.decode(video=0):
+                at = float(frame.time or 0.0)
+                if best is not None and at > offset_s + 1e-3:
+                    break  # frames come in display order: the one before was the one on screen
+                best = (frame.to_ndarray(format="rgb24"), at)
+        except av.error.FFmpegError as exc:  # a corrupt packet: what decoded before it still counts
+            if best is None:
+                raise RemuxError(f"the packets do not decode: {exc}") from None
+    if best is None:
+        raise RemuxError("no frame decoded")
+    return best
+
+
+def _mux(out: Any, packets: Sequence[EncodedPacket]) -> tuple[int, int]:
+    """Write `packets` (one connection's) into the open container `out`, from time 0; returns the
+    base and end timestamps in the packets' time base."""
+    import av
+
+    first = packets[0]
     stamps = _timestamps(packets)
     base = min(stamps[0])
-    with replacing(path) as tmp, av.open(io.BytesIO(first.header.container), "r", format="matroska") as source, \
-            _open_output(str(tmp), "mp4") as out:
+    with av.open(io.BytesIO(first.header.container), "r", format="matroska") as source:
         stream = out.add_stream_from_template(source.streams.video[0])
         for item, (pts, dts) in zip(packets, stamps, strict=True):
             packet = _packet(item.data, pts=pts - base, dts=dts - base, duration=item.duration,
                              keyframe=item.keyframe, time_base=item.time_base)
             packet.stream = stream
             out.mux(packet)
-    end = max(pts for pts, _ in stamps) + packets[-1].duration
-    return Mp4Written(path, path.stat().st_size, len(packets), float((end - base) * first.time_base))
+    return base, max(pts for pts, _ in stamps) + packets[-1].duration
 
 
 def _timestamps(packets: Sequence[EncodedPacket]) -> list[tuple[int, int]]:

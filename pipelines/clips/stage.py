@@ -18,6 +18,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import cv2
+
+from engines.media.remux import EncodedPacket, RemuxError, still_at
 from pipelines.clips.engine import CLIPS, ClipEngine
 from pipelines.clips.ring import PacketRing
 from pipelines.clips.store import ClipInfo
@@ -28,6 +31,7 @@ from pipelines.mailbox import FrameMailbox, MailboxClosed
 
 STAGE_NAME = "clips"
 MAX_FPS = 60  # bounds the boxes and captions kept per second of buffer
+STILL_QUALITY = 85  # JPEG quality of a picture decoded from the buffer (frame.jpg?pts=)
 
 register_counters(
     {
@@ -37,6 +41,7 @@ register_counters(
         "clip_packets": counter("Encoded video packets kept for clips"),
         "clip_gops_dropped": counter("Groups of pictures aged out of the clip buffer"),
         "clip_buffer_bytes": gauge("Bytes of encoded video in the clip buffer"),
+        "clip_stills": counter("Pictures decoded from the clip buffer (frame.jpg?pts=)"),
     },
     section="clips",
 )
@@ -74,6 +79,8 @@ class ClipStage:
         self.written = 0
         self.failed = 0
         self.missed = 0
+        self.stills = 0
+        self._decoding = asyncio.Lock()  # one still decoded at a time per stream (a GOP of CPU each)
 
     def observe(self, event: Event) -> None:
         data = event.data
@@ -147,6 +154,30 @@ class ClipStage:
             raise ExportRefused("the clip could not be written (see the service log)")
         return info
 
+    def holds(self, t: float) -> bool:
+        """Whether the buffer still holds the picture at media time `t`."""
+        oldest, newest = self.ring.oldest_t, self.ring.newest_t
+        return oldest is not None and newest is not None and oldest <= t <= newest
+
+    async def still(self, t: float) -> tuple[bytes, float]:
+        """The picture on screen at media time `t`, decoded from the buffer (from the keyframe
+        before it) as JPEG, and that picture's own time. ExportRefused when the buffer no longer
+        (or not yet) holds `t`."""
+        if not self.holds(t):
+            oldest, newest = self.ring.oldest_t, self.ring.newest_t
+            held = "nothing yet" if oldest is None else f"{oldest:.3f} to {newest:.3f}"
+            raise ExportRefused(f"{t:.3f} is not in the stream's buffer (it holds {held})")
+        span = self.ring.cut(t, t)
+        if not span:
+            raise ExportRefused(f"{t:.3f} is not in the stream's buffer")
+        async with self._decoding:
+            try:
+                jpeg, at = await asyncio.to_thread(_still_jpeg, [item.packet for item in span], t - span[0].t)
+            except RemuxError as exc:
+                raise ExportRefused(f"the picture at {t:.3f} could not be decoded: {exc}") from None
+        self.stills += 1
+        return jpeg, span[0].t + at
+
     async def _cut(self, start: float, end: float, alert_ids: list[str],
                    tracks: set[int] | None = None) -> ClipInfo | None:
         span = self.ring.cut(start, end)
@@ -186,6 +217,7 @@ class ClipStage:
             "clip_packets": ring.packets,
             "clip_gops_dropped": ring.gops_dropped,
             "clip_buffer_bytes": self.ring.bytes,
+            "clip_stills": self.stills,
         }
 
 
@@ -221,6 +253,14 @@ def clip_event(info: ClipInfo, *, captured_at: float) -> Event:
     del body["stream_id"]  # the envelope's
     return Event(kind=EventKind.CLIPS, stream_id=info.stream_id, pts=round(info.end_pts, 3),
                  captured_at=captured_at, data=body)
+
+
+def _still_jpeg(packets: list[EncodedPacket], offset_s: float) -> tuple[bytes, float]:
+    image, at = still_at(packets, offset_s)
+    ok, data = cv2.imencode(".jpg", cv2.cvtColor(image, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, STILL_QUALITY])
+    if not ok:
+        raise RemuxError("JPEG encoding failed")
+    return bytes(data), at
 
 
 def build(ctx: StageContext) -> ClipStage | None:

@@ -32,6 +32,7 @@ from pipelines.clips.store import CLIP_ID, ClipInfo
 from realtime.http.api import read_json_object, stream_id_of, unknown_stream
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
+from realtime.service.registry import StreamRegistry
 
 MAX_DOWNLOADS = 8
 MAX_LISTED = 1000
@@ -86,12 +87,10 @@ class ClipsApi:
             raise unknown_stream(stream_id)
         body = await read_json_object(request, what="span", example=SPAN_EXAMPLE)
         start, end = (_seconds(body, key) for key in ("start", "end"))
-        runner = registry.runner(stream_id)
-        graph = runner.graph if runner is not None else None
-        stage = graph.stage(STAGE_NAME) if graph is not None else None
+        stage = clip_stage(registry, stream_id)
         if self.store is None:
             raise ApiError(409, "clips are off on this service (clips.enabled)", {"id": stream_id})
-        if not isinstance(stage, ClipStage):
+        if stage is None:
             raise ApiError(409, "this stream keeps no clip buffer here (not running on this worker, or a source "
                                 "without encoded packets)", {"id": stream_id})
         try:
@@ -185,6 +184,15 @@ def _number(query: Any, key: str) -> float | None:
     return value
 
 
+
+
+def clip_stage(registry: StreamRegistry, stream_id: str) -> ClipStage | None:
+    """The stream's clip buffer on this worker, or None (not running here, clips off, a source
+    without encoded packets)."""
+    runner = registry.runner(stream_id)
+    graph = runner.graph if runner is not None else None
+    stage = graph.stage(STAGE_NAME) if graph is not None else None
+    return stage if isinstance(stage, ClipStage) else None
 
 
 def add_routes(app: web.Application, engine: ClipEngine | None) -> ClipsApi:

@@ -1,4 +1,6 @@
-"""`GET /api/streams/{id}/frame.jpg`: the newest frame the detector processed, as JPEG.
+"""`GET /api/streams/{id}/frame.jpg`: the newest frame the detector processed, as JPEG; with
+`?pts=T`, the picture on screen at media time T, decoded from the stream's clip buffer while it
+still holds it (404 saying what it holds when it does not; 409 for a stream that keeps none).
 
 The page's camera view polls this a couple of times a second and draws the boxes of the
 `detections` event whose `frame_seq` matches `X-Frame-Seq` (`X-Inference` says whether the model
@@ -12,6 +14,7 @@ have gone.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -20,8 +23,10 @@ import cv2
 import numpy as np
 from aiohttp import web
 
+from pipelines.clips.stage import ExportRefused
 from pipelines.frames import VideoFrame
 from realtime.http.api import stream_id_of, unknown_stream
+from realtime.http.clips import clip_stage
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
 from realtime.service.registry import StreamRegistry, UnknownStream
@@ -110,9 +115,35 @@ class FramePreviews:
 PREVIEWS = web.AppKey("vidsentry_frame_previews", FramePreviews)
 
 
+async def frame_at(request: web.Request, stream_id: str, raw: str) -> web.Response:
+    """`?pts=`: the picture on screen at that media time, decoded from the stream's clip buffer."""
+    ctx = context_of(request)
+    try:
+        t = float(raw)
+    except ValueError:
+        t = math.nan
+    if not math.isfinite(t):
+        raise ApiError(400, "pts: media seconds (as events' pts)", {"pts": raw[:64]})
+    if stream_id not in ctx.registry:
+        raise unknown_stream(stream_id)
+    stage = clip_stage(ctx.registry, stream_id)
+    if stage is None:
+        raise ApiError(409, "this stream keeps no buffer of its video here (clips.enabled, a source with "
+                            "encoded packets, running on this worker): only its newest frame is served",
+                       {"id": stream_id})
+    try:
+        jpeg, at = await stage.still(t)
+    except ExportRefused as exc:
+        raise ApiError(404, str(exc), {"id": stream_id, "pts": t}) from None
+    return web.Response(body=jpeg, content_type="image/jpeg",
+                        headers={"Cache-Control": "no-store", "X-Frame-Pts": f"{at:.3f}"})
+
+
 async def frame_jpeg(request: web.Request) -> web.Response:
     ctx = context_of(request)
     stream_id = stream_id_of(request)
+    if "pts" in request.query:
+        return await frame_at(request, stream_id, request.query["pts"])
     runner = ctx.registry.runner(stream_id)
     previews = request.app[PREVIEWS]
     preview = None

@@ -23,8 +23,10 @@ from typing import Any
 from aiohttp import web
 
 from realtime.http.api import read_json_object
+from realtime.http.clips import clip_stage
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
+from realtime.service.registry import StreamRegistry
 from realtime.timeline.ask import Asker, AskError
 from realtime.timeline.errors import IndexUnavailable, QueryTooBroad, RemoteRefusal
 from realtime.timeline.index import Filters, Hit
@@ -73,7 +75,8 @@ class TimelineApi:
         except IndexUnavailable as exc:
             raise ApiError(503, str(exc), headers={"Retry-After": "2"}) from None
         registry = context_of(request).registry
-        body = answer(search, hits, more, live=lambda stream_id: stream_id in registry)
+        body = answer(search, hits, more, live=lambda stream_id: stream_id in registry,
+                      buffered=lambda stream_id, t: _buffered(registry, stream_id, t))
         body["index"] = index
         return web.json_response(body, headers={"Cache-Control": "no-store"})
 
@@ -139,6 +142,11 @@ class TimelineApi:
                 await task
         await response.write_eof()
         return response
+
+
+def _buffered(registry: StreamRegistry, stream_id: str, t: float) -> bool:
+    stage = clip_stage(registry, stream_id)
+    return stage is not None and stage.holds(t)
 
 
 def _question(body: dict[str, Any]) -> tuple[str, Filters]:

@@ -137,9 +137,11 @@ def parse_time(values: Sequence[str], name: str, now: float) -> float | None:
     return value
 
 
-def hit_view(hit: Hit, *, live: Callable[[str], bool]) -> dict[str, Any]:
+def hit_view(hit: Hit, *, live: Callable[[str], bool],
+             buffered: Callable[[str, float], bool] = lambda stream_id, t: False) -> dict[str, Any]:
     """One hit as the API shows it, with links to the moment: the clip that covers it (seeked to
-    the hit's time), the stream's recent captions and its newest frame while it still runs."""
+    the hit's time); the picture at that time while the stream's buffer still holds it (else its
+    newest frame while it runs); its recent captions."""
     links: dict[str, str] = {}
     if hit.clip is not None:
         clip_id, offset = hit.clip["clip_id"], hit.clip["offset_s"]
@@ -148,8 +150,10 @@ def hit_view(hit: Hit, *, live: Callable[[str], bool]) -> dict[str, Any]:
     elif hit.kind == "clips" and "clip_id" in hit.extra:
         clip_id = hit.extra["clip_id"]
         links.update(clip=f"/api/clips/{clip_id}", mp4=f"/api/clips/{clip_id}.mp4")
+    if hit.pts is not None and buffered(hit.stream_id, hit.pts):
+        links["frame"] = f"/api/streams/{hit.stream_id}/frame.jpg?pts={hit.pts:.3f}"
     if live(hit.stream_id):
-        links["frame"] = f"/api/streams/{hit.stream_id}/frame.jpg"
+        links.setdefault("frame", f"/api/streams/{hit.stream_id}/frame.jpg")
         if hit.kind == "captions":
             links["captions"] = f"/api/streams/{hit.stream_id}/captions.vtt"
     view: dict[str, Any] = {
@@ -172,10 +176,11 @@ def hit_view(hit: Hit, *, live: Callable[[str], bool]) -> dict[str, Any]:
 
 
 def answer(request: SearchRequest, hits: list[Hit], more: bool, *, live: Callable[[str], bool],
+           buffered: Callable[[str, float], bool] = lambda stream_id, t: False,
            base: str = "/api/search") -> dict[str, Any]:
     body: dict[str, Any] = {
         "query": request.text,
-        "hits": [hit_view(h, live=live) for h in hits],
+        "hits": [hit_view(h, live=live, buffered=buffered) for h in hits],
         "offset": request.offset,
         "limit": request.limit,
         "next": None,

@@ -102,3 +102,9 @@ async def test_a_question_is_answered_with_a_citation_that_opens_the_clip_at_its
         assert await page.is_hidden("#ask-answer")
         problems = [p for p in await watched.problems() if not ("404" in p and p.endswith("/frame.jpg]"))]
         assert problems == []
+    # While the camera's buffer holds the moment, a hit links the picture on screen then.
+    found = await svc.call("GET", "/api/search?q=parcel&stream=plaza")
+    hit = found.body["hits"][0]
+    assert hit["links"]["frame"] == f"/api/streams/plaza/frame.jpg?pts={hit['pts']:.3f}", hit
+    async with svc.session.get(svc.url + hit["links"]["frame"]) as still:
+        assert still.status == 200 and abs(float(still.headers["X-Frame-Pts"]) - hit["pts"]) <= 0.11

@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import av
+import cv2
+import numpy as np
 import pytest
 
 from engines.detector import Detector
@@ -64,6 +66,18 @@ async def test_a_cameras_alert_becomes_a_clip_the_api_lists_and_serves_by_range(
             refused = await svc.call("POST", "/api/streams/cam/clips", json_body=span)
             assert refused.status == status and error in refused.body["error"], (span, refused)
         assert (await svc.call("POST", "/api/streams/nope/clips", json_body={"start": 0, "end": 1})).status == 404
+        # The picture on screen at a moment still in the buffer, decoded from the camera's packets.
+        async with svc.session.get(svc.url + "/api/streams/cam/frame.jpg?pts=1.55") as still:
+            jpeg = await still.read()
+            assert still.status == 200 and still.headers["Content-Type"] == "image/jpeg"
+            shown = float(still.headers["X-Frame-Pts"])
+            assert 1.55 - 0.1 - 1e-3 <= shown <= 1.55 + 1e-3  # the frame on screen then (10 fps)
+        picture = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+        assert picture is not None and picture.shape == (576, 768, 3)
+        for query, status, error in (("pts=1000", 404, "not in the stream's buffer"), ("pts=abc", 400, "pts"),
+                                     ("pts=nan", 400, "pts")):
+            refused = await svc.call("GET", f"/api/streams/cam/frame.jpg?{query}")
+            assert refused.status == status and error in refused.body["error"], (query, refused)
         assert (await svc.call("DELETE", f"/api/clips/{exported.body['clip_id']}")).status == 204
         assert (await svc.call("DELETE", "/api/streams/cam")).status == 204  # ends the alert: its clip is cut
 
@@ -142,3 +156,5 @@ async def test_with_clips_off_the_routes_say_so_instead_of_not_existing(
         assert (await live.call("POST", "/api/streams", json_body=body)).status == 201
         refused = await live.call("POST", "/api/streams/cam/clips", json_body={"start": 0, "end": 1})
         assert refused.status == 409 and "clips.enabled" in refused.body["error"]
+        still = await live.call("GET", "/api/streams/cam/frame.jpg?pts=0.5")
+        assert still.status == 409 and "newest frame" in still.body["error"]

@@ -12,7 +12,7 @@ import av
 import numpy as np
 import pytest
 
-from engines.media.remux import CodecHeader, EncodedPacket, RemuxError, write_mp4
+from engines.media.remux import CodecHeader, EncodedPacket, RemuxError, still_at, write_mp4
 from pipelines.clips.ring import PacketRing
 from tests.support.rtsp import RtspServer
 
@@ -74,6 +74,25 @@ def test_a_span_of_the_sample_becomes_an_mp4_of_exactly_its_frames(
     for frame in (clip[0], clip[len(clip) // 2], clip[-1]):
         original = by_time[round(frame.time + span[0].t, 3)]
         assert np.array_equal(frame.to_ndarray(format="gray"), original.to_ndarray(format="gray"))
+
+
+def test_a_still_is_the_source_picture_shown_at_that_time(
+    sample_packets: list[EncodedPacket], sample_dir: Path
+) -> None:
+    ring = PacketRing(max_s=60.0, max_bytes=10**9)
+    for packet in sample_packets:
+        assert packet.pts is not None
+        ring.append(float(packet.pts * packet.time_base), packet)
+    source = {round(f.time, 3): f for f in frames(sample_dir / "vtest_speech.mp4", limit=400) if f.time is not None}
+    for t in (31.0, 33.47, 35.0):  # a keyframe, between two frames, later in its GOP
+        span = ring.span(t, t)
+        image, at = still_at([item.packet for item in span], t - span[0].t)
+        shown = round(span[0].t + at, 3)
+        assert shown <= t + 1e-3 and t - shown < 0.1 + 1e-3  # the frame on screen at t (10 fps)
+        original = source[shown].to_ndarray(format="rgb24")
+        assert image.shape == original.shape and np.array_equal(image, original)
+    with pytest.raises(RemuxError, match="keyframe"):
+        still_at(sample_packets[1:5], 0.0)
 
 
 def test_packets_that_cannot_make_a_clip_are_refused(sample_packets: list[EncodedPacket], tmp_path: Path) -> None:
