@@ -31,6 +31,9 @@ from pipelines.mailbox import FrameMailbox, MailboxClosed
 
 STAGE_NAME = "clips"
 MAX_FPS = 60  # bounds the boxes and captions kept per second of buffer
+MAX_ALERT_EVENTS = 256  # alert starts and ends kept for the package (an alert's start may be long past)
+ALERT_FIELDS = ("alert_id", "rule_id", "rule_type", "event", "severity", "class", "track_ids", "evidence",
+                "snapshot", "started_pts", "ended_pts", "duration_s")
 STILL_QUALITY = 85  # JPEG quality of a picture decoded from the buffer (frame.jpg?pts=)
 
 register_counters(
@@ -76,6 +79,10 @@ class ClipStage:
         limit = int(engine.settings.buffer_s * MAX_FPS)
         self.boxes: deque[tuple[float, dict[str, Any]]] = deque(maxlen=limit)
         self.captions: deque[tuple[float, float, str]] = deque(maxlen=limit)
+        # And what was said of it: the descriptions (with the VLM's fields) and the alerts' starts
+        # and ends (their evidence, a `vlm` check's reason, the snapshot), for the clip's package.
+        self.descriptions: deque[dict[str, Any]] = deque(maxlen=limit)
+        self.alert_events: deque[dict[str, Any]] = deque(maxlen=MAX_ALERT_EVENTS)
         self.written = 0
         self.failed = 0
         self.missed = 0
@@ -90,8 +97,16 @@ class ClipStage:
         if event.kind is EventKind.CAPTIONS:
             self.captions.append((float(data["start"]), float(data["end"]), str(data["text"])))
             return
+        if event.kind is EventKind.DESCRIPTIONS:
+            end = data.get("window_end_pts", event.pts)
+            if isinstance(end, int | float):
+                self.descriptions.append({"start_pts": data.get("window_start_pts"), "end_pts": end,
+                                          "text": data.get("text"), "fields": data.get("fields"),
+                                          "model": data.get("model")})
+            return
         if event.kind is not EventKind.ALERTS:
             return
+        self.alert_events.append({"pts": event.pts, **{k: data[k] for k in ALERT_FIELDS if k in data}})
         alert_id = str(data.get("alert_id"))
         settings = self.engine.settings
         if data.get("event") == "start":
@@ -190,6 +205,9 @@ class ClipStage:
         captions = [(s - origin, e - origin, text) for s, e, text in self.captions if e > origin and s < span[-1].t]
         if captions:
             extras[".vtt"] = webvtt(captions)
+        said = self._events(origin, span[-1].t, alert_ids)
+        if said is not None:
+            extras[".events.json"] = said
         info = await asyncio.to_thread(self.engine.store.write, clip_id, self.stream_id,
                                        [(item.t, item.packet) for item in span], list(alert_ids),
                                        extras=extras, alert_tracks=sorted(tracks or ()))
@@ -204,6 +222,21 @@ class ClipStage:
         frames = [{"t": round(pts - origin, 3), "pts": round(pts, 3), **body}
                   for pts, body in self.boxes if origin <= pts <= end + 1e-6]
         return json.dumps({"stream_id": self.stream_id, "frames": frames}, separators=(",", ":")).encode()
+
+    def _events(self, origin: float, end: float, alert_ids: list[str]) -> bytes | None:
+        """The clip's alerts (every start and end of the alerts it was cut for, and of any other in
+        its span) and the descriptions of its span, on the clip's time (`t`); None when neither."""
+        wanted = set(alert_ids)
+        alerts = [{"t": round(a["pts"] - origin, 3) if a["pts"] is not None else None, **a}
+                  for a in self.alert_events
+                  if a.get("alert_id") in wanted or (a["pts"] is not None and origin <= a["pts"] <= end)]
+        descriptions = [{"t": round(d["end_pts"] - origin, 3), **d} for d in self.descriptions
+                        if d["end_pts"] >= origin and (d["start_pts"] if d["start_pts"] is not None
+                                                       else d["end_pts"]) <= end]
+        if not alerts and not descriptions:
+            return None
+        return json.dumps({"stream_id": self.stream_id, "alerts": alerts, "descriptions": descriptions},
+                          separators=(",", ":"), ensure_ascii=False).encode()
 
     def stop(self) -> None:
         pass  # ends when the stream's frames end; pending clips are cut then
@@ -242,6 +275,8 @@ def clip_view(info: ClipInfo) -> dict[str, Any]:
     links = {"self": f"/api/clips/{info.id}", "mp4": f"/api/clips/{info.id}.mp4"}
     if ".boxes.json" in info.extras:
         links["boxes"] = f"/api/clips/{info.id}.json"
+    if ".events.json" in info.extras:
+        links["events"] = f"/api/clips/{info.id}.events.json"
     if ".vtt" in info.extras:
         links["vtt"] = f"/api/clips/{info.id}.vtt"
     return {**info.to_json(), "links": links}

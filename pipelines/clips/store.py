@@ -27,7 +27,7 @@ from engines.media.remux import EncodedPacket, write_mp4
 log = logging.getLogger(__name__)
 
 CLIP_ID = re.compile(r"^[0-9a-f]{32}$")
-EXTRAS = (".boxes.json", ".vtt")  # written beside a clip's MP4 and its sidecar
+EXTRAS = (".boxes.json", ".vtt", ".events.json")  # written beside a clip's MP4 and its sidecar
 
 
 @dataclass(slots=True)

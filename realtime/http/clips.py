@@ -6,6 +6,8 @@ clips the clips capability wrote (pipelines/clips).
     GET    /api/clips/{id}.mp4                       the video (206 for a Range, 416 for one past the end)
     GET    /api/clips/{id}.json                      every frame's objects in the clip, on its time
     GET    /api/clips/{id}.vtt                       its captions as WebVTT, on its time (404 without speech)
+    GET    /api/clips/{id}.events.json               its alerts (evidence, reasons, snapshots) and the scene
+                                                     descriptions of its span, on its time (404 without any)
     DELETE /api/clips/{id}
     POST   /api/clips/{id}/redact {"classes"}        a copy with those classes' boxes pixelated (re-encoded),
                                                      except the tracks its alerts are about
@@ -39,7 +41,9 @@ MAX_LISTED = 1000
 MAX_REDACT_CLASSES = 32
 REDACT_EXAMPLE = '{"classes": ["person"]}'
 SPAN_EXAMPLE = '{"start": 12.5, "end": 30.0}'
-SIDECARS = ((".json", ".boxes.json", "application/json"), (".vtt", ".vtt", "text/vtt"))  # URL, file, type
+# URL suffix, file suffix, type; the longer suffix first (".events.json" also ends in ".json").
+SIDECARS = ((".events.json", ".events.json", "application/json"), (".json", ".boxes.json", "application/json"),
+            (".vtt", ".vtt", "text/vtt"))
 
 
 class ClipsApi:

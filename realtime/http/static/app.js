@@ -1100,7 +1100,7 @@ async function boot() {
   watch.scene = new ScenePanel($("watch-scene"), $("watch-scene-meta"), $("watch-scene-meta").textContent);
   watch.clips = new ClipPanel(
     { list: $("watch-clips"), empty: $("watch-clips-empty"), box: $("clip-box"), video: $("clip-video"),
-      overlay: $("clip-overlay"), info: $("clip-info") },
+      overlay: $("clip-overlay"), info: $("clip-info"), said: $("clip-said") },
     { api, drawBoxes },
   );
   new TimelinePanel(

@@ -11,7 +11,7 @@ function stamp(seconds) {
 
 export class ClipPanel {
   constructor(elements, { api, drawBoxes }) {
-    this.el = elements; // list, empty, box, video, overlay, info
+    this.el = elements; // list, empty, box, video, overlay, info, said
     this.api = api;
     this.drawBoxes = drawBoxes;
     this.streamId = null;
@@ -50,6 +50,7 @@ export class ClipPanel {
     this.el.box.classList.remove("on");
     this.el.box.hidden = true;
     this.el.info.textContent = "";
+    this.el.said.replaceChildren();
   }
 
   async load(streamId) {
@@ -96,9 +97,10 @@ export class ClipPanel {
     }
     this.el.info.textContent = "Loading the clip…";
     // Fetched with the API token (a <video src> cannot send it), then played from memory.
-    const [video, boxes] = await Promise.all([
+    const [video, boxes, said] = await Promise.all([
       this.blobUrl(clip.links.mp4),
       clip.links.boxes ? this.api(clip.links.boxes).then((r) => (r.ok ? r.json() : { frames: [] })) : { frames: [] },
+      clip.links.events ? this.api(clip.links.events).then((r) => (r.ok ? r.json() : null)) : null,
     ]);
     if (this.opened !== clip.clip_id) return;
     this.frames = (boxes.frames || []).sort((a, b) => a.t - b.t);
@@ -111,6 +113,7 @@ export class ClipPanel {
       track.src = await this.blobUrl(clip.links.vtt);
       this.el.video.append(track);
     }
+    this.el.said.replaceChildren(...this.saidItems(said));
     this.el.video.src = video;
     this.el.box.hidden = false;
     this.el.box.classList.add("on");
@@ -123,6 +126,27 @@ export class ClipPanel {
       `${this.frames.length} frames of boxes`,
     ].join(" · ");
     await this.el.video.play().catch(() => {}); // muted: allowed without a gesture
+  }
+
+  saidItems(said) {
+    // The alerts it was cut for (their reasons) and the scene descriptions, on the clip's time:
+    // a click seeks there. Text only: these are a model's and a camera's words.
+    if (!said) return [];
+    const lines = [];
+    for (const alert of said.alerts || []) {
+      if (alert.event !== "start") continue;
+      const reason = alert.evidence && typeof alert.evidence.reason === "string" ? `: ${alert.evidence.reason}` : "";
+      lines.push([alert.t, `alert ${alert.rule_id}${alert.class ? ` (${alert.class})` : ""}${reason}`]);
+    }
+    for (const description of said.descriptions || []) lines.push([description.t, description.text]);
+    lines.sort((a, b) => (a[0] ?? 0) - (b[0] ?? 0));
+    return lines.map(([t, text]) => {
+      const li = document.createElement("li");
+      const at = t == null ? "" : `${Math.max(0, t).toFixed(1)} s · `;
+      li.textContent = `${at}${text}`;
+      if (t != null) li.addEventListener("click", () => { this.el.video.currentTime = Math.max(0, t); });
+      return li;
+    });
   }
 
   frameAt(time) {

@@ -15,12 +15,15 @@ import numpy as np
 
 from pipelines.clips.config import ClipsSettings
 from pipelines.clips.engine import CLIPS, ClipEngine
-from pipelines.clips.stage import webvtt
+from pipelines.clips.ring import PacketRing
+from pipelines.clips.stage import ClipStage, webvtt
 from pipelines.clips.store import ClipStore
 from pipelines.detect import DetectionBatcher
-from pipelines.events import EventKind
+from pipelines.event_bodies import description_event
+from pipelines.events import Event, EventKind
 from pipelines.frames import StreamState
 from pipelines.graph import SharedEngines
+from pipelines.mailbox import FrameMailbox
 from realtime.streams.runner import StreamRunner
 from tests.support.sinks import ListSink
 from tests.support.streams import camera_spec
@@ -72,6 +75,14 @@ async def test_an_alert_on_a_stream_leaves_a_clip_of_its_own_packets_around_it(
     assert all(abs(f["pts"] - f["t"] - body["start_pts"]) < 1e-3 for f in boxes["frames"])
     counters = runner.counters()
     assert counters["clips"] == 1 and counters["clip_packets"] > 0 and counters["clips_missed"] == 0
+    # The alert's package: its start and end, evidence and all, on the clip's time.
+    assert body["links"]["events"] == f"/api/clips/{body['clip_id']}.events.json"
+    said = json.loads(store.extra(body["clip_id"], ".events.json").read_text())  # type: ignore[union-attr]
+    (end,) = [e for e in sink.kinds(EventKind.ALERTS) if e.data["event"] == "end"]
+    assert [(a["event"], a["alert_id"]) for a in said["alerts"]] == [("start", start.data["alert_id"]),
+                                                                       ("end", end.data["alert_id"])]
+    assert said["alerts"][0]["evidence"] == start.data["evidence"] and said["alerts"][0]["rule_id"] == "people"
+    assert abs(said["alerts"][0]["t"] - (start.pts - body["start_pts"])) < 1e-3 and said["descriptions"] == []
 
     # Redacted on request: Fall boxes pixelated, the alert's own (Normal) tracks left as they are.
     info = store.get(body["clip_id"])
@@ -164,3 +175,28 @@ async def test_a_stream_with_clips_off_keeps_no_packets(tmp_path: Path) -> None:
     assert build(on) is not None and on.packet_input is not None  # the source will hand it packets
     off = context(frozenset({STAGE_NAME}))
     assert build(off) is None and off.packet_input is None
+
+
+async def test_a_clips_package_holds_the_descriptions_and_alerts_of_its_span(tmp_path: Path) -> None:
+    settings = ClipsSettings(enabled=True, dir=tmp_path / "clips")
+    store = ClipStore(settings.dir, settings.max_total_bytes, settings.max_age_s)
+    stage = ClipStage("cam", ClipEngine(store, settings), PacketRing(max_s=60.0, max_bytes=1 << 20),
+                      FrameMailbox(asyncio.get_running_loop()), ListSink())
+    for start, end, text in ((0.0, 4.0, "before the clip"), (8.0, 12.0, "a van stops"), (14.0, 18.0, "it leaves")):
+        stage.observe(description_event("cam", text=text, fields={"people": 1}, window_start_pts=start,
+                                        window_end_pts=end, frames=4, epoch=1, prompt_tokens=10, cached_tokens=5,
+                                        latency_ms=1.0, model="sim", captured_at=time.time()))
+    long_ago = Event(EventKind.ALERTS, "cam", 2.0, time.time(), {
+        "alert_id": "a1", "rule_id": "van", "rule_type": "vlm", "event": "start", "class": None,
+        "evidence": {"trigger": "vlm", "question": "Is a van parked?", "reason": "a white van at the kerb"},
+        "snapshot": "snap-1", "started_pts": 2.0})
+    other = Event(EventKind.ALERTS, "cam", 30.0, time.time(), {"alert_id": "a2", "event": "start", "rule_id": "x"})
+    stage.observe(long_ago)
+    stage.observe(other)
+    said = json.loads(stage._events(10.0, 20.0, ["a1"]) or b"{}")
+    assert [d["text"] for d in said["descriptions"]] == ["a van stops", "it leaves"]
+    assert [d["t"] for d in said["descriptions"]] == [2.0, 8.0]  # on the clip's time: its window's end
+    (alert,) = said["alerts"]  # the one it was cut for, though it started before; not the later one
+    assert alert["alert_id"] == "a1" and alert["t"] == -8.0 and alert["evidence"]["reason"] == "a white van at the kerb"
+    assert alert["snapshot"] == "snap-1"
+    assert stage._events(40.0, 50.0, []) is None
