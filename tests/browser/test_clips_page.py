@@ -1,6 +1,7 @@
 """Clips on the page, in a real headless Chromium: a camera's clip (cut on request from the sample
 played in real time) is listed under the selected stream, plays in a <video> whose time advances,
-with the clip's boxes drawn over it in step with that time."""
+with the clip's boxes drawn over it in step with that time, and what was said of it (the alert in
+its span, the scene descriptions from the vLLM simulator) listed beside it."""
 
 from __future__ import annotations
 
@@ -11,26 +12,37 @@ import pytest_asyncio
 from playwright.async_api import Browser
 
 from engines.detector import Detector
+from engines.vlm.client import VlmSettings, create_vlm_client
 from pipelines.clips.capability import open_clips
 from pipelines.clips.engine import CLIPS
+from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.browser.test_page import WIDE
 from tests.service.conftest import LiveService, live_service, make_config
 from tests.support.browser import open_page
+from tests.support.vllm_sim import VllmSimulator
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def svc(people_detector: Detector, shared_nats_server: EmbeddedNatsServer, sample_clip: Path,
               tmp_path: Path) -> AsyncIterator[LiveService]:
     config = make_config(clips={"enabled": True, "dir": str(tmp_path / "clips")})
-    async with open_clips(config.clips) as engine, \
-            live_service(people_detector, shared_nats_server.url, config=config, opened={CLIPS.name: engine}) as live:
-        body = {"id": "plaza", "url": str(sample_clip), "realtime": True, "audio": False}
-        assert (await live.call("POST", "/api/streams", json_body=body)).status == 201
-        await live.wait_for_state("plaza", "live", within_s=30, min_processed=45)
-        made = await live.call("POST", "/api/streams/plaza/clips", json_body={"start": 0.0, "end": 4.0})
-        assert made.status == 201, made
-        yield live
+    describe = DescribeSettings(min_interval_s=0.5, max_interval_s=1.0, describe_interval_s=1.0, max_frames=8)
+    async with VllmSimulator(latency_s=0.05) as sim:
+        client = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model, max_retries=0))
+        try:
+            async with open_clips(config.clips) as engine, \
+                    live_service(people_detector, shared_nats_server.url, config=config, opened={CLIPS.name: engine},
+                                 describe=DescribeEngine(client, sim.model, describe)) as live:
+                body = {"id": "plaza", "url": str(sample_clip), "realtime": True, "audio": False,
+                        "rules": [{"id": "people", "type": "present", "classes": ["Normal"], "for_s": 0.5}]}
+                assert (await live.call("POST", "/api/streams", json_body=body)).status == 201
+                await live.wait_for_state("plaza", "live", within_s=30, min_processed=45)
+                made = await live.call("POST", "/api/streams/plaza/clips", json_body={"start": 0.0, "end": 4.0})
+                assert made.status == 201, made
+                yield live
+        finally:
+            await client.aclose()
 
 
 async def test_a_clip_plays_on_the_page_with_its_boxes_in_step(
@@ -58,6 +70,10 @@ async def test_a_clip_plays_on_the_page_with_its_boxes_in_step(
         assert 0.0 < drawn_at <= later + 0.1
         info = await page.text_content("#clip-info") or ""
         assert "h264 768x576" in info and "frames of boxes" in info
+        # What was said of it beside the player: the alert in its span and the scene descriptions.
+        said = await page.eval_on_selector_all("#clip-said li", "items => items.map(i => i.textContent)")
+        assert any("alert people (Normal)" in line for line in said), said
+        assert any("parking lot" in line for line in said), said
         await page.screenshot(path=screenshots / "watch-clip.png", full_page=True)
         problems = [p for p in await watched.problems() if not ("404" in p and p.endswith("/frame.jpg]"))]
         assert problems == []
