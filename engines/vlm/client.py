@@ -223,11 +223,13 @@ class VlmClient:
                      and endpoint.misses_in_a_row < MAX_MISSES_IN_A_ROW)
         body = chat_body(request, self._settings.model, image_uuids=self._settings.image_uuids,
                          cached=endpoint.sent if uuid_only else ())
-        by_uuid = self._count_body(body)
+        # Encoded once, here: what is counted is what goes on the wire (frames as base64 are MBs).
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        by_uuid = self._count_body(body, len(payload))
         breaker = endpoint.breaker
         try:
             async with asyncio.timeout_at(deadline):
-                completion = await self._transport.stream_chat(self._get_session(), endpoint.url, body, on_delta)
+                completion = await self._transport.stream_chat(self._get_session(), endpoint.url, payload, on_delta)
         except TimeoutError:
             self._failed(endpoint, "no answer in time")  # a hung server is as down as a refusing one
             raise VlmTimeout(f"no answer from {endpoint.url} within {request.timeout_s:g} s",
@@ -246,10 +248,10 @@ class VlmClient:
             self._remember(endpoint, request, held=by_uuid > 0)
         return completion
 
-    def _count_body(self, body: dict[str, Any]) -> int:
+    def _count_body(self, body: dict[str, Any], size: int) -> int:
         """Bytes on the wire and how each image went (with its data, or by uuid alone); returns
         how many went by uuid alone."""
-        self._counts["request_bytes"] += len(json.dumps(body, separators=(",", ":")))
+        self._counts["request_bytes"] += size
         by_uuid = 0
         for message in body["messages"]:
             for part in message["content"] if isinstance(message["content"], list) else ():

@@ -49,11 +49,12 @@ def new_session(*, connect_timeout_s: float, max_connections: int, api_key: str 
 
 
 async def stream_chat(
-    session: aiohttp.ClientSession, endpoint: str, body: dict[str, Any], on_delta: DeltaSink | None = None
+    session: aiohttp.ClientSession, endpoint: str, payload: bytes, on_delta: DeltaSink | None = None
 ) -> Completion:
+    """POST one chat-completions body (JSON, already encoded) and read the streamed answer."""
     url = endpoint.rstrip("/") + "/chat/completions"
     try:
-        async with session.post(url, json=body) as response:
+        async with session.post(url, data=payload, headers={"Content-Type": "application/json"}) as response:
             try:
                 if response.status != 200:
                     raw = await response.content.read(MAX_ERROR_BODY)
