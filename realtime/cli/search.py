@@ -9,9 +9,11 @@ line); 1 when the service cannot be reached or answers otherwise (no VLM, a VLM 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any, TextIO
 from urllib.parse import urlencode, urlsplit
@@ -19,7 +21,7 @@ from urllib.parse import urlencode, urlsplit
 import aiohttp
 
 from realtime.cli.args import TOKEN_ENV
-from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CommandError
+from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
 from realtime.timeline.search import marked
 
 TIMEOUT_S = 30.0
@@ -53,32 +55,51 @@ def hit_line(hit: dict[str, Any], *, color: bool) -> str:
     return line
 
 
-async def fetch(url: str, query: dict[str, str], token: str | None) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+@contextlib.asynccontextmanager
+async def _call(url: str, method: str, path: str, *, timeout_s: float, headers: dict[str, str],
+                **kwargs: Any) -> AsyncIterator[aiohttp.ClientResponse]:
+    """One request to the service; its response when it is a 200. Anything else is a CommandError
+    with one line: the service's reason for a 400 (exit 2), its status and reason otherwise, and
+    what to check when it cannot be reached (exit 1)."""
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if token:
+        headers = {**headers, "Authorization": f"Bearer {token}"}
     try:
         async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as session,
-            session.get(f"{url}/api/search?{urlencode(query)}", headers=headers) as response,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
+            session.request(method, f"{url}{path}", headers=headers, **kwargs) as response,
         ):
-            try:
-                body = await response.json(content_type=None)
-            except ValueError:
-                body = None
-            if response.status == 400 and isinstance(body, dict):
-                raise CommandError(str(body.get("error", "the search was refused")))
-            if response.status != 200 or not isinstance(body, dict):
-                reason = body.get("error") if isinstance(body, dict) else response.reason
+            if response.status != 200:
+                try:
+                    body = await response.json(content_type=None)
+                except ValueError:
+                    body = None
+                reason = body.get("error") if isinstance(body, dict) else None
+                if response.status == 400 and reason:
+                    raise CommandError(str(reason))
                 hint = f" (set {TOKEN_ENV})" if response.status == 401 else ""
-                raise CommandError(f"{url} answered {response.status}: {reason}{hint}", EXIT_RUNTIME)
-            return body
+                raise CommandError(f"{url} answered {response.status}: {reason or response.reason}{hint}",
+                                   EXIT_RUNTIME)
+            yield response
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise CommandError(f"cannot reach the service at {url} ({exc.__class__.__name__}); is `vidsentry serve` "
                            "running there? (--url)", EXIT_RUNTIME) from None
 
 
+async def fetch(url: str, query: dict[str, str]) -> dict[str, Any]:
+    async with _call(url, "GET", f"/api/search?{urlencode(query)}", timeout_s=TIMEOUT_S, headers={}) as response:
+        try:
+            body = await response.json(content_type=None)
+        except ValueError:
+            body = None
+    if not isinstance(body, dict):
+        raise CommandError(f"{url} answered with something that is not a search result", EXIT_RUNTIME)
+    return body
+
+
 async def search_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     url = check_url(args.url)
-    body = await fetch(url, params(args), os.environ.get(TOKEN_ENV, "").strip() or None)
+    body = await fetch(url, params(args))
     if args.json:
         out.write(json.dumps(body, ensure_ascii=False) + "\n")
         return EXIT_OK
@@ -97,8 +118,6 @@ async def ask_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int
     """`vidsentry ask QUESTION`: the answer as the model writes it, then the checked answer with
     its citations (stream, time, clip), and what the check dropped."""
     url = check_url(args.url)
-    token = os.environ.get(TOKEN_ENV, "").strip() or None
-    headers = {"Accept": "text/event-stream", **({"Authorization": f"Bearer {token}"} if token else {})}
     body: dict[str, Any] = {"question": args.question}
     if args.stream:
         body["streams"] = args.stream
@@ -107,39 +126,26 @@ async def ask_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int
             body[name] = getattr(args, name)
     streaming = out.isatty() and not args.json
     final: dict[str, Any] | None = None
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=ASK_TIMEOUT_S)) as session,
-            session.post(f"{url}/api/ask", json=body, headers=headers) as response,
-        ):
-            if response.status != 200:
-                try:
-                    reason = (await response.json(content_type=None)).get("error")
-                except (ValueError, AttributeError):
-                    reason = response.reason
-                code = EXIT_USAGE if response.status == 400 else EXIT_RUNTIME
-                raise CommandError(f"{url} answered {response.status}: {reason}", code)
-            kind = ""
-            async for raw in response.content:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                if line.startswith("event: "):
-                    kind = line[7:]
-                    continue
-                if not line.startswith("data: "):
-                    continue
-                data = json.loads(line[6:])
-                if kind == "delta" and streaming:
-                    out.write(data["text"])
-                    out.flush()
-                elif kind == "restart" and streaming:
-                    out.write("\n[retrying]\n")
-                elif kind == "error":
-                    raise CommandError(str(data.get("error")), EXIT_RUNTIME)
-                elif kind == "answer":
-                    final = data
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise CommandError(f"cannot reach the service at {url} ({exc.__class__.__name__}); is `vidsentry serve` "
-                           "running there? (--url)", EXIT_RUNTIME) from None
+    async with _call(url, "POST", "/api/ask", timeout_s=ASK_TIMEOUT_S, headers={"Accept": "text/event-stream"},
+                     json=body) as response:
+        kind = ""
+        async for raw in response.content:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if line.startswith("event: "):
+                kind = line[7:]
+                continue
+            if not line.startswith("data: "):
+                continue
+            data = json.loads(line[6:])
+            if kind == "delta" and streaming:
+                out.write(data["text"])
+                out.flush()
+            elif kind == "restart" and streaming:
+                out.write("\n[retrying]\n")
+            elif kind == "error":
+                raise CommandError(str(data.get("error")), EXIT_RUNTIME)
+            elif kind == "answer":
+                final = data
     if final is None:
         raise CommandError("the answer stopped part-way", EXIT_RUNTIME)
     if args.json:
