@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pipelines.captions.engine import CAPTIONS
+from pipelines.captions.utterances import SENTENCE_STOPS, UTTERANCE_PAUSE_S
 from pipelines.compute import ComputeBudget
 from pipelines.detect import DetectionBatcher
 from pipelines.events import DURABLE_KINDS, Event, EventKind, EventSink
@@ -93,9 +94,7 @@ async def load_detector(args: argparse.Namespace, config: Config) -> Any:
     )
 
 
-SENTENCE_END = (".", "?", "!")
 LINE_MAX_WORDS = 30  # a sentence that runs on is printed in pieces of about this many words
-LINE_PAUSE_S = 1.0  # a final starting this long after the last one ended begins a new line
 
 
 class CaptionPrinter:
@@ -130,13 +129,13 @@ class CaptionPrinter:
         text = str(data["text"]).strip()
         if not text:
             return
-        if self._line and (stream_id != self._line_stream or data["start"] - self._line_end >= LINE_PAUSE_S):
+        if self._line and (stream_id != self._line_stream or data["start"] - self._line_end >= UTTERANCE_PAUSE_S):
             self.flush()
         if not self._line:
             self._line_start, self._line_stream = data["start"], stream_id
         self._line.append(text)
         self._line_end = data["end"]
-        if text.endswith(SENTENCE_END) or sum(len(t.split()) for t in self._line) >= LINE_MAX_WORDS:
+        if text.endswith(SENTENCE_STOPS) or sum(len(t.split()) for t in self._line) >= LINE_MAX_WORDS:
             self.flush()
 
     def flush(self) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipelines.captions.utterances import SENTENCE_STOPS, UTTERANCE_PAUSE_S
 from pipelines.events import EventKind
 from realtime.timeline.entries import Entry
 from realtime.timeline.errors import QueryTooBroad, TimelineIndexError
@@ -37,9 +38,7 @@ MAX_OFFSET = 10_000
 QUERY_TIME_LIMIT_S = 2.0
 PROGRESS_STEPS = 10_000  # SQLite VM steps between looks at the clock
 SNIPPET_TOKENS = 16
-UTTERANCE_PAUSE_S = 1.0  # as `vidsentry run` joins finals into lines
-UTTERANCE_MAX_WORDS = 40
-SENTENCE_END = (".", "?", "!")
+UTTERANCE_MAX_WORDS = 40  # an entry that runs on is cut here (as `vidsentry run` cuts its lines)
 RANK_WINDOW = 50_000  # relevance ranks the newest this many matches: a common word stays fast
 MARK_EVERY = 1024  # entries between two wall-time marks (see _since_bound)
 MARK_OPEN, MARK_CLOSE = "\ue000", "\ue001"  # private-use characters: never in indexed text
@@ -220,7 +219,7 @@ class TimelineIndex:
         extra = json.loads(extra_json)
         words = extra.get("times") or []
         new_words = list(e.extra.get("times") or ())
-        if (not 0.0 <= e.pts - end < UTTERANCE_PAUSE_S or text.endswith(SENTENCE_END)
+        if (not 0.0 <= e.pts - end < UTTERANCE_PAUSE_S or text.endswith(SENTENCE_STOPS)
                 or len(words) + len(new_words) > UTTERANCE_MAX_WORDS):
             return None
         extra["times"] = words + new_words
@@ -294,13 +293,6 @@ class TimelineIndex:
                                     chunk).fetchall()
                 found.update(row[0] for row in rows)
             return found
-        finally:
-            conn.close()
-
-    def clip_at(self, stream_id: str, pts: float) -> dict[str, Any] | None:
-        conn = connect(self.path, readonly=True)
-        try:
-            return _covering_clip(conn, Hit("", stream_id, "", pts, None, 0.0, "", [], 0.0))
         finally:
             conn.close()
 

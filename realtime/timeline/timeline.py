@@ -47,7 +47,6 @@ class Timeline:
         self._connection = connection or (lambda: None)
         self.fleet = fleet
         self.role = IndexerRole(indexer.run, self._answer_remote, self._connection, fleet) if fleet else None
-        self.forwarded = 0
 
     @property
     def local(self) -> bool:
@@ -63,7 +62,6 @@ class Timeline:
         ranked in the time limit; IndexUnavailable or RemoteRefusal from a forwarded search."""
         if not self.local:
             assert self.fleet is not None
-            self.forwarded += 1
             reply = await forward(self._connection(), self.fleet.name, {
                 "op": "search", "q": request.text, "filters": filters_to_json(request.filters),
                 "limit": request.limit, "offset": request.offset, "order": request.order})
@@ -75,7 +73,6 @@ class Timeline:
         """The best `limit` entries for a question (what `ask` gives the VLM as evidence)."""
         if not self.local:
             assert self.fleet is not None
-            self.forwarded += 1
             reply = await forward(self._connection(), self.fleet.name, {
                 "op": "retrieve", "question": question, "filters": filters_to_json(filters), "limit": limit})
             return [hit_from_json(h) for h in reply["hits"]]
