@@ -77,11 +77,13 @@ class TimelineIndexer:
         self.stats = IndexerStats()
         self._connection = connection
         self._fetch_timeout_s = fetch_timeout_s
-        # One thread writes the file: commits stay in order and never block the event loop.
-        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="timeline-writer")
         self._last_problem: str | None = None
 
     async def run(self) -> None:
+        """Index until cancelled. May run again afterwards (a fleet worker that loses the index
+        and later holds it again): each run has its own writer thread."""
+        # One thread writes the file: commits stay in order and never block the event loop.
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="timeline-writer")
         attempt = 0
         try:
             while True:

@@ -74,7 +74,6 @@ class IndexerRole:
         self.options = options
         self.subject = subject(options.name)
         self.held = False
-        self.takeovers = 0
 
     async def run(self) -> None:
         keeper: LeaseKeeper | None = None
@@ -99,7 +98,6 @@ class IndexerRole:
                 if holds and not self.held:
                     assert nc is not None
                     self.held = True
-                    self.takeovers += 1
                     log.info("this worker now indexes the fleet's timeline", extra={"fleet": self.options.name})
                     indexer = asyncio.create_task(self._run_indexer(), name="timeline-indexer")
                     responder = await nc.subscribe(self.subject, queue="timeline", cb=self._on_request)

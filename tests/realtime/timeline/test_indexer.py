@@ -139,3 +139,20 @@ async def test_a_stream_made_again_is_indexed_from_its_start(nats_server: Embedd
             await wait_until(lambda: index.stats.entries == KEPT_PER_ROUND + 2 and indexer.stats.caught_up, 10,
                              "the new stream indexed")
         assert count(index, "forklift") == 1 and index.position <= 3
+
+
+async def test_an_indexer_stopped_and_run_again_goes_on_where_it_was(
+    nats_server: EmbeddedNatsServer, tmp_path: Path
+) -> None:
+    """A fleet worker that loses the index and later holds it again runs the same indexer twice."""
+    async with NatsEventPublisher(nats_server.url, node="test") as publisher:
+        index = TimelineIndex(tmp_path / "d.db", max_entries=100_000, max_age_s=10 * 86400)
+        indexer = TimelineIndexer(index, lambda: publisher.nc, node="test", batch=16, fetch_timeout_s=0.2)
+        for round_ in (1, 2):
+            await publish(publisher, events(round_))
+            task = asyncio.create_task(indexer.run())
+            await wait_until(lambda r=round_: index.stats.entries == r * KEPT_PER_ROUND, 10, f"round {round_}")
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert index.stats.duplicates == 0 and indexer.stats.failures == 0
