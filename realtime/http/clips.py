@@ -56,7 +56,7 @@ class ClipsApi:
 
     async def list_clips(self, request: web.Request) -> web.Response:
         query = request.query
-        since, until = _number(query, "since"), _number(query, "until")
+        since, until = query_number(query, "since"), query_number(query, "until")
         stream, alert = query.get("stream"), query.get("alert")
         if self.store is None:
             return web.json_response({"clips": [], "total": 0, "enabled": False}, headers={"Cache-Control": "no-store"})
@@ -175,7 +175,8 @@ def _seconds(body: dict[str, Any], key: str) -> float:
     return float(value)
 
 
-def _number(query: Any, key: str) -> float | None:
+def query_number(query: Any, key: str, meaning: str = "epoch seconds") -> float | None:
+    """A finite number from the query string, None when absent; a 400 naming the key otherwise."""
     raw = query.get(key)
     if raw is None:
         return None
@@ -184,7 +185,7 @@ def _number(query: Any, key: str) -> float | None:
     except ValueError:
         value = math.nan
     if not math.isfinite(value):
-        raise ApiError(400, f"{key}: expected epoch seconds", {key: str(raw)[:64]})
+        raise ApiError(400, f"{key}: expected {meaning}", {key: str(raw)[:64]})
     return value
 
 

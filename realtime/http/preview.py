@@ -14,7 +14,6 @@ have gone.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from aiohttp import web
 from pipelines.clips.stage import ExportRefused
 from pipelines.frames import VideoFrame
 from realtime.http.api import stream_id_of, unknown_stream
-from realtime.http.clips import clip_stage
+from realtime.http.clips import clip_stage, query_number
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
 from realtime.service.registry import StreamRegistry, UnknownStream
@@ -115,15 +114,11 @@ class FramePreviews:
 PREVIEWS = web.AppKey("vidsentry_frame_previews", FramePreviews)
 
 
-async def frame_at(request: web.Request, stream_id: str, raw: str) -> web.Response:
+async def frame_at(request: web.Request, stream_id: str) -> web.Response:
     """`?pts=`: the picture on screen at that media time, decoded from the stream's clip buffer."""
     ctx = context_of(request)
-    try:
-        t = float(raw)
-    except ValueError:
-        t = math.nan
-    if not math.isfinite(t):
-        raise ApiError(400, "pts: media seconds (as events' pts)", {"pts": raw[:64]})
+    t = query_number(request.query, "pts", "media seconds (as events' pts)")
+    assert t is not None  # the caller saw `pts` in the query
     if stream_id not in ctx.registry:
         raise unknown_stream(stream_id)
     stage = clip_stage(ctx.registry, stream_id)
@@ -143,7 +138,7 @@ async def frame_jpeg(request: web.Request) -> web.Response:
     ctx = context_of(request)
     stream_id = stream_id_of(request)
     if "pts" in request.query:
-        return await frame_at(request, stream_id, request.query["pts"])
+        return await frame_at(request, stream_id)
     runner = ctx.registry.runner(stream_id)
     previews = request.app[PREVIEWS]
     preview = None
