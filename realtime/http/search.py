@@ -50,7 +50,6 @@ class TimelineApi:
         self.timeline = timeline
         self.asker = asker
         self.asking = 0
-        self.refused = 0
 
     def _timeline(self) -> Timeline:
         if self.timeline is None:
@@ -87,7 +86,7 @@ class TimelineApi:
         body = await read_json_object(request, what="question", example=ASK_EXAMPLE)
         question, filters = _question(body)
         if self.asking >= MAX_ASKS:
-            self.refused += 1
+            self.asker.stats.refused += 1
             raise ApiError(503, "questions are being answered; retry shortly", {"max_asks": MAX_ASKS},
                            headers={"Retry-After": "2"})
         registry = context_of(request).registry

@@ -153,7 +153,7 @@ class Service:
                           timeout_s=max(5.0, http.request_timeout_s - 5.0))
         search.add_routes(self.app, timeline, asker)  # answers with the timeline off too
         if timeline is not None:
-            self.metrics.registry.register(TimelineCollector(timeline))
+            self.metrics.registry.register(TimelineCollector(timeline, asker))
         self.url: str | None = None
 
     def readiness(self) -> dict[str, bool]:

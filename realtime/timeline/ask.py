@@ -147,6 +147,14 @@ def claims_of(text: str) -> list[Claim]:
     return out
 
 
+@dataclass(slots=True)
+class AskStats:
+    asked: int = 0
+    failed: int = 0  # the VLM could not answer
+    citations_dropped: int = 0  # by the check, or citing nothing
+    refused: int = 0  # past the questions answered at once (counted by the HTTP route)
+
+
 class Asker:
     def __init__(self, search: Callable[..., Any], vlm: VlmClient, model: str, *,
                  snapshot: Callable[[str], Any] | None = None, max_evidence: int = MAX_EVIDENCE,
@@ -157,9 +165,7 @@ class Asker:
         self._snapshot = snapshot  # reference -> JPEG bytes (alert snapshots), or None
         self.max_evidence = max_evidence
         self.timeout_s = timeout_s
-        self.asked = 0
-        self.failed = 0
-        self.dropped = 0
+        self.stats = AskStats()
 
     async def ask(self, question: str, filters: Filters, *,
                   on_delta: Callable[[str | None], None] | None = None,
@@ -169,7 +175,7 @@ class Asker:
             raise AskError("question: say what to ask", 400)
         if len(question) > MAX_QUESTION_CHARS:
             raise AskError(f"question: at most {MAX_QUESTION_CHARS} characters", 400)
-        self.asked += 1
+        self.stats.asked += 1
         timings: dict[str, float] = {}
         started = time.monotonic()
         try:
@@ -195,7 +201,7 @@ class Asker:
         try:
             response = await self._vlm.complete(self._answer_request(question, evidence, images), on_delta=on_delta)
         except VlmError as exc:
-            self.failed += 1
+            self.stats.failed += 1
             raise AskError(f"the VLM could not answer: {exc}", 503) from None
         timings["answer"] = 1000 * (time.monotonic() - stage)
         draft = response.text.strip()
@@ -228,7 +234,7 @@ class Asker:
         kept = [c for c in claims if c.citations or id(c) not in cited_at_first]
         dropped += [{"claim": c.text, "citation": "", "reason": "no citation left: claim removed"}
                     for c in claims if not c.citations and id(c) in cited_at_first]
-        self.dropped += sum(1 for d in dropped if d["citation"])
+        self.stats.citations_dropped += sum(1 for d in dropped if d["citation"])
         answer = " ".join(_cited(c) for c in kept)
         timings["total"] = 1000 * (time.monotonic() - started)
         return Answer(question, answer, draft, kept, dropped, evidence, checked, self._model, timings)

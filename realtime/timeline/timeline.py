@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from realtime.fleet.options import FleetOptions
+from realtime.timeline.ask import Asker
 from realtime.timeline.config import TimelineSettings
 from realtime.timeline.index import MAX_LIMIT, MAX_OFFSET, Filters, Hit, TimelineIndex
 from realtime.timeline.indexer import TimelineIndexer
@@ -135,10 +136,11 @@ async def open_timeline(
 
 
 class TimelineCollector(Collector):
-    """The index's size and what the indexer did, for /metrics."""
+    """The index's size, what the indexer did and what asking did, for /metrics."""
 
-    def __init__(self, timeline: Timeline) -> None:
+    def __init__(self, timeline: Timeline, asker: Asker | None = None) -> None:
         self.timeline = timeline
+        self.asker = asker
 
     def collect(self) -> Iterable[Metric]:
         index, indexer = self.timeline.index.stats, self.timeline.indexer.stats
@@ -156,6 +158,16 @@ class TimelineCollector(Collector):
             ("refused", "Searches refused (syntax, too broad)", index.refused),
         ):
             yield CounterMetricFamily(f"vidsentry_timeline_{name}", help_, value=value)
+        if self.asker is not None:
+            asked = self.asker.stats
+            for name, help_, value in (
+                ("asks", "Questions asked", asked.asked),
+                ("ask_failures", "Questions the VLM could not answer", asked.failed),
+                ("ask_citations_dropped", "Citations dropped: unconfirmed by the check, or citing nothing",
+                 asked.citations_dropped),
+                ("asks_refused", "Questions refused while others were being answered", asked.refused),
+            ):
+                yield CounterMetricFamily(f"vidsentry_timeline_{name}", help_, value=value)
         lag = sorted(indexer.lag_s)
         if lag:
             yield GaugeMetricFamily("vidsentry_timeline_lag_p50_seconds",

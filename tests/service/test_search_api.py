@@ -221,6 +221,12 @@ async def test_ask_streams_an_answer_with_checked_citations(
                 assert outage.status == 503 and "VLM" in outage.body["error"]
                 down = await asyncio.to_thread(vidsentry, "ask", "where was the parcel left?", "--url", svc.url)
                 assert "VLM" in one_error_line(down, 1)
+                metrics = (await svc.call("GET", "/metrics")).body
+                counted = {name: float(value) for name, value in
+                           re.findall(r"^vidsentry_timeline_(asks|ask_failures|ask_citations_dropped)_total (\S+)$",
+                                      metrics, re.M)}
+                assert counted["asks"] == 5 and counted["ask_failures"] == 2, counted
+                assert counted["ask_citations_dropped"] >= 3, counted  # E2 in each of the 3 answers
         finally:
             await client.aclose()
 
