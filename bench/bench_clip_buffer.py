@@ -10,6 +10,12 @@ as fast as they come, which changes nothing per packet). Two inputs: the sample 
 `--clip-s` of each is written as an MP4 (remux, `write_mp4`), timed, and exported with four
 boxes pixelated on every frame (`redact_mp4`: decode, mosaic, x264 veryfast), timed per clip-minute.
 
+A browser session (or GStreamer ingest) hands decoded frames, which the clips stage encodes itself
+(`FrameEncoder`: x264 ultrafast, zerolatency, one thread). The second table is that cost: the
+sample's frames decoded once, scaled to 640x480 and 1280x720, encoded one by one (CPU time per
+frame, excluding the decode the session does anyway), as a share of one core at 15 fps (a browser
+camera's usual rate), and the bytes per clip-minute it makes.
+
 Usage: .venv/bin/python bench/bench_clip_buffer.py [--buffer-s 60] [--mbps 6] [--clip-s 15]
 Results: bench/results/bench_clip_buffer.json
 """
@@ -26,6 +32,7 @@ import av
 import numpy as np
 from _common import ensure_sample, table, write_results
 
+from engines.media.encode import FrameEncoder
 from engines.media.redact import redact_mp4
 from engines.media.remux import CodecHeader, EncodedPacket, write_mp4
 from pipelines.clips.ring import PacketRing
@@ -109,6 +116,33 @@ def measure(path: Path, buffer_s: float, clip_s: float, out_dir: Path) -> dict[s
     }
 
 
+def measure_encode(path: Path, size: tuple[int, int], fps: float, frames: int = 300) -> dict[str, Any]:
+    images: list[np.ndarray] = []
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            images.append(frame.to_ndarray(format="rgb24", width=size[0], height=size[1]))
+            if len(images) == frames:
+                break
+    encoder = FrameEncoder()
+    cpu = 0.0
+    size_bytes = 0
+    for i, image in enumerate(images):
+        began = time.process_time()
+        packets = encoder.encode(image, i / fps)
+        cpu += time.process_time() - began
+        size_bytes += sum(p.size for p in packets)
+    encoder.close()
+    media_s = len(images) / fps
+    return {
+        "input": f"{path.name} as {size[0]}x{size[1]} at {fps:g} fps",
+        "frames": len(images),
+        "ms_per_frame": round(cpu / len(images) * 1e3, 2),
+        "core_pct": round(cpu / media_s * 100, 2),
+        "keyframes": encoder.keyframes,
+        "mb_per_clip_min": round(size_bytes / 1e6 / media_s * 60, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--buffer-s", type=float, default=60.0)
@@ -125,9 +159,12 @@ def main() -> None:
         for path in (ensure_sample(), hd):
             rows.append(measure(path, args.buffer_s, args.clip_s, out))
             print(f"measured {path.name}", flush=True)
-    columns = list(rows[0])
-    print(table(rows, columns))
-    path = write_results("bench_clip_buffer", {"buffer_s": args.buffer_s, "clip_s": args.clip_s, "rows": rows})
+        encoded = [measure_encode(ensure_sample(), size, 15.0) for size in ((640, 480), (1280, 720))]
+    print(table(rows, list(rows[0])))
+    print("\nframes encoded for clips (sources without packets: browser sessions, GStreamer)")
+    print(table(encoded, list(encoded[0])))
+    path = write_results("bench_clip_buffer", {"buffer_s": args.buffer_s, "clip_s": args.clip_s, "rows": rows,
+                                               "encoded": encoded})
     print(f"wrote {path}")
 
 

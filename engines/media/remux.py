@@ -42,16 +42,20 @@ class CodecHeader:
 
     @classmethod
     def from_stream(cls, stream: Any, keyframe: Any) -> CodecHeader:
-        """From an open PyAV video stream and one of its keyframe packets."""
+        """From an open PyAV video stream (a demuxer's or an encoder's) and one of its keyframe packets."""
         buffer = io.BytesIO()
         with _open_output(buffer, "matroska") as out:
             template = out.add_stream_from_template(stream)
+            if not template.codec_context.extradata and stream.codec_context.extradata:
+                # An encoder's stream (engines.media.encode) holds its parameters in its codec
+                # context until its own container writes a header, which it never does.
+                template.codec_context.extradata = stream.codec_context.extradata
             packet = _packet(bytes(keyframe), pts=0, dts=0, duration=keyframe.duration or 0, keyframe=True,
                              time_base=stream.time_base)
             packet.stream = template
             out.mux(packet)
         ctx = stream.codec_context
-        return cls(buffer.getvalue(), str(ctx.name), int(ctx.width), int(ctx.height))
+        return cls(buffer.getvalue(), str(ctx.codec.canonical_name), int(ctx.width), int(ctx.height))  # h264, not libx264
 
 
 @dataclass(frozen=True, slots=True)

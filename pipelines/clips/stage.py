@@ -6,12 +6,20 @@ even while its alert goes on (the next one continues from there). The stream's n
 how far its media time has come, so a clip is cut once its end is in the buffer; when the stream
 ends, what is pending is cut from what the buffer holds. A span no longer in the buffer is
 counted (`clips_missed`), as is a clip the disk refused (`clips_failed`).
+
+A source that hands no encoded packets (a browser session, GStreamer ingest) has its frames
+encoded here (engines.media.encode), each in a background turn of the compute budget: the models
+go first. While the budget is short only `SHORT_FPS` frames a second are encoded; the frames
+passed over are counted (`clip_frames_skipped`), so a clip of a loaded machine plays at a lower
+frame rate instead of taking the recognizer's or the detector's time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import time
 import uuid
 from collections import deque
@@ -20,14 +28,19 @@ from typing import Any
 
 import cv2
 
+from engines.media.encode import FrameEncoder
 from engines.media.remux import EncodedPacket, RemuxError, still_at
 from pipelines.clips.engine import CLIPS, ClipEngine
 from pipelines.clips.ring import PacketRing
 from pipelines.clips.store import ClipInfo
+from pipelines.compute import ComputeBudget, ModelClaim, Priority
 from pipelines.events import Event, EventKind, EventSink
+from pipelines.frames import VideoFrame
 from pipelines.graph import StageContext, counter, gauge, register_counters
 from pipelines.graph.counters import Counters
 from pipelines.mailbox import FrameMailbox, MailboxClosed
+
+log = logging.getLogger(__name__)
 
 STAGE_NAME = "clips"
 MAX_FPS = 60  # bounds the boxes and captions kept per second of buffer
@@ -35,6 +48,8 @@ MAX_ALERT_EVENTS = 256  # alert starts and ends kept for the package (an alert's
 ALERT_FIELDS = ("alert_id", "rule_id", "rule_type", "event", "severity", "class", "track_ids", "evidence",
                 "snapshot", "started_pts", "ended_pts", "duration_s")
 STILL_QUALITY = 85  # JPEG quality of a picture decoded from the buffer (frame.jpg?pts=)
+ENCODER = "clip encoder"  # a decoded source's frames encoded for its clips, in the compute budget
+SHORT_FPS = 5.0  # frames a second still encoded for clips while the compute budget is short
 
 register_counters(
     {
@@ -45,6 +60,8 @@ register_counters(
         "clip_gops_dropped": counter("Groups of pictures aged out of the clip buffer"),
         "clip_buffer_bytes": gauge("Bytes of encoded video in the clip buffer"),
         "clip_stills": counter("Pictures decoded from the clip buffer (frame.jpg?pts=)"),
+        "clip_frames_encoded": counter("Decoded frames encoded for clips (sources without packets of their own)"),
+        "clip_frames_skipped": counter("Decoded frames not encoded for clips: the compute budget was short"),
     },
     section="clips",
 )
@@ -67,7 +84,8 @@ class ClipStage:
     name = STAGE_NAME
 
     def __init__(self, stream_id: str, engine: ClipEngine, ring: PacketRing, frames: FrameMailbox,
-                 sink: EventSink) -> None:
+                 sink: EventSink, *, encoder: FrameEncoder | None = None,
+                 compute: ComputeBudget | None = None) -> None:
         self.stream_id = stream_id
         self.engine = engine
         self.ring = ring
@@ -87,6 +105,14 @@ class ClipStage:
         self.failed = 0
         self.missed = 0
         self.stills = 0
+        # Set for a source without packets of its own: its frames are encoded into the ring here.
+        self.encoder = encoder
+        self.compute = compute
+        if compute is not None and encoder is not None:
+            compute.add(ENCODER, ModelClaim(Priority.BACKGROUND))
+        self.encoded = 0
+        self.skipped = 0
+        self._last_encoded: float | None = None
         self._decoding = asyncio.Lock()  # one still decoded at a time per stream (a GOP of CPU each)
 
     def observe(self, event: Event) -> None:
@@ -131,12 +157,40 @@ class ClipStage:
         try:
             while True:
                 frame = await self.frames.get()
+                if self.encoder is not None:
+                    await self._encode(frame)
                 await self._cut_due(frame.pts, final=False)
         except MailboxClosed:
             pass
+        finally:
+            if self.encoder is not None:
+                self.encoder.close()
         newest = self.ring.newest_t
         if newest is not None:
             await self._cut_due(newest, final=True)
+
+    async def _encode(self, frame: VideoFrame) -> None:
+        last = self._last_encoded
+        if (self.compute is not None and self.compute.short() and last is not None
+                and frame.pts - last < 1.0 / SHORT_FPS):
+            self.skipped += 1
+            return
+        try:
+            packets = await asyncio.to_thread(self._encode_in_turn, frame)
+        except ValueError as exc:  # a frame size H.264 cannot take: this stream gets no clips
+            log.warning("frames not encoded for clips", extra={"stream_id": self.stream_id, "error": str(exc)})
+            self.encoder = None
+            return
+        self._last_encoded = frame.pts
+        self.encoded += 1
+        for packet in packets:
+            self.ring.put(frame.pts, packet)
+
+    def _encode_in_turn(self, frame: VideoFrame) -> list[EncodedPacket]:
+        assert self.encoder is not None
+        turn = self.compute.turn(ENCODER) if self.compute is not None else contextlib.nullcontext()
+        with turn:
+            return self.encoder.encode(frame.image, frame.pts)
 
     async def _cut_due(self, now: float, *, final: bool) -> None:
         max_s = self.engine.settings.max_s
@@ -251,6 +305,8 @@ class ClipStage:
             "clip_gops_dropped": ring.gops_dropped,
             "clip_buffer_bytes": self.ring.bytes,
             "clip_stills": self.stills,
+            "clip_frames_encoded": self.encoded,
+            "clip_frames_skipped": self.skipped,
         }
 
 
@@ -304,7 +360,13 @@ def build(ctx: StageContext) -> ClipStage | None:
         return None
     settings = engine.settings
     ring = PacketRing(max_s=settings.buffer_s, max_bytes=settings.buffer_max_bytes)
-    ctx.packets(ring)
-    stage = ClipStage(ctx.stream_id, engine, ring, ctx.frames(STAGE_NAME), ctx.sink)
+    encoder: FrameEncoder | None = None
+    if ctx.demuxed:
+        ctx.packets(ring)
+    else:  # decoded frames only: encode them (in the compute budget's background turns)
+        encoder = FrameEncoder()
+    compute = ctx.engines.detector.compute if ctx.engines.detector is not None else None
+    stage = ClipStage(ctx.stream_id, engine, ring, ctx.frames(STAGE_NAME), ctx.sink, encoder=encoder,
+                      compute=compute)
     ctx.observe(stage.observe)
     return stage

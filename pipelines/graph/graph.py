@@ -75,7 +75,8 @@ class StreamGraph:
         spec = self.spec
         frames = FrameTee(lossless=self.source.lossless)
         audio = AudioTee() if spec.audio else None
-        context = StageContext(spec, self.engines, ObservedSink(self.sink), frames, audio, self._on_frame)
+        context = StageContext(spec, self.engines, ObservedSink(self.sink), frames, audio, self._on_frame,
+                               demuxed=self.source.demuxes)
         self._owners = context.owners
         status_task = asyncio.create_task(self._status.run(), name=f"{spec.stream_id}-status")
         try:

@@ -57,6 +57,12 @@ class MediaSource(Protocol):
         primary frame consumer then holds the source back instead of dropping frames."""
         ...
 
+    @property
+    def demuxes(self) -> bool:
+        """True when the source puts its own encoded video packets into `SourceOutputs.packets`
+        (a PyAV reader); False when it hands decoded frames only (a browser session, GStreamer)."""
+        ...
+
     async def run(self, outputs: SourceOutputs) -> StreamState: ...
 
     def stop(self) -> None:

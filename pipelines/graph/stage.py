@@ -50,6 +50,7 @@ class StageContext:
     frame_tee: FrameTee
     audio_tee: AudioTee | None
     on_frame: FrameObserver | None = None
+    demuxed: bool = True  # the source hands its encoded video packets to packets() (else decoded frames only)
     built: list[Stage] = field(default_factory=list, repr=False)  # the stages built so far, in order
     owners: list[TaskOwner] = field(default_factory=list, repr=False)  # handed out by tasks(), in order
     packet_input: PacketInput | None = field(default=None, repr=False)  # set by packets()

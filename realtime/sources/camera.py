@@ -55,6 +55,10 @@ class CameraSource:
     def lossless(self) -> bool:
         return self.spec.source.is_file and not self.spec.realtime
 
+    @property
+    def demuxes(self) -> bool:
+        return self.spec.ingest == "pyav"  # GStreamer decodes inside its pipeline
+
     async def run(self, outputs: SourceOutputs) -> StreamState:
         self.supervisor = CameraSupervisor(
             self.stream_id,

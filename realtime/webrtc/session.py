@@ -97,6 +97,10 @@ class WebRtcSession:
         return False
 
     @property
+    def demuxes(self) -> bool:
+        return False  # aiortc decodes the browser's RTP itself
+
+    @property
     def kinds(self) -> set[str]:
         return {track.kind for track in self.tracks}
 

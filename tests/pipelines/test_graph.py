@@ -43,6 +43,10 @@ class FakeSource:
     def lossless(self) -> bool:
         return self._lossless
 
+    @property
+    def demuxes(self) -> bool:
+        return False
+
     async def run(self, outputs: SourceOutputs) -> StreamState:
         outputs.status(StatusChange("cam", StreamState.LIVE, None, time.time()))
         image = np.zeros((48, 64, 3), np.uint8)

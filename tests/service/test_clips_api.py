@@ -19,6 +19,7 @@ from pipelines.clips.capability import open_clips
 from pipelines.clips.engine import CLIPS
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.service.conftest import LiveService, live_service, make_config
+from tests.support.peer import connect, load_frames
 from tests.support.rtsp import RtspServer
 
 pytestmark = pytest.mark.slow
@@ -158,3 +159,37 @@ async def test_with_clips_off_the_routes_say_so_instead_of_not_existing(
         assert refused.status == 409 and "clips.enabled" in refused.body["error"]
         still = await live.call("GET", "/api/streams/cam/frame.jpg?pts=0.5")
         assert still.status == 409 and "newest frame" in still.body["error"]
+
+
+async def test_a_browser_sessions_frames_are_encoded_into_a_clip_on_request(
+    svc: LiveService, vtest_avi: Path, tmp_path: Path
+) -> None:
+    """A browser session hands decoded frames only: the clips stage encodes them (H.264, keyframes
+    every 2 s of media time) into the same buffer a camera's packets fill, and any span of it is
+    exported as for a camera."""
+    peer = await connect(svc.session, svc.url, frames=load_frames(vtest_avi, count=30), fps=15.0)
+    try:
+        await svc.wait_for_state(peer.stream_id, "live", min_processed=75)  # 5 s of media at 15 fps
+        exported = await svc.call("POST", f"/api/streams/{peer.stream_id}/clips", json_body={"start": 2.5, "end": 4.5})
+        assert exported.status == 201, exported
+        clip = exported.body
+        assert clip["codec"] == "h264" and (clip["width"], clip["height"]) == (640, 480)
+        # From the keyframe at or before the start: one every 2 s of media time.
+        assert 0.5 - 1e-3 <= clip["start_pts"] <= 2.5 and clip["end_pts"] >= 4.4
+        counters = (await svc.stream(peer.stream_id))["counters"]
+        assert counters["clip_frames_encoded"] >= 60 and counters["clip_packets"] >= counters["clip_frames_encoded"] - 1
+        async with svc.session.get(svc.url + clip["links"]["mp4"]) as whole:
+            data = await whole.read()
+            assert whole.status == 200 and len(data) == clip["bytes"]
+    finally:
+        await peer.close()
+    saved = tmp_path / "session.mp4"
+    saved.write_bytes(data)
+    with av.open(str(saved)) as container:
+        frames = list(container.decode(video=0))
+    assert frames[0].key_frame and frames[0].time == 0.0
+    assert len(frames) >= 0.8 * 15 * (clip["end_pts"] - clip["start_pts"])  # the frames it was sent
+    assert frames[-1].time == pytest.approx(clip["end_pts"] - clip["start_pts"], abs=0.1)
+    # What it shows is what was sent: the vtest scene (mean brightness of a real picture, not a blank).
+    picture = frames[len(frames) // 2].to_ndarray(format="rgb24")
+    assert picture.shape == (480, 640, 3) and 40 < picture.mean() < 220 and picture.std() > 20

@@ -288,6 +288,7 @@ class ReconnectingCamera:
 
     display = "fake://reconnecting"
     lossless = False
+    demuxes = False
 
     def __init__(self) -> None:
         self.reconnect = asyncio.Event()
