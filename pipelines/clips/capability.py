@@ -12,7 +12,7 @@ from pipelines.capability import NO_BUDGET, Capability, CapabilityError, OpenCon
 from pipelines.clips import stage
 from pipelines.clips.config import ClipsSettings
 from pipelines.clips.engine import CLIPS, ClipEngine, store_samples
-from pipelines.clips.store import ClipStore
+from pipelines.clips.store import ClipStore, StreamBounds
 from pipelines.events import EventKind
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,9 @@ async def open_clips(settings: ClipsSettings, _context: OpenContext = NO_BUDGET)
     if not settings.enabled:
         yield None
         return
-    store = ClipStore(settings.dir, settings.max_total_bytes, settings.max_age_s)
+    bounds = {stream_id: StreamBounds(own.max_bytes, own.max_age_s) for stream_id, own in settings.streams.items()
+              if own.max_bytes is not None or own.max_age_s is not None}
+    store = ClipStore(settings.dir, settings.max_total_bytes, settings.max_age_s, bounds)
     try:
         await asyncio.to_thread(store.open)
     except OSError as exc:

@@ -27,5 +27,8 @@ def store_samples(engine: ClipEngine) -> Iterable[Sample]:
     yield Sample("vidsentry_clips_stored_bytes", "Bytes of clips on disk", store.total_bytes, "gauge")
     yield Sample("vidsentry_clips_written", "Clips written", stats.written)
     yield Sample("vidsentry_clips_write_failures", "Clips the disk refused", stats.failed)
-    for why, value in (("bytes", stats.evicted_bytes), ("age", stats.evicted_age)):
+    for why, value in (("bytes", stats.evicted_bytes), ("age", stats.evicted_age),
+                       ("stream_bytes", stats.evicted_stream_bytes), ("stream_age", stats.evicted_stream_age)):
         yield Sample("vidsentry_clips_evicted", "Clips deleted by retention", value, labels=(("reason", why),))
+    yield Sample("vidsentry_clips_redacted_on_export", "Clips re-encoded with boxes pixelated on first download",
+                 stats.redacted_on_export)

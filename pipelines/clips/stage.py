@@ -264,7 +264,8 @@ class ClipStage:
             extras[".events.json"] = said
         info = await asyncio.to_thread(self.engine.store.write, clip_id, self.stream_id,
                                        [(item.t, item.packet) for item in span], list(alert_ids),
-                                       extras=extras, alert_tracks=sorted(tracks or ()))
+                                       extras=extras, alert_tracks=sorted(tracks or ()),
+                                       redact=self.engine.settings.redact_for(self.stream_id))
         if info is None:
             self.failed += 1
             return None

@@ -4,7 +4,13 @@ A clip is written under a temporary name and renamed when complete (engines.medi
 sidecar the same way; a clip is listed only once both are there. What a crash leaves half-written
 (a `.part` file, an MP4 without its sidecar) is removed when the store opens, never served. The
 oldest clips go first when the total passes `max_total_bytes`, and any older than `max_age_s`;
-both are counted, as are writes the disk refused.
+a stream may have bounds of its own (`clips.streams.<id>`), applied first. Every deletion is
+counted by its reason, as are writes the disk refused.
+
+A stream with `redact` classes has its clips written as the camera sent them and marked
+(`redact_on_export`); the first download re-encodes the MP4 in place with those boxes pixelated
+(`redact_for_export`), so the CPU is spent only on clips someone takes out, and the unredacted
+picture never leaves the service.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.media.files import replacing
-from engines.media.redact import redact_mp4
+from engines.media.redact import Redacted, redact_mp4
 from engines.media.remux import EncodedPacket, write_mp4
 
 log = logging.getLogger(__name__)
@@ -36,6 +42,9 @@ class StoreStats:
     failed: int = 0  # the disk refused a clip (full, read-only): the stream goes on
     evicted_bytes: int = 0  # removed for the total's bound
     evicted_age: int = 0  # removed for their age
+    evicted_stream_bytes: int = 0  # removed for their stream's own bound (clips.streams.<id>.max_bytes)
+    evicted_stream_age: int = 0  # removed for their stream's own age (clips.streams.<id>.max_age_s)
+    redacted_on_export: int = 0  # MP4s re-encoded with boxes pixelated on their first download
     removed_partial: int = 0  # half-written files found when the store opened
 
 
@@ -53,7 +62,8 @@ class ClipInfo:
     alert_ids: tuple[str, ...]
     created_at: float
     alert_tracks: tuple[int, ...] = ()  # the tracks its alerts are about (never redacted)
-    redacted: dict[str, Any] | None = None  # on a redacted copy: the classes pixelated, the tracks kept, its source
+    redacted: dict[str, Any] | None = None  # once redacted: the classes pixelated, the tracks kept, its source
+    redact: tuple[str, ...] = ()  # classes still to pixelate before its MP4 leaves the service
     extras: tuple[str, ...] = ()  # the EXTRAS written beside it (kept in the sidecar, not in to_json)
 
     def to_json(self) -> dict[str, Any]:
@@ -71,6 +81,7 @@ class ClipInfo:
             "alert_tracks": list(self.alert_tracks),
             "created_at": round(self.created_at, 3),
             "redacted": self.redacted,
+            "redact_on_export": list(self.redact),
         }
 
     @classmethod
@@ -79,6 +90,7 @@ class ClipInfo:
                    float(body["duration_s"]), int(body["bytes"]), str(body["codec"]), int(body["width"]),
                    int(body["height"]), tuple(str(a) for a in body["alert_ids"]), float(body["created_at"]),
                    tuple(int(t) for t in body.get("alert_tracks", ())), body.get("redacted"),
+                   tuple(str(c) for c in body.get("redact_on_export", ())),
                    tuple(str(e) for e in body.get("extras", ()) if e in EXTRAS))
 
     def sidecar(self) -> dict[str, Any]:
@@ -86,11 +98,20 @@ class ClipInfo:
         return {**self.to_json(), "extras": list(self.extras)}
 
 
+@dataclass(frozen=True, slots=True)
+class StreamBounds:
+    """A stream's own retention (None: only the store's total bounds apply)."""
+
+    max_bytes: int | None = None
+    max_age_s: float | None = None
+
+
 @dataclass
 class ClipStore:
     directory: Path
     max_total_bytes: int
     max_age_s: float
+    streams: Mapping[str, StreamBounds] = field(default_factory=dict)  # by stream id
     stats: StoreStats = field(default_factory=StoreStats)
     _clips: dict[str, ClipInfo] = field(default_factory=dict, repr=False)  # oldest first
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -149,9 +170,10 @@ class ClipStore:
 
     def write(self, clip_id: str, stream_id: str, packets: Sequence[tuple[float, EncodedPacket]],
               alert_ids: Sequence[str], *, extras: Mapping[str, bytes] | None = None,
-              alert_tracks: Sequence[int] = ()) -> ClipInfo | None:
+              alert_tracks: Sequence[int] = (), redact: Sequence[str] = ()) -> ClipInfo | None:
         """Write one clip of `(pts, packet)` pairs, and `extras` beside it (suffix -> bytes, such
-        as ".boxes.json"); None (counted, logged) when the disk refused it."""
+        as ".boxes.json"); `redact`: classes to pixelate when it is first downloaded. None
+        (counted, logged) when the disk refused it."""
         if not CLIP_ID.match(clip_id):
             raise ValueError(f"not a clip id: {clip_id!r}")
         extras = dict(extras or {})
@@ -160,7 +182,8 @@ class ClipStore:
             first = packets[0][1]
             info = ClipInfo(clip_id, stream_id, packets[0][0], packets[0][0] + written.duration_s, written.duration_s,
                             written.bytes, first.header.codec, first.header.width, first.header.height,
-                            tuple(alert_ids), time.time(), tuple(alert_tracks), extras=tuple(extras))
+                            tuple(alert_ids), time.time(), tuple(alert_tracks), redact=tuple(sorted(redact)),
+                            extras=tuple(extras))
             self._add(info, extras)
         except OSError as exc:
             self._remove_files(clip_id)
@@ -175,20 +198,13 @@ class ClipStore:
         re-encode, seconds per clip-minute: run it off the event loop). OSError for the disk."""
         if not CLIP_ID.match(new_id):
             raise ValueError(f"not a clip id: {new_id!r}")
-        wanted, kept = set(classes), set(source.alert_tracks)
-        boxes_path = self.directory / f"{source.id}.boxes.json"
-        frames = json.loads(boxes_path.read_text())["frames"] if boxes_path.exists() else []
-        regions = [
-            (float(f["t"]), [tuple(o["box"]) for o in f["objects"]
-                             if o.get("class") in wanted and o.get("track_id") not in kept])
-            for f in frames
-        ]
+        wanted = set(classes) | set(source.redact)  # a copy never shows what the original may not
         try:
-            result = redact_mp4(self.directory / f"{source.id}.mp4", self.directory / f"{new_id}.mp4", regions)
+            result = self._pixelate(source, self.directory / f"{new_id}.mp4", wanted)
             info = dataclasses.replace(
-                source, id=new_id, bytes=result.bytes, codec="h264", created_at=time.time(),
-                redacted={"classes": sorted(wanted), "kept_tracks": sorted(kept), "source": source.id,
-                          "regions": result.boxes},
+                source, id=new_id, bytes=result.bytes, codec="h264", created_at=time.time(), redact=(),
+                redacted={"classes": sorted(wanted), "kept_tracks": sorted(source.alert_tracks),
+                          "source": source.id, "regions": result.boxes},
             )
             copied = {suffix: (self.directory / f"{source.id}{suffix}").read_bytes() for suffix in source.extras}
             self._add(info, copied)  # the same boxes and words, on the same time
@@ -197,6 +213,38 @@ class ClipStore:
             self.stats.failed += 1
             raise
         return info
+
+    def redact_for_export(self, clip_id: str) -> ClipInfo | None:
+        """Pixelate a clip's `redact` classes in its own MP4, once, before it is served (a
+        re-encode: run it off the event loop); the clip as it now is (None when it is gone).
+        OSError for the disk: the clip stays unredacted and unserved."""
+        info = self.get(clip_id)
+        if info is None or not info.redact:
+            return info
+        path = self.directory / f"{clip_id}.mp4"
+        result = self._pixelate(info, path, set(info.redact))  # replaces the file when complete
+        done = dataclasses.replace(info, bytes=result.bytes, codec="h264", redact=(), redacted={
+            "classes": list(info.redact), "kept_tracks": sorted(info.alert_tracks), "source": None,
+            "regions": result.boxes})
+        _write_atomically(self.directory / f"{clip_id}.json", json.dumps(done.sidecar()).encode())
+        with self._lock:
+            if clip_id in self._clips:
+                self._clips[clip_id] = done
+        self.stats.redacted_on_export += 1
+        return done
+
+    def _pixelate(self, source: ClipInfo, dst: Path, classes: set[str]) -> Redacted:
+        """Re-encode `source`'s MP4 into `dst` with the boxes of `classes` pixelated on every frame,
+        except the tracks its alerts are about."""
+        kept = set(source.alert_tracks)
+        boxes_path = self.directory / f"{source.id}.boxes.json"
+        frames = json.loads(boxes_path.read_text())["frames"] if boxes_path.exists() else []
+        regions = [
+            (float(f["t"]), [tuple(o["box"]) for o in f["objects"]
+                             if o.get("class") in classes and o.get("track_id") not in kept])
+            for f in frames
+        ]
+        return redact_mp4(self.directory / f"{source.id}.mp4", dst, regions)
 
     def _add(self, info: ClipInfo, extras: Mapping[str, bytes]) -> None:
         """Write a clip's extras, then its sidecar (which lists it: its MP4 is already written), and
@@ -218,10 +266,25 @@ class ClipStore:
         return True
 
     def enforce(self, now: float | None = None) -> None:
-        """Delete clips past `max_age_s`, then the oldest while the total is past `max_total_bytes`."""
+        """Delete each stream's clips past its own bounds (age, then oldest first past its bytes),
+        then clips past `max_age_s`, then the oldest while the total is past `max_total_bytes`."""
         now = time.time() if now is None else now
         gone: list[tuple[str, str]] = []
         with self._lock:
+            for stream_id, bounds in self.streams.items():
+                own = [c for c in self._clips.values() if c.stream_id == stream_id]  # oldest first
+                if bounds.max_age_s is not None:
+                    for clip in [c for c in own if now - c.created_at > bounds.max_age_s]:
+                        own.remove(clip)
+                        del self._clips[clip.id]
+                        gone.append((clip.id, "stream_age"))
+                if bounds.max_bytes is not None:
+                    used = sum(c.bytes for c in own)
+                    while used > bounds.max_bytes and len(own) > 1:
+                        clip = own.pop(0)
+                        del self._clips[clip.id]
+                        used -= clip.bytes
+                        gone.append((clip.id, "stream_bytes"))
             for clip in list(self._clips.values()):
                 if now - clip.created_at > self.max_age_s:
                     del self._clips[clip.id]
@@ -233,10 +296,7 @@ class ClipStore:
                 total -= oldest.bytes
                 gone.append((oldest.id, "bytes"))
         for clip_id, why in gone:
-            if why == "age":
-                self.stats.evicted_age += 1
-            else:
-                self.stats.evicted_bytes += 1
+            setattr(self.stats, f"evicted_{why}", getattr(self.stats, f"evicted_{why}") + 1)
             self._remove_files(clip_id)
 
     def extra(self, clip_id: str, suffix: str) -> Path | None:

@@ -35,7 +35,9 @@ def fall_detector(fall_model: Path) -> Iterator[Detector]:
 @pytest.fixture
 async def svc(fall_detector: Detector, shared_nats_server: EmbeddedNatsServer, tmp_path: Path
               ) -> AsyncIterator[LiveService]:
-    config = make_config(clips={"enabled": True, "dir": str(tmp_path / "clips"), "pre_s": 2.0, "post_s": 1.0})
+    # The camera's Fall boxes are pixelated in its clips when they leave the service.
+    config = make_config(clips={"enabled": True, "dir": str(tmp_path / "clips"), "pre_s": 2.0, "post_s": 1.0,
+                                "streams": {"cam": {"redact": ["Fall"]}}})
     async with open_clips(config.clips) as engine, \
             live_service(fall_detector, shared_nats_server.url, config=config, opened={CLIPS.name: engine}) as live:
         yield live
@@ -102,11 +104,15 @@ async def test_a_cameras_alert_becomes_a_clip_the_api_lists_and_serves_by_range(
     assert vtt.status == 404 and vtt.body["error"] == "this clip has no vtt"
     meta = await svc.call("GET", clip["links"]["self"])
     assert meta.status == 200 and meta.body["bytes"] == clip["bytes"]
+    assert clip["redact_on_export"] == ["Fall"] and clip["redacted"] is None  # as the camera sent it, until it leaves
 
     url = svc.url + clip["links"]["mp4"]
-    async with svc.session.get(url) as whole:
+    async with svc.session.get(url) as whole:  # the first download re-encodes it with the Fall boxes pixelated
         data = await whole.read()
-        assert whole.status == 200 and whole.headers["Content-Type"] == "video/mp4" and len(data) == clip["bytes"]
+        assert whole.status == 200 and whole.headers["Content-Type"] == "video/mp4"
+    clip = (await svc.call("GET", clip["links"]["self"])).body
+    assert clip["redact_on_export"] == [] and clip["redacted"]["classes"] == ["Fall"] and len(data) == clip["bytes"]
+    assert clip["redacted"]["kept_tracks"] == clip["alert_tracks"] and clip["redacted"]["source"] is None
     saved = tmp_path / "download.mp4"
     saved.write_bytes(data)
     with av.open(str(saved)) as container:
@@ -123,6 +129,8 @@ async def test_a_cameras_alert_becomes_a_clip_the_api_lists_and_serves_by_range(
     redacted = await svc.call("POST", f"/api/clips/{clip['clip_id']}/redact", json_body={"classes": ["Fall"]})
     assert redacted.status == 201, redacted
     assert redacted.body["redacted"]["source"] == clip["clip_id"] and redacted.body["redacted"]["classes"] == ["Fall"]
+    metrics = (await svc.call("GET", "/metrics")).body
+    assert "vidsentry_clips_redacted_on_export_total 1.0" in metrics
     assert redacted.body["clip_id"] != clip["clip_id"] and redacted.body["links"]["boxes"]
     for body, status in (({"classes": []}, 400), ({"classes": "Fall"}, 400), ({"classes": [1]}, 400), ({}, 400)):
         refused = await svc.call("POST", f"/api/clips/{clip['clip_id']}/redact", json_body=body)

@@ -17,7 +17,7 @@ from pipelines.clips.config import ClipsSettings
 from pipelines.clips.engine import CLIPS, ClipEngine
 from pipelines.clips.ring import PacketRing
 from pipelines.clips.stage import ClipStage, webvtt
-from pipelines.clips.store import ClipStore
+from pipelines.clips.store import ClipStore, StreamBounds
 from pipelines.detect import DetectionBatcher
 from pipelines.event_bodies import description_event
 from pipelines.events import Event, EventKind
@@ -113,11 +113,11 @@ def blockiness(image: np.ndarray, box: list[float], block: int = 16) -> float:
     return float(np.mean(spreads))
 
 
-def write_clip(store: ClipStore, clip_id: str, size: int, created_at: float) -> None:
+def write_clip(store: ClipStore, clip_id: str, size: int, created_at: float, stream_id: str = "cam") -> None:
     """A clip as the store indexes it (the bytes are not video: retention only reads sizes)."""
     (store.directory / f"{clip_id}.mp4").write_bytes(bytes(size))
     (store.directory / f"{clip_id}.json").write_text(json.dumps({
-        "clip_id": clip_id, "stream_id": "cam", "start_pts": 0.0, "end_pts": 1.0, "duration_s": 1.0,
+        "clip_id": clip_id, "stream_id": stream_id, "start_pts": 0.0, "end_pts": 1.0, "duration_s": 1.0,
         "bytes": size, "codec": "h264", "width": 2, "height": 2, "alert_ids": [], "created_at": created_at,
     }))
 
@@ -139,6 +139,26 @@ def test_the_store_removes_half_written_clips_and_keeps_to_its_bytes_and_age(tmp
     assert store.path("../../etc/passwd") is None and store.path(f"{0:032x}") is None
     assert store.delete(f"{2:032x}") and not store.delete(f"{2:032x}")
     assert [c.id for c in store.list()] == [f"{3:032x}"]
+
+
+def test_a_stream_with_bounds_of_its_own_keeps_to_them_before_the_totals(tmp_path: Path) -> None:
+    settings = ClipsSettings.model_validate({"streams": {"door": {"max_bytes": 2 * 1024 * 1024, "max_age_s": 250},
+                                                         "yard": {"redact": ["person"]}}})
+    bounds = {s: StreamBounds(own.max_bytes, own.max_age_s) for s, own in settings.streams.items()}
+    store = ClipStore(tmp_path, max_total_bytes=10 * 1024 * 1024, max_age_s=3600, streams=bounds)
+    now = time.time()
+    mib = 1024 * 1024
+    # door: one past its own age, then three of 1 MiB where its bound holds two; yard: old but within 3600 s.
+    for i, (stream, age) in enumerate((("door", 300), ("door", 200), ("door", 100), ("door", 50),
+                                       ("yard", 3000), ("yard", 100))):
+        write_clip(store, f"{i:032x}", mib, now - age, stream_id=stream)
+    store.open()
+    assert [c.id for c in store.list("door")] == [f"{2:032x}", f"{3:032x}"]
+    assert [c.id for c in store.list("yard")] == [f"{4:032x}", f"{5:032x}"]
+    assert (store.stats.evicted_stream_age, store.stats.evicted_stream_bytes) == (1, 1)
+    assert (store.stats.evicted_age, store.stats.evicted_bytes) == (0, 0)
+    assert not (tmp_path / f"{0:032x}.mp4").exists() and not (tmp_path / f"{1:032x}.json").exists()
+    assert settings.redact_for("yard") == ("person",) and settings.redact_for("door") == ()
 
 
 def test_a_clip_the_disk_refuses_is_counted_and_leaves_nothing(sample_clip: Path, tmp_path: Path) -> None:
