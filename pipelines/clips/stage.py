@@ -50,6 +50,9 @@ ALERT_FIELDS = ("alert_id", "rule_id", "rule_type", "event", "severity", "class"
 STILL_QUALITY = 85  # JPEG quality of a picture decoded from the buffer (frame.jpg?pts=)
 ENCODER = "clip encoder"  # a decoded source's frames encoded for its clips, in the compute budget
 SHORT_FPS = 5.0  # frames a second still encoded for clips while the compute budget is short
+# When the stream ends, the detector may publish the ends of its open alerts just after the frames
+# stop: the last clips wait this long for them, so their package has each alert's end.
+FINAL_ALERTS_WAIT_S = 2.0
 
 register_counters(
     {
@@ -113,6 +116,8 @@ class ClipStage:
         self.encoded = 0
         self.skipped = 0
         self._last_encoded: float | None = None
+        self._alerts_ended = asyncio.Event()  # set while no window has an open alert
+        self._alerts_ended.set()
         self._decoding = asyncio.Lock()  # one still decoded at a time per stream (a GOP of CPU each)
 
     def observe(self, event: Event) -> None:
@@ -144,11 +149,14 @@ class ClipStage:
             window.end = None
             window.alert_ids.append(alert_id)
             window.open_alerts.add(alert_id)
+            self._alerts_ended.clear()
             window.tracks.update(int(t) for t in data.get("track_ids", ()) if isinstance(t, int))
         elif data.get("event") == "end":
             for window in self.windows:
                 if alert_id in window.open_alerts:
                     window.open_alerts.discard(alert_id)
+                    if not any(w.open_alerts for w in self.windows):
+                        self._alerts_ended.set()
                     if not window.open_alerts:
                         ended = float(data.get("ended_pts", event.pts or 0.0))
                         window.end = ended + settings.post_s
@@ -167,6 +175,8 @@ class ClipStage:
                 self.encoder.close()
         newest = self.ring.newest_t
         if newest is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._alerts_ended.wait(), FINAL_ALERTS_WAIT_S)
             await self._cut_due(newest, final=True)
 
     async def _encode(self, frame: VideoFrame) -> None:
