@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import re
+import shutil
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,7 @@ class StoreStats:
     evicted_stream_bytes: int = 0  # removed for their stream's own bound (clips.streams.<id>.max_bytes)
     evicted_stream_age: int = 0  # removed for their stream's own age (clips.streams.<id>.max_age_s)
     redacted_on_export: int = 0  # MP4s re-encoded with boxes pixelated on their first download
+    adopted: int = 0  # clips another worker recorded, copied here from the fleet's bucket to be served
     removed_partial: int = 0  # half-written files found when the store opened
 
 
@@ -246,7 +248,25 @@ class ClipStore:
         ]
         return redact_mp4(self.directory / f"{source.id}.mp4", dst, regions)
 
-    def _add(self, info: ClipInfo, extras: Mapping[str, bytes]) -> None:
+    def adopt(self, info: ClipInfo, files: Mapping[str, Path]) -> ClipInfo:
+        """Keep a copy of a clip another worker recorded (`files`: suffix -> path, fetched from the
+        fleet's bucket) as one of this store's, so it is served, redacted and bounded like the clips
+        written here. OSError for the disk (nothing is left behind)."""
+        if not CLIP_ID.match(info.id):
+            raise ValueError(f"not a clip id: {info.id!r}")
+        try:
+            with replacing(self.directory / f"{info.id}.mp4") as tmp:
+                shutil.copyfile(files[".mp4"], tmp)
+            extras = {suffix: files[suffix].read_bytes() for suffix in info.extras if suffix in files}
+            info = dataclasses.replace(info, extras=tuple(extras))
+            self._add(info, extras, written=False)
+        except OSError:
+            self._remove_files(info.id)
+            raise
+        self.stats.adopted += 1
+        return info
+
+    def _add(self, info: ClipInfo, extras: Mapping[str, bytes], *, written: bool = True) -> None:
         """Write a clip's extras, then its sidecar (which lists it: its MP4 is already written), and
         index it. OSError when the disk refuses (the caller removes what was written)."""
         for suffix, data in extras.items():
@@ -254,7 +274,9 @@ class ClipStore:
         _write_atomically(self.directory / f"{info.id}.json", json.dumps(info.sidecar()).encode())
         with self._lock:
             self._clips[info.id] = info
-        self.stats.written += 1
+            self._clips = dict(sorted(self._clips.items(), key=lambda item: item[1].created_at))  # oldest first
+        if written:
+            self.stats.written += 1
         self.enforce()
 
     def delete(self, clip_id: str) -> bool:
@@ -266,35 +288,12 @@ class ClipStore:
         return True
 
     def enforce(self, now: float | None = None) -> None:
-        """Delete each stream's clips past its own bounds (age, then oldest first past its bytes),
-        then clips past `max_age_s`, then the oldest while the total is past `max_total_bytes`."""
-        now = time.time() if now is None else now
-        gone: list[tuple[str, str]] = []
+        """Delete what `retention` says is past the bounds (each stream's, then the totals)."""
         with self._lock:
-            for stream_id, bounds in self.streams.items():
-                own = [c for c in self._clips.values() if c.stream_id == stream_id]  # oldest first
-                if bounds.max_age_s is not None:
-                    for clip in [c for c in own if now - c.created_at > bounds.max_age_s]:
-                        own.remove(clip)
-                        del self._clips[clip.id]
-                        gone.append((clip.id, "stream_age"))
-                if bounds.max_bytes is not None:
-                    used = sum(c.bytes for c in own)
-                    while used > bounds.max_bytes and len(own) > 1:
-                        clip = own.pop(0)
-                        del self._clips[clip.id]
-                        used -= clip.bytes
-                        gone.append((clip.id, "stream_bytes"))
-            for clip in list(self._clips.values()):
-                if now - clip.created_at > self.max_age_s:
-                    del self._clips[clip.id]
-                    gone.append((clip.id, "age"))
-            total = sum(c.bytes for c in self._clips.values())
-            while total > self.max_total_bytes and len(self._clips) > 1:
-                oldest = next(iter(self._clips.values()))
-                del self._clips[oldest.id]
-                total -= oldest.bytes
-                gone.append((oldest.id, "bytes"))
+            gone = retention(list(self._clips.values()), self.streams, self.max_total_bytes, self.max_age_s,
+                             time.time() if now is None else now)
+            for clip_id, _ in gone:
+                del self._clips[clip_id]
         for clip_id, why in gone:
             setattr(self.stats, f"evicted_{why}", getattr(self.stats, f"evicted_{why}") + 1)
             self._remove_files(clip_id)
@@ -313,6 +312,39 @@ class ClipStore:
                 (self.directory / f"{clip_id}{suffix}").unlink(missing_ok=True)
             except OSError as exc:
                 log.warning("clip file not removed", extra={"clip_id": clip_id, "error": str(exc)})
+
+
+def retention(clips: Sequence[ClipInfo], streams: Mapping[str, StreamBounds], max_total_bytes: int,
+              max_age_s: float, now: float) -> list[tuple[str, str]]:
+    """The clips to delete, with why ("stream_age", "stream_bytes", "age", "bytes"): first each
+    stream's own bounds (its clips past its age, then its oldest while past its bytes), then clips
+    past `max_age_s`, then the oldest of all while the total is past `max_total_bytes`. The newest
+    clip is never deleted for bytes. The same rule for a worker's disk and a fleet's bucket."""
+    kept = sorted(clips, key=lambda c: c.created_at)
+    gone: list[tuple[str, str]] = []
+
+    def drop(clip: ClipInfo, why: str) -> None:
+        kept.remove(clip)
+        gone.append((clip.id, why))
+
+    for stream_id, bounds in streams.items():
+        if bounds.max_age_s is not None:
+            for clip in [c for c in kept if c.stream_id == stream_id and now - c.created_at > bounds.max_age_s]:
+                drop(clip, "stream_age")
+        if bounds.max_bytes is not None:
+            own = [c for c in kept if c.stream_id == stream_id]
+            used = sum(c.bytes for c in own)
+            while used > bounds.max_bytes and len(own) > 1:
+                clip = own.pop(0)
+                used -= clip.bytes
+                drop(clip, "stream_bytes")
+    for clip in [c for c in kept if now - c.created_at > max_age_s]:
+        drop(clip, "age")
+    total = sum(c.bytes for c in kept)
+    while total > max_total_bytes and len(kept) > 1:
+        total -= kept[0].bytes
+        drop(kept[0], "bytes")
+    return gone
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

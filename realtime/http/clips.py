@@ -14,6 +14,11 @@ clips the clips capability wrote (pipelines/clips).
                                                      except the tracks its alerts are about
     POST   /api/streams/{id}/clips {"start", "end"}  a clip of any span still in the stream's buffer (media seconds)
 
+In a fleet every worker lists and serves every clip: the clips of the fleet's bucket are listed
+with this worker's, and one recorded elsewhere is fetched into this worker's store the first time
+it is asked for (realtime.fleet.clips); while the bucket is unreachable the list holds this
+worker's clips and says `"partial": true`, and a clip only there is a 503 with Retry-After.
+
 Only ids the store lists are served (32 hex digits), so no request names a file by itself. With
 clips off the routes still answer (an empty list that says `"enabled": false`, 404 for an id, 409
 for an export), so a client need not know the configuration to ask.
@@ -33,6 +38,7 @@ from aiohttp import web
 from pipelines.clips.engine import ClipEngine
 from pipelines.clips.stage import STAGE_NAME, ClipStage, ExportRefused, clip_view
 from pipelines.clips.store import CLIP_ID, ClipInfo
+from realtime.fleet.clips import ClipsUnavailable, FleetClips
 from realtime.http.api import read_json_object, stream_id_of, unknown_stream
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
@@ -49,8 +55,10 @@ SIDECARS = ((".events.json", ".events.json", "application/json"), (".json", ".bo
 
 
 class ClipsApi:
-    def __init__(self, engine: ClipEngine | None, *, max_downloads: int = MAX_DOWNLOADS) -> None:
+    def __init__(self, engine: ClipEngine | None, *, fleet: FleetClips | None = None,
+                 max_downloads: int = MAX_DOWNLOADS) -> None:
         self.store = engine.store if engine is not None else None
+        self.fleet = fleet
         self.max_downloads = max_downloads
         self.downloads = 0
         self.refused = 0
@@ -62,29 +70,32 @@ class ClipsApi:
         stream, alert = query.get("stream"), query.get("alert")
         if self.store is None:
             return web.json_response({"clips": [], "total": 0, "enabled": False}, headers={"Cache-Control": "no-store"})
+        found, complete = await self.fleet.list(stream) if self.fleet is not None else (self.store.list(stream), True)
         clips = [
-            c for c in self.store.list(stream)
+            c for c in found
             if (since is None or c.created_at >= since) and (until is None or c.created_at <= until)
             and (alert is None or alert in c.alert_ids)
         ]
         clips.reverse()
-        return web.json_response({"clips": [clip_view(c) for c in clips[:MAX_LISTED]], "total": len(clips),
-                                  "enabled": True},
-                                 headers={"Cache-Control": "no-store"})
+        body: dict[str, Any] = {"clips": [clip_view(c) for c in clips[:MAX_LISTED]], "total": len(clips),
+                                "enabled": True}
+        if not complete:
+            body["partial"] = True  # the fleet's bucket did not answer: this worker's clips only
+        return web.json_response(body, headers={"Cache-Control": "no-store"})
 
     async def clip(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         if name.endswith(".mp4"):
-            return await self._video(request, self._known(name.removesuffix(".mp4")))
+            return await self._video(request, await self._known(name.removesuffix(".mp4")))
         for suffix, stored, content_type in SIDECARS:
             if name.endswith(suffix):
-                info = self._known(name.removesuffix(suffix))
+                info = await self._known(name.removesuffix(suffix))
                 assert self.store is not None  # a known clip has a store
                 path = self.store.extra(info.id, stored)
                 if path is None:
                     raise ApiError(404, f"this clip has no {suffix[1:]}", {"id": info.id})
                 return web.FileResponse(path, headers={"Content-Type": content_type, "Cache-Control": "no-store"})
-        return web.json_response(clip_view(self._known(name)), headers={"Cache-Control": "no-store"})
+        return web.json_response(clip_view(await self._known(name)), headers={"Cache-Control": "no-store"})
 
     async def export(self, request: web.Request) -> web.Response:
         stream_id = stream_id_of(request)
@@ -107,7 +118,7 @@ class ClipsApi:
         return web.json_response(view, status=201, headers={"Location": view["links"]["self"]})
 
     async def redact(self, request: web.Request) -> web.Response:
-        source = self._known(request.match_info["name"])
+        source = await self._known(request.match_info["name"])
         assert self.store is not None
         body = await read_json_object(request, what="redaction", example=REDACT_EXAMPLE)
         classes = body.get("classes")
@@ -120,13 +131,26 @@ class ClipsApi:
         return web.json_response(view, status=201, headers={"Location": view["links"]["self"]})
 
     async def delete(self, request: web.Request) -> web.Response:
-        info = self._known(request.match_info["name"])
+        info = await self._known(request.match_info["name"])
         assert self.store is not None
-        await asyncio.to_thread(self.store.delete, info.id)
+        if self.fleet is not None:
+            try:
+                await self.fleet.delete(info.id)
+            except ClipsUnavailable as exc:
+                raise ApiError(503, str(exc), {"id": info.id}, headers={"Retry-After": "5"}) from None
+        else:
+            await asyncio.to_thread(self.store.delete, info.id)
         return web.Response(status=204)
 
-    def _known(self, clip_id: str) -> ClipInfo:
-        info = self.store.get(clip_id) if self.store is not None and CLIP_ID.match(clip_id) else None
+    async def _known(self, clip_id: str) -> ClipInfo:
+        if self.store is None or not CLIP_ID.match(clip_id):
+            raise ApiError(404, "unknown clip", {"id": clip_id[:64]})
+        info = self.store.get(clip_id)
+        if info is None and self.fleet is not None:
+            try:
+                info = await self.fleet.find(clip_id)
+            except ClipsUnavailable as exc:
+                raise ApiError(503, str(exc), {"id": clip_id}, headers={"Retry-After": "5"}) from None
         if info is None:
             raise ApiError(404, "unknown clip", {"id": clip_id[:64]})
         return info
@@ -211,8 +235,8 @@ def clip_stage(registry: StreamRegistry, stream_id: str) -> ClipStage | None:
     return stage if isinstance(stage, ClipStage) else None
 
 
-def add_routes(app: web.Application, engine: ClipEngine | None) -> ClipsApi:
-    api = ClipsApi(engine)
+def add_routes(app: web.Application, engine: ClipEngine | None, fleet: FleetClips | None = None) -> ClipsApi:
+    api = ClipsApi(engine, fleet=fleet)
     app.router.add_get("/api/clips", api.list_clips)
     app.router.add_get("/api/clips/{name}", api.clip)
     app.router.add_delete("/api/clips/{name}", api.delete)

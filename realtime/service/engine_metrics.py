@@ -2,30 +2,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from pipelines.capabilities import samples
+from pipelines.capability import Sample
 from pipelines.compute import ComputeBudget
 
 
-class CapabilityCollector(Collector):
-    """What each open capability's engine reports (pipelines.capability.Sample), as metric families."""
+class SampleCollector(Collector):
+    """Samples (pipelines.capability.Sample) read at every scrape, as metric families."""
 
-    def __init__(self, opened: Mapping[str, object]) -> None:
-        self.opened = opened
+    def __init__(self, read: Callable[[], Iterable[Sample]]) -> None:
+        self.read = read
 
     def collect(self) -> Iterable[Metric]:
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
-        for sample in samples(self.opened):
+        for sample in self.read():
             family = families.get(sample.name)
             if family is None:
                 kind = CounterMetricFamily if sample.kind == "counter" else GaugeMetricFamily
                 family = families[sample.name] = kind(sample.name, sample.help, labels=[k for k, _ in sample.labels])
             family.add_metric([v for _, v in sample.labels], sample.value)
         yield from families.values()
+
+
+def capability_collector(opened: Mapping[str, object]) -> SampleCollector:
+    """What each open capability's engine reports."""
+    return SampleCollector(lambda: samples(opened))
 
 
 class ComputeCollector(Collector):

@@ -23,6 +23,7 @@ from pipelines.graph import SharedEngines
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
+from realtime.fleet.clips import open_fleet_clips
 from realtime.fleet.metrics import FleetCollector
 from realtime.fleet.options import fleet_options
 from realtime.fleet.worker import FleetWorker
@@ -32,7 +33,7 @@ from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
 from realtime.http.metrics import MetricSources, ServiceMetrics
 from realtime.http.resume import ResumeSettings
-from realtime.service.engine_metrics import CapabilityCollector, ComputeCollector
+from realtime.service.engine_metrics import ComputeCollector, SampleCollector, capability_collector
 from realtime.service.memory import release_free_memory
 from realtime.service.registry import RegistryClosed, StreamRegistry, UnknownStream
 from realtime.streams.descriptions import LatestDescriptions
@@ -80,13 +81,17 @@ class Service:
         http = config.http
         self.transcripts = TranscriptStore()  # each stream's recent finals, for captions.vtt
         self.descriptions = LatestDescriptions()  # each stream's newest scene description
+        fleet = fleet_options(config)
+        # In a fleet every worker serves every clip: each one finished here goes to the fleet's bucket.
+        self.fleet_clips = open_fleet_clips(fleet.name, opened.get(CLIPS.name), publisher) if fleet else None
+        taps = (self.transcripts.tap, self.descriptions.tap)
         self.fanout = EventFanout(
             publisher,
             node=config.node,
             queue_limit=http.sse_queue_events,
             max_viewers_per_stream=http.sse_max_viewers_per_stream,
             max_viewers=http.sse_max_viewers,
-            taps=(self.transcripts.tap, self.descriptions.tap),
+            taps=taps if self.fleet_clips is None else (*taps, self.fleet_clips.tap),
         )
         self.metrics = ServiceMetrics(
             MetricSources(
@@ -109,7 +114,6 @@ class Service:
         self.engines = SharedEngines(batcher, NatsSnapshotStore(publisher), opened)
         self.registry = StreamRegistry(self._make_runner, on_gone=self._stream_gone, max_streams=http.max_streams)
         # In a fleet the desired set lives in NATS KV and this registry runs only the streams leased here.
-        fleet = fleet_options(config)
         self.fleet = FleetWorker(fleet, self.registry, lambda: publisher.nc) if fleet is not None else None
         self.context = HttpContext(
             registry=self.registry,
@@ -130,7 +134,7 @@ class Service:
             config.webrtc, admit=self.registry.add, forget=self._forget_session, listen=self.fanout.listen
         )
         self.metrics.registry.register(SessionCollector(self.sessions))
-        self.metrics.registry.register(CapabilityCollector(opened))
+        self.metrics.registry.register(capability_collector(opened))
         if batcher.compute is not None:  # one budget for every model on the CPU
             self.metrics.registry.register(ComputeCollector(batcher.compute))
         self.app = create_app(self.context)
@@ -142,7 +146,9 @@ class Service:
         transcript.add_routes(self.app, self.transcripts)
         compute.add_routes(self.app, batcher.compute)
         description.add_routes(self.app, self.descriptions)
-        clips.add_routes(self.app, self.engines.get(CLIPS))  # answers with clips off too
+        clips.add_routes(self.app, self.engines.get(CLIPS), self.fleet_clips)  # answers with clips off too
+        if self.fleet_clips is not None:
+            self.metrics.registry.register(SampleCollector(self.fleet_clips.samples))
         self.timeline = timeline
         describer = self.engines.get(DESCRIPTIONS)
         asker = None
@@ -206,6 +212,8 @@ class Service:
                 ]
                 if self.timeline is not None:
                     helpers.append(group.create_task(self.timeline.run(), name="timeline-indexer"))
+                if self.fleet_clips is not None:
+                    helpers.append(group.create_task(self.fleet_clips.run(), name="fleet-clips"))
                 fleet_task = group.create_task(self.fleet.run(), name="fleet") if self.fleet is not None else None
                 try:
                     await stop.wait()

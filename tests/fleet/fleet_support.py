@@ -51,7 +51,7 @@ class Fleet:
     """Workers w0, w1, ... in fleet `name`, each with its own log directory."""
 
     def __init__(self, nats_url: str, model: Path, root: Path, *, name: str = "t", fleet: dict[str, Any] | None = None,
-                 capacity: int = 8, local_dirs: list[Path] | None = None) -> None:
+                 capacity: int = 8, local_dirs: list[Path] | None = None, extra: dict[str, Any] | None = None) -> None:
         self.nats_url = nats_url
         self.root = root
         self.name = name
@@ -62,18 +62,20 @@ class Fleet:
             "sources": {"allow_local_hosts": True, "local_dirs": [str(d) for d in local_dirs or []]},
             "http": {"max_streams": 600, "shutdown_timeout_s": 5},
             "fleet": {"name": name, "capacity": capacity, **(fleet or TEST_FLEET)},
+            **(extra or {}),
         })
         self.workers: dict[str, Worker] = {}
         self._starts = 0
 
-    def start(self, *names: str) -> list[Worker]:
+    def start(self, *names: str, env: dict[str, dict[str, str]] | None = None) -> list[Worker]:
+        """Start workers `names`; `env`: settings of one worker's own by name (VIDSENTRY_... overrides)."""
         procs = []
         for name in names:
             self._starts += 1
             log_dir = self.root / f"{name}-{self._starts}"
             log_dir.mkdir(parents=True, exist_ok=True)
             serve = ServeProcess("--config", str(self.config), "--port", "0", "--nats-url", self.nats_url,
-                                 "--node", name, log_dir=log_dir)
+                                 "--node", name, log_dir=log_dir, env=(env or {}).get(name))
             serve.start(wait_for_url=False)
             procs.append(Worker(name, serve))
         for worker in procs:  # started side by side: model loading overlaps

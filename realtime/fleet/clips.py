@@ -1,0 +1,227 @@
+"""Clips in a fleet: any worker lists and serves any clip, and a dead worker's finished clips stay.
+
+A clip is written on the disk of the worker that runs its stream (pipelines.clips.store); the
+`clips` event it publishes passes this worker's event fanout, whose tap queues the clip for upload
+to the fleet's bucket (realtime.fleet.clip_bucket). The queue is bounded; what it drops, and what a
+worker killed between writing and uploading left on its disk, is uploaded by the reconcile pass
+that runs at start and every `RECONCILE_S` (every local clip the bucket does not list). That pass
+also applies each stream's own retention bounds to the bucket, its totals, and sweeps what
+interrupted uploads left.
+
+Reading: the API lists this worker's clips and the bucket's together (a bucket outage leaves the
+local ones listed and says so); a clip only in the bucket is fetched and adopted into the local
+store the first time it is asked for, so it is served with Range, redacted on export and bounded
+exactly like a clip written here. Deleting removes both copies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipelines.capability import Sample
+from pipelines.clips.engine import ClipEngine
+from pipelines.clips.store import ClipInfo, ClipStore, retention
+from pipelines.events import Event, EventKind
+from realtime.bus.publisher import NatsEventPublisher
+from realtime.fleet.clip_bucket import MP4, ClipBucket, ClipBucketError, clip_bucket_name
+
+log = logging.getLogger(__name__)
+
+QUEUE_LIMIT = 256  # clips waiting for upload; past it the reconcile pass uploads them
+CACHE_DIR = ".fleet-cache"  # under clips.dir: downloads from the bucket on their way into the store
+CACHE_MAX_BYTES = 1024**3
+RECONCILE_S = 60.0
+
+
+class ClipsUnavailable(Exception):
+    """The fleet's bucket cannot be read now; the message says what to do."""
+
+
+@dataclass(slots=True)
+class FleetClipStats:
+    queued: int = 0
+    queue_dropped: int = 0  # not queued (full): uploaded by the next reconcile pass instead
+    reconciled: int = 0  # local clips the bucket lacked, uploaded by a reconcile pass
+    adopted: int = 0  # clips recorded elsewhere, fetched to be served here
+    list_failed: int = 0  # listings that fell back to this worker's clips (bucket unreachable)
+    evicted_stream: int = 0  # bucket clips removed for their stream's own bounds
+
+
+def open_fleet_clips(fleet: str, engine: object, publisher: NatsEventPublisher) -> FleetClips | None:
+    """The fleet's clips over the publisher's connection, for the clips `engine` (None: clips off)."""
+    if not isinstance(engine, ClipEngine):
+        return None
+    settings = engine.settings
+    bucket = ClipBucket(publisher, bucket=clip_bucket_name(fleet), max_bytes=settings.max_total_bytes,
+                        max_age_s=settings.max_age_s, cache_dir=settings.dir / CACHE_DIR,
+                        cache_max_bytes=min(CACHE_MAX_BYTES, settings.max_total_bytes))
+    return FleetClips(engine.store, bucket)
+
+
+class FleetClips:
+    def __init__(self, store: ClipStore, bucket: ClipBucket, *, reconcile_s: float = RECONCILE_S) -> None:
+        self.store = store
+        self.bucket = bucket
+        self.reconcile_s = reconcile_s
+        self.stats = FleetClipStats()
+        self._queue: asyncio.Queue[str] = asyncio.Queue(maxsize=QUEUE_LIMIT)
+        self._adopting: dict[str, asyncio.Lock] = {}
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def tap(self, event: Event) -> None:
+        """A fanout tap: queue each clip this worker finished for upload (never blocks)."""
+        if event.kind is not EventKind.CLIPS:
+            return
+        try:
+            self._queue.put_nowait(str(event.data.get("clip_id")))
+            self.stats.queued += 1
+        except asyncio.QueueFull:
+            self.stats.queue_dropped += 1
+
+    async def run(self) -> None:
+        """Upload queued clips; reconcile at start and every `reconcile_s`. Until cancelled."""
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while True:
+            if loop.time() >= due:
+                await self.reconcile()
+                due = loop.time() + self.reconcile_s
+            try:
+                async with asyncio.timeout(max(0.0, due - loop.time())):
+                    clip_id = await self._queue.get()
+            except TimeoutError:
+                continue
+            info = self.store.get(clip_id)
+            if info is not None:
+                await self._upload(info)
+
+    async def reconcile(self) -> None:
+        """Upload the local clips the bucket does not list, apply each stream's bounds and the
+        totals to the bucket, and sweep interrupted uploads. An outage ends the pass (logged)."""
+        try:
+            listed = await self.bucket.list()
+        except ClipBucketError as exc:
+            log.warning("clip bucket not reconciled", extra={"bucket": self.bucket.bucket, "error": str(exc)})
+            return
+        there = {body.get("clip_id") for body in listed}
+        for info in self.store.list():
+            if info.id not in there and await self._upload(info):
+                self.stats.reconciled += 1
+        if self.store.streams:
+            clips = [c for c in (_info(body) for body in listed) if c is not None]
+            for clip_id, _why in retention(clips, self.store.streams, 1 << 62, math.inf, time.time()):
+                with contextlib.suppress(ClipBucketError):
+                    if await self.bucket.delete(clip_id):
+                        self.stats.evicted_stream += 1
+        await self.bucket.enforce()
+        await self.bucket.sweep()
+
+    async def _upload(self, info: ClipInfo) -> bool:
+        path = self.store.path(info.id)
+        if path is None:
+            return False  # deleted meanwhile (retention, a DELETE)
+        files = {MP4: path}
+        for suffix in info.extras:
+            extra = self.store.extra(info.id, suffix)
+            if extra is not None:
+                files[suffix] = extra
+        try:
+            return await self.bucket.put(info.sidecar(), files)
+        except ValueError as exc:  # a malformed sidecar: a bug, but never the stream's end
+            log.warning("clip not uploaded", extra={"clip_id": info.id, "error": str(exc)})
+            return False
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    async def list(self, stream_id: str | None = None) -> tuple[list[ClipInfo], bool]:
+        """This worker's clips and the bucket's, oldest first, and whether the bucket answered."""
+        local = {c.id: c for c in self.store.list(stream_id)}
+        try:
+            remote = await self.bucket.list(stream_id)
+        except ClipBucketError:
+            self.stats.list_failed += 1
+            return list(local.values()), False
+        merged = dict(local)
+        for body in remote:
+            info = _info(body)
+            if info is not None and info.id not in merged:
+                merged[info.id] = info
+        return sorted(merged.values(), key=lambda c: c.created_at), True
+
+    async def find(self, clip_id: str) -> ClipInfo | None:
+        """The clip from this worker's store, fetching it from the bucket into the store first when
+        another worker recorded it. None when no one has it; ClipsUnavailable during an outage."""
+        info = self.store.get(clip_id)
+        if info is not None:
+            return info
+        lock = self._adopting.setdefault(clip_id, asyncio.Lock())
+        try:
+            async with lock:  # one fetch per clip however many ask at once
+                info = self.store.get(clip_id)
+                return info if info is not None else await self._adopt(clip_id)
+        finally:
+            if not lock.locked():
+                self._adopting.pop(clip_id, None)
+
+    async def _adopt(self, clip_id: str) -> ClipInfo | None:
+        try:
+            body = await self.bucket.get(clip_id)
+        except ClipBucketError as exc:
+            raise ClipsUnavailable(f"the fleet's clip bucket cannot be read now ({exc}); retry shortly") from None
+        info = _info(body) if body is not None else None
+        if info is None:
+            return None
+        files: dict[str, Path] = {}
+        for suffix in (MP4, *info.extras):
+            path = await self.bucket.fetch(clip_id, suffix)
+            if path is None:
+                if suffix == MP4:
+                    raise ClipsUnavailable("the clip could not be fetched from the fleet's bucket; retry shortly")
+                continue
+            files[suffix] = path
+        try:
+            adopted = await asyncio.to_thread(self.store.adopt, info, files)
+        except OSError as exc:
+            raise ClipsUnavailable(f"the clip could not be kept on this worker's disk "
+                                   f"({exc.strerror or exc})") from None
+        self.stats.adopted += 1
+        return adopted
+
+    async def delete(self, clip_id: str) -> bool:
+        """Both copies; True when either existed. ClipsUnavailable when the bucket cannot say."""
+        here = await asyncio.to_thread(self.store.delete, clip_id)
+        try:
+            there = await self.bucket.delete(clip_id)
+        except ClipBucketError as exc:
+            raise ClipsUnavailable(f"the fleet's clip bucket cannot be changed now ({exc}); retry shortly") from None
+        return here or there
+
+    def samples(self) -> Iterable[Sample]:
+        stats = self.stats
+        yield Sample("vidsentry_fleet_clips_queue_dropped", "Clips not queued for upload (the queue was full)",
+                     stats.queue_dropped)
+        yield Sample("vidsentry_fleet_clips_reconciled", "Local clips uploaded by a reconcile pass", stats.reconciled)
+        yield Sample("vidsentry_fleet_clips_adopted", "Clips recorded by another worker, fetched to be served here",
+                     stats.adopted)
+        yield Sample("vidsentry_fleet_clips_list_failed", "Clip listings without the bucket (unreachable)",
+                     stats.list_failed)
+        yield Sample("vidsentry_fleet_clips_evicted_stream", "Bucket clips removed for their stream's own bounds",
+                     stats.evicted_stream)
+        yield from self.bucket.samples()
+
+
+def _info(body: dict[str, Any]) -> ClipInfo | None:
+    try:
+        return ClipInfo.from_json(body)
+    except (KeyError, TypeError, ValueError):
+        return None
+
