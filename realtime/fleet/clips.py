@@ -32,6 +32,7 @@ from pipelines.clips.store import ClipInfo, ClipStore, retention
 from pipelines.events import Event, EventKind
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.fleet.clip_bucket import MP4, ClipBucket, ClipBucketError, clip_bucket_name
+from realtime.fleet.options import FleetOptions
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +56,13 @@ class FleetClipStats:
     evicted_stream: int = 0  # bucket clips removed for their stream's own bounds
 
 
-def open_fleet_clips(fleet: str, engine: object, publisher: NatsEventPublisher) -> FleetClips | None:
+def open_fleet_clips(fleet: FleetOptions, engine: object, publisher: NatsEventPublisher) -> FleetClips | None:
     """The fleet's clips over the publisher's connection, for the clips `engine` (None: clips off)."""
     if not isinstance(engine, ClipEngine):
         return None
     settings = engine.settings
-    bucket = ClipBucket(publisher, bucket=clip_bucket_name(fleet), max_bytes=settings.max_total_bytes,
+    bucket = ClipBucket(publisher, bucket=clip_bucket_name(fleet.name), replicas=fleet.replicas,
+                        max_bytes=settings.max_total_bytes,
                         max_age_s=settings.max_age_s, cache_dir=settings.dir / CACHE_DIR,
                         cache_max_bytes=min(CACHE_MAX_BYTES, settings.max_total_bytes))
     return FleetClips(engine.store, bucket)

@@ -83,7 +83,7 @@ class Service:
         self.descriptions = LatestDescriptions()  # each stream's newest scene description
         fleet = fleet_options(config)
         # In a fleet every worker serves every clip: each one finished here goes to the fleet's bucket.
-        self.fleet_clips = open_fleet_clips(fleet.name, opened.get(CLIPS.name), publisher) if fleet else None
+        self.fleet_clips = open_fleet_clips(fleet, opened.get(CLIPS.name), publisher) if fleet else None
         taps = (self.transcripts.tap, self.descriptions.tap)
         self.fanout = EventFanout(
             publisher,
