@@ -11,6 +11,11 @@ last alert end it covers. By design a clip is cut once the stream's frames reach
 `post_s`; the end event itself goes out `clear_s` (0.5 s) after `ended_pts`, so the designed wait
 after the end event is `post_s` - `clear_s`, and the table gives what the latency adds beyond it
 (the frames' own lag, cutting and writing the clip, publishing).
+
+With `--fleet`, the same camera runs in a fleet of two workers (each with a clips directory of its
+own, as on two machines): the table adds how long after its `clips` event each clip is listed by
+the worker that did not record it (uploaded to the fleet's bucket, listed from there; polled every
+0.1 s), and how long its first download from that worker takes (fetched from the bucket).
 """
 
 from __future__ import annotations
@@ -41,7 +46,10 @@ RUN_S = 85.0
 CLEAR_S = 0.5
 
 
-async def record(url: str, seconds: float) -> tuple[dict[str, float], list[tuple[float, dict[str, Any]]], int]:
+async def record(url: str, seconds: float, others: list[str] | None = None
+                 ) -> tuple[dict[str, float], list[tuple[float, dict[str, Any]]], int, dict[str, float], list[float]]:
+    """What arrived on NATS; with `others` (the workers' URLs), when each clip was first listed by
+    a worker that did not record it, and how long its first download from there took."""
     ends: dict[str, float] = {}
     clips: list[tuple[float, dict[str, Any]]] = []
     starts = 0
@@ -60,9 +68,40 @@ async def record(url: str, seconds: float) -> tuple[dict[str, float], list[tuple
 
     await nc.subscribe("vidsentry.*.alerts", cb=on_alert)
     await nc.subscribe("vidsentry.*.clips", cb=on_clip)
-    await asyncio.sleep(seconds)
+    listed: dict[str, float] = {}
+    downloads: list[float] = []
+    if others:
+        await watch_listing(others, seconds, listed, downloads)
+    else:
+        await asyncio.sleep(seconds)
     await nc.close()
-    return ends, clips, starts
+    return ends, clips, starts, listed, downloads
+
+
+async def watch_listing(urls: list[str], seconds: float, listed: dict[str, float], downloads: list[float]) -> None:
+    import aiohttp
+
+    deadline = time.monotonic() + seconds
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            owner = None
+            async with http.get(f"{urls[0]}/api/streams") as reply:
+                for stream in (await reply.json())["streams"]:
+                    owner = stream.get("owner") if stream["id"] == "plaza" else owner
+            other = next((u for u, n in zip(urls, ("w0", "w1"), strict=True) if n != owner), None)
+            if owner is None or other is None:
+                await asyncio.sleep(0.1)
+                continue
+            async with http.get(f"{other}/api/clips?stream=plaza") as reply:
+                clips = (await reply.json())["clips"]
+            for clip in clips:
+                if clip["clip_id"] not in listed:
+                    listed[clip["clip_id"]] = time.monotonic()
+                    began = time.monotonic()
+                    async with http.get(f"{other}{clip['links']['mp4']}") as video:
+                        if video.status == 200 and len(await video.read()) == clip["bytes"]:
+                            downloads.append(time.monotonic() - began)
+            await asyncio.sleep(0.1)
 
 
 def main() -> None:
@@ -70,26 +109,37 @@ def main() -> None:
     parser.add_argument("--post-s", type=float, default=1.0)
     parser.add_argument("--pre-s", type=float, default=1.0)
     parser.add_argument("--above", type=int, default=4)
+    parser.add_argument("--fleet", action="store_true", help="two workers in a fleet; time the other's listing")
     args = parser.parse_args()
     sample = ensure_sample()
     with tempfile.TemporaryDirectory(prefix="vidsentry-cliplat-") as tmp, \
             EmbeddedNatsServer(store_dir=Path(tmp) / "nats") as bus, \
             RtspServer(clip=sample, log_path=Path(tmp) / "rtsp.log") as rtsp:
         config = Path(tmp) / "site.yaml"
+        fleet = {"fleet": {"name": "bench"}} if args.fleet else {}
         config.write_text(yaml.safe_dump({
+            **fleet,
             "clips": {"enabled": True, "dir": str(Path(tmp) / "clips"), "pre_s": args.pre_s, "post_s": args.post_s},
             "sources": {"allow_local_hosts": True},
             "streams": [{"id": "plaza", "url": rtsp.url("/vtest"), "rules": [
                 {"id": "crowd", "type": "count", "classes": ["Normal"], "above": args.above, "for_s": 0.5,
                  "clear_s": CLEAR_S, "cooldown_s": 1.0}]}],
         }))
-        serve = ServeProcess("--config", str(config), "--port", "0", "--nats-url", bus.url, log_dir=Path(tmp))
-        serve.start()
+        workers = []
+        for name in ("w0", "w1") if args.fleet else ("w0",):
+            (Path(tmp) / name).mkdir()
+            workers.append(ServeProcess("--config", str(config), "--port", "0", "--nats-url", bus.url, "--node", name,
+                                        log_dir=Path(tmp) / name,
+                                        env={"VIDSENTRY_CLIPS__DIR": str(Path(tmp) / name / "clips")}))
         try:
+            for serve in workers:
+                serve.start()
             print(f"recording {RUN_S:g} s of a live camera ...", flush=True)
-            ends, clips, starts = asyncio.run(record(bus.url, RUN_S))
+            urls = [str(w.url) for w in workers] if args.fleet else None
+            ends, clips, starts, listed, downloads = asyncio.run(record(bus.url, RUN_S, urls))
         finally:
-            serve.terminate()
+            for serve in workers:
+                serve.terminate()
     latencies = []
     for arrived, body in clips:
         covered = [ends[a] for a in body["alert_ids"] if a in ends]
@@ -103,8 +153,15 @@ def main() -> None:
         "beyond_design_p95_ms": None if not latencies else round((pct(latencies, 95) - designed) * 1000),
         "clip_s_p50": pct([b["duration_s"] for _, b in clips], 50),
     }]
+    if args.fleet:
+        elsewhere = [listed[b["clip_id"]] - arrived for arrived, b in clips if b["clip_id"] in listed]
+        rows[0].update({"listed_elsewhere": len(elsewhere), "listed_p50_s": pct(elsewhere, 50),
+                        "listed_p95_s": pct(elsewhere, 95), "download_p50_s": pct(downloads, 50),
+                        "mb_per_clip_min": round(sum(b["bytes"] for _, b in clips) / 1e6
+                                                 / max(1e-9, sum(b["duration_s"] for _, b in clips)) * 60, 1)})
     print(table(rows, list(rows[0])))
-    path = write_results("bench_clip_latency", {"pre_s": args.pre_s, "post_s": args.post_s, "above": args.above,
+    name = "bench_clip_latency" + ("_fleet" if args.fleet else "")
+    path = write_results(name, {"pre_s": args.pre_s, "post_s": args.post_s, "above": args.above,
                                                 "rows": rows,
                                                 "latencies_s": [round(v, 3) for v in latencies]})
     print(f"wrote {path}")

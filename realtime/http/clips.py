@@ -77,7 +77,7 @@ class ClipsApi:
             and (alert is None or alert in c.alert_ids)
         ]
         clips.reverse()
-        body: dict[str, Any] = {"clips": [clip_view(c) for c in clips[:MAX_LISTED]], "total": len(clips),
+        body: dict[str, Any] = {"clips": [_view(request, c) for c in clips[:MAX_LISTED]], "total": len(clips),
                                 "enabled": True}
         if not complete:
             body["partial"] = True  # the fleet's bucket did not answer: this worker's clips only
@@ -95,7 +95,7 @@ class ClipsApi:
                 if path is None:
                     raise ApiError(404, f"this clip has no {suffix[1:]}", {"id": info.id})
                 return web.FileResponse(path, headers={"Content-Type": content_type, "Cache-Control": "no-store"})
-        return web.json_response(clip_view(await self._known(name)), headers={"Cache-Control": "no-store"})
+        return web.json_response(_view(request, await self._known(name)), headers={"Cache-Control": "no-store"})
 
     async def export(self, request: web.Request) -> web.Response:
         stream_id = stream_id_of(request)
@@ -114,7 +114,7 @@ class ClipsApi:
             info = await stage.export(start, end)
         except ExportRefused as exc:
             raise ApiError(409, str(exc), {"start": start, "end": end}) from None
-        view = clip_view(info)
+        view = _view(request, info)
         return web.json_response(view, status=201, headers={"Location": view["links"]["self"]})
 
     async def redact(self, request: web.Request) -> web.Response:
@@ -127,7 +127,7 @@ class ClipsApi:
             raise ApiError(400, "invalid redaction: classes: a list of class names",
                            [{"field": "classes", "message": f"1 to {MAX_REDACT_CLASSES} class names"}])
         info = await self._reencode(self.store.redact, source, uuid.uuid4().hex, classes)
-        view = clip_view(info)
+        view = _view(request, info)
         return web.json_response(view, status=201, headers={"Location": view["links"]["self"]})
 
     async def delete(self, request: web.Request) -> web.Response:
@@ -200,6 +200,18 @@ class _CountedFile(web.FileResponse):
             if self._api is not None:
                 self._api.downloads -= 1
                 self._api = None
+
+
+def _view(request: web.Request, info: ClipInfo) -> dict[str, Any]:
+    """A clip as `clip_view` shows it, plus links a `<video src>` / `<track src>` can open: `play`
+    (the MP4) and `play_vtt`, signed when the API needs a token (realtime.http.signed)."""
+    view = clip_view(info)
+    links = view["links"]
+    context = context_of(request)
+    for name, plain in (("play", links["mp4"]), ("play_vtt", links.get("vtt"))):
+        if plain is not None:
+            links[name] = context.signer.sign(plain) if context.api_token is not None else plain
+    return view
 
 
 def _seconds(body: dict[str, Any], key: str) -> float:

@@ -11,6 +11,7 @@ from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
 from realtime.http.metrics import ServiceMetrics
 from realtime.http.resume import ResumeSettings
+from realtime.http.signed import UrlSigner
 from realtime.service.registry import StreamRegistry
 from realtime.streams.fanout import EventFanout
 
@@ -31,6 +32,7 @@ class HttpContext:
     history: JetStreamHistory | None = None  # where reconnecting event viewers resume from; None: recent only
     resume: ResumeSettings = field(default_factory=ResumeSettings)
     request_timeout_s: float = 30.0  # http.request_timeout_s: a request, or an event-stream write
+    signer: UrlSigner = field(default_factory=UrlSigner, repr=False)  # links a <video src> can open
 
 
 APP_CONTEXT = web.AppKey("vidsentry_context", HttpContext)

@@ -65,6 +65,10 @@ async def bearer_auth(request: web.Request, handler: Handler) -> web.StreamRespo
     if token is None or not _is_api(request) or _is_beacon(request):
         return await handler(request)
     header = request.headers.get("Authorization")
+    if header is None and request.method in ("GET", "HEAD") and "sig" in request.query:
+        if context_of(request).signer.valid(request.path, request.query):
+            return await handler(request)  # a signed link: exactly this path, for a while
+        return json_error(401, "unauthorized", "the signed link is not valid or has expired; reload the clip")
     if header is None:
         return json_error(
             401, "unauthorized", "send Authorization: Bearer <token>", headers={"WWW-Authenticate": "Bearer"}

@@ -1,7 +1,8 @@
 """Clips on the page, in a real headless Chromium: a camera's clip (cut on request from the sample
 played in real time) is listed under the selected stream, plays in a <video> whose time advances,
 with the clip's boxes drawn over it in step with that time, and what was said of it (the alert in
-its span, the scene descriptions from the vLLM simulator) listed beside it."""
+its span, the scene descriptions from the vLLM simulator) listed beside it. The service wants a
+token, which a <video src> cannot send: the player streams the clip from a signed link."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pipelines.clips.capability import open_clips
 from pipelines.clips.engine import CLIPS
 from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
-from tests.browser.test_page import WIDE
+from tests.browser.test_page import TOKEN, WIDE
 from tests.service.conftest import LiveService, live_service, make_config
 from tests.support.browser import open_page
 from tests.support.vllm_sim import VllmSimulator
@@ -33,7 +34,7 @@ async def svc(people_detector: Detector, shared_nats_server: EmbeddedNatsServer,
         try:
             async with open_clips(config.clips) as engine, \
                     live_service(people_detector, shared_nats_server.url, config=config, opened={CLIPS.name: engine},
-                                 describe=DescribeEngine(client, sim.model, describe)) as live:
+                                 describe=DescribeEngine(client, sim.model, describe), token=TOKEN) as live:
                 body = {"id": "plaza", "url": str(sample_clip), "realtime": True, "audio": False,
                         "rules": [{"id": "people", "type": "present", "classes": ["Normal"], "for_s": 0.5}]}
                 assert (await live.call("POST", "/api/streams", json_body=body)).status == 201
@@ -51,6 +52,8 @@ async def test_a_clip_plays_on_the_page_with_its_boxes_in_step(
     async with open_page(chromium, viewport=WIDE) as watched:
         page = watched.page
         await page.goto(svc.url + "/#watch")
+        await page.fill("#token-input", TOKEN)
+        await page.click("#token-form button[type=submit]")
         await page.wait_for_selector("#app:not([hidden])")
         await page.click(".stream[data-id=plaza]")
         await page.wait_for_selector("button.clip", timeout=10_000)
@@ -65,6 +68,16 @@ async def test_a_clip_plays_on_the_page_with_its_boxes_in_step(
                 break
             await page.wait_for_timeout(100)
         assert now > 1.0 and boxes > 0, (now, boxes)
+        # Streamed from a signed link (the browser seeks by Range), not downloaded whole first.
+        source = await page.evaluate("document.querySelector('#clip-video').currentSrc")
+        assert "/api/clips/" in source and ".mp4?exp=" in source and "&sig=" in source, source
+        async with svc.session.get(source, headers={"Range": "bytes=0-9"}) as part:  # the link alone opens it
+            assert part.status == 206 and len(await part.read()) == 10
+        other = source.replace("/api/clips/", "/api/clips/0").replace(".mp4?", "x.mp4?")  # another path
+        for tampered in (source.replace("&sig=", "&sig=A"), source.replace("?exp=", "?exp=9"), other):
+            async with svc.session.get(tampered) as refused:
+                body = await refused.json()
+                assert refused.status == 401 and "signed link" in body["detail"], (tampered, body)
         drawn_at = float(await page.get_attribute("#clip-overlay", "data-time") or "nan")
         later = await page.evaluate("document.querySelector('#clip-video').currentTime")
         assert 0.0 < drawn_at <= later + 0.1
@@ -75,5 +88,7 @@ async def test_a_clip_plays_on_the_page_with_its_boxes_in_step(
         assert any("alert people (Normal)" in line for line in said), said
         assert any("parking lot" in line for line in said), said
         await page.screenshot(path=screenshots / "watch-clip.png", full_page=True)
-        problems = [p for p in await watched.problems() if not ("404" in p and p.endswith("/frame.jpg]"))]
+        # (The first load's probe without the token is refused, as on any page load before it is given.)
+        problems = [p for p in await watched.problems() if not ("404" in p and p.endswith("/frame.jpg]"))
+                    and not ("401" in p and p.endswith("/api/streams]"))]
         assert problems == []

@@ -96,25 +96,27 @@ export class ClipPanel {
       button.setAttribute("aria-pressed", String(button.dataset.clip === clip.clip_id));
     }
     this.el.info.textContent = "Loading the clip…";
-    // Fetched with the API token (a <video src> cannot send it), then played from memory.
-    const [video, boxes, said] = await Promise.all([
-      this.blobUrl(clip.links.mp4),
+    // Its metadata again, for fresh `play` links: a <video src> cannot send the API token, so the
+    // server signs the media paths for a while; the browser then streams and seeks by Range.
+    const [fresh, boxes, said] = await Promise.all([
+      this.api(clip.links.self).then((r) => (r.ok ? r.json() : clip)),
       clip.links.boxes ? this.api(clip.links.boxes).then((r) => (r.ok ? r.json() : { frames: [] })) : { frames: [] },
       clip.links.events ? this.api(clip.links.events).then((r) => (r.ok ? r.json() : null)) : null,
     ]);
     if (this.opened !== clip.clip_id) return;
     this.frames = (boxes.frames || []).sort((a, b) => a.t - b.t);
     this.size = { width: clip.width, height: clip.height };
-    if (clip.links.vtt) {
+    const links = fresh.links || clip.links;
+    if (links.vtt) {
       const track = document.createElement("track");
       track.kind = "captions";
       track.label = "Captions";
       track.default = true;
-      track.src = await this.blobUrl(clip.links.vtt);
+      track.src = links.play_vtt || (await this.blobUrl(links.vtt));
       this.el.video.append(track);
     }
     this.el.said.replaceChildren(...this.saidItems(said));
-    this.el.video.src = video;
+    this.el.video.src = links.play || (await this.blobUrl(links.mp4));
     this.el.box.hidden = false;
     this.el.box.classList.add("on");
     const alerts = clip.alert_ids.length;
