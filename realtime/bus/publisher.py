@@ -76,6 +76,13 @@ _LINK_CHECK_S = 0.1  # how often a flush with an outbox looks whether the link i
 _MIN_DRAIN_S = 1.0  # close() gives draining the connection at least this long
 
 
+def live_client(source: NatsClient | NatsEventPublisher) -> NatsClient | None:
+    """The connected client behind `source` (a client, or a publisher whose connection is looked up
+    on each call: it may connect after its users are built), or None while there is none."""
+    nc: NatsClient | None = source if isinstance(source, NatsClient) else source.nc
+    return None if nc is None or nc.is_closed else nc
+
+
 class NatsEventPublisher:
     """Publishes `Event`s as CloudEvents on `vidsentry.<stream_id>.<kind>`.
 

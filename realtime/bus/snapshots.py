@@ -20,7 +20,7 @@ from nats.js.api import ObjectMeta, ObjectStoreConfig, StorageType
 from nats.js.errors import APIError, BadRequestError, BucketNotFoundError
 from nats.js.object_store import ObjectStore
 
-from realtime.bus.publisher import NatsEventPublisher
+from realtime.bus.publisher import NatsEventPublisher, live_client
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +114,8 @@ class NatsSnapshotStore:
         return bytes(result.data or b"")
 
     def _client(self) -> NatsClient:
-        if isinstance(self._source, NatsClient):
-            nc: NatsClient | None = self._source
-        else:
-            nc = self._source.nc  # None before connect / after close
-        if nc is None or nc.is_closed:
+        nc = live_client(self._source)
+        if nc is None:
             raise SnapshotStoreError("NATS is not connected")
         return nc
 

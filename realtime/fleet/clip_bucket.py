@@ -74,7 +74,7 @@ from nats.js.object_store import (
 from engines.media.files import replacing
 from pipelines.capability import Sample
 from pipelines.clips.store import CLIP_ID, EXTRAS
-from realtime.bus.publisher import NatsEventPublisher
+from realtime.bus.publisher import NatsEventPublisher, live_client
 from realtime.fleet.records import check_fleet_name
 
 log = logging.getLogger(__name__)
@@ -463,11 +463,8 @@ class ClipBucket:
         return sorted(clips, key=lambda c: c["created_at"])
 
     def _client(self) -> NatsClient:
-        if isinstance(self._source, NatsClient):
-            nc: NatsClient | None = self._source
-        else:
-            nc = self._source.nc  # None before connect / after close
-        if nc is None or nc.is_closed:
+        nc = live_client(self._source)
+        if nc is None:
             raise ClipBucketError("NATS is not connected")
         return nc
 

@@ -28,18 +28,19 @@ def fleet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("fleet")
 
 
-def write_small_clip(path: Path, seconds: int = 120, fps: int = 10) -> Path:
-    """A 320x240 H.264 clip of a moving block: cheap to decode six times over on two cores."""
+def write_small_clip(path: Path, seconds: int = 120, fps: int = 10, size: tuple[int, int] = (320, 240)) -> Path:
+    """A small H.264 clip of a moving block: cheap to decode six times over on two cores."""
     import av
     import numpy as np
 
+    width, height = size
     with av.open(str(path), "w") as container:
         video = container.add_stream("libx264", rate=fps, options={"preset": "ultrafast", "g": str(fps)})
-        video.width, video.height, video.pix_fmt = 320, 240, "yuv420p"
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
         for index in range(seconds * fps):
-            frame = np.full((240, 320, 3), 40, np.uint8)
-            x = (index * 4) % 280
-            frame[90:150, x:x + 40] = (200, 180, 60)
+            frame = np.full((height, width, 3), 40, np.uint8)
+            x = (index * 4) % (width - 40)
+            frame[height * 3 // 8:height * 5 // 8, x:x + 40] = (200, 180, 60)
             for packet in video.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 container.mux(packet)
         for packet in video.encode():

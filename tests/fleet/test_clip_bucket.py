@@ -22,6 +22,7 @@ from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.fleet import clip_bucket
 from realtime.fleet.clip_bucket import BACKSTOP_GRACE_S, ClipBucket, ClipBucketError, clip_bucket_name
+from tests.fleet.conftest import write_small_clip
 from tests.support.nats import running_server
 from tests.support.waiting import wait_until
 
@@ -31,21 +32,7 @@ CHUNK = 128 * 1024  # nats-py's object chunk
 @pytest.fixture(scope="module")
 def mp4(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real H.264 MP4: 2 s of 160x120 frames of a moving block."""
-    import av
-    import numpy as np
-
-    path = tmp_path_factory.mktemp("clip") / "clip.mp4"
-    with av.open(str(path), "w") as container:
-        video = container.add_stream("libx264", rate=10, options={"preset": "ultrafast"})
-        video.width, video.height, video.pix_fmt = 160, 120, "yuv420p"
-        for index in range(20):
-            frame = np.full((120, 160, 3), 30, np.uint8)
-            frame[40:80, index * 6:index * 6 + 30] = (220, 120, 40)
-            for packet in video.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in video.encode():
-            container.mux(packet)
-    return path
+    return write_small_clip(tmp_path_factory.mktemp("clip") / "clip.mp4", seconds=2, size=(160, 120))
 
 
 @pytest.fixture(scope="module")
