@@ -7,7 +7,8 @@ from aiohttp import web
 
 # The page loads its script, style and icon from /static with no inline code, so 'self' is all it
 # needs; the rest is JSON, text, images and event streams, which need nothing at all. Clips play
-# from blob: URLs (fetched with the API token, which a <video src> cannot send), hence media-src.
+# from signed links (realtime/http/signed.py), or from blob: URLs fetched with the API token when a
+# page has no signed link (the Ask tab), hence media-src.
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; media-src 'self' blob:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
     "form-action 'self'"
