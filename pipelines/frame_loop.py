@@ -116,6 +116,7 @@ class FrameLoop:
         rules: Sequence[RuleSpec] = (),
         snapshots: SnapshotStore | None = None,
         on_frame: FrameObserver | None = None,
+        clock: StreamClock | None = None,
     ) -> None:
         self.stream_id = stream_id
         self.rules = tuple(rules)
@@ -125,7 +126,7 @@ class FrameLoop:
         self.batcher = batcher
         self.sink = sink
         self.tracker = ByteTracker(tracker_config)
-        self.clock = StreamClock()  # the stream's timeline: media seconds that survive pts restarts
+        self.clock = clock or StreamClock()  # the stream's timeline: media seconds that survive pts restarts
         self.min_interval = 1.0 / detect_fps if detect_fps else 0.0
         # How often a silent source is checked for tracks to end: a track ends at most this late.
         self.idle_check_s = min(0.25, self.tracker.config.lost_timeout_s / 4)
@@ -333,7 +334,7 @@ class FrameLoop:
             log.warning("detection failed", extra={"stream_id": self.stream_id, "error": repr(outcome)})
             return
         self._last_frame, self._last_predicted = frame, False
-        now = self._last_moment = self.clock.moment(frame.pts, frame.captured_at)
+        now = self._last_moment = self._moment(frame)
         result = self._result(frame, now, outcome.detections, outcome.inference_ms)
         tracked = self.tracker.update(outcome.detections, now.t)
         alert_changes = self._evaluate_rules(frame, now, tracked.events)
@@ -371,7 +372,7 @@ class FrameLoop:
     async def _process_predicted(self, frame: VideoFrame) -> None:
         """A frame the model did not see: the tracks where the tracker predicts them, the rules on
         those boxes, and a `detections` event that says so (`inference: predicted`)."""
-        now = self._last_moment = self.clock.moment(frame.pts, frame.captured_at)
+        now = self._last_moment = self._moment(frame)
         predicted = self.tracker.predict(now.t)
         tracks = [replace(track, box=box) for track, box in predicted]
         detections = Detections(
@@ -426,6 +427,12 @@ class FrameLoop:
             ended=[e.track_id for e in track_events if e.kind is LifecycleKind.END],
             frame_size=(frame.width, frame.height),
         )
+
+    def _moment(self, frame: VideoFrame) -> Moment:
+        now = self.clock.moment_of(frame.pts, frame.captured_at, frame.t)
+        last = self._last_moment
+        # An outage's idle reading may have run the clock past a frame stamped just before it.
+        return Moment(last.t, now.pts) if last is not None and now.t < last.t else now
 
     async def _expire_idle(self) -> None:
         """End tracks (and the alerts that hang on them) unseen for lost_timeout_s of stream time,
@@ -498,4 +505,5 @@ def build(ctx: StageContext) -> FrameLoop:
         rules=spec.rules,
         snapshots=ctx.engines.snapshots,
         on_frame=ctx.on_frame,
+        clock=ctx.clock,
     )

@@ -44,6 +44,7 @@ class VideoFrame:
     pts: float
     captured_at: float
     image: np.ndarray  # H x W x 3 uint8 RGB, C-contiguous
+    t: float | None = None  # the stream clock's time (pipelines.clock), stamped by the graph's frame tee
 
     @property
     def width(self) -> int:

@@ -111,6 +111,7 @@ class DescribeStage:
         wall: Callable[[], float] = time.time,
         compute: ComputeBudget | None = None,
         tasks: TaskOwner | None = None,
+        clock: StreamClock | None = None,
     ) -> None:
         self.stream_id = stream_id
         # Frames are encoded in the budget's background turns, and sampled less while it is short.
@@ -130,7 +131,7 @@ class DescribeStage:
             self.settings.min_interval_s, self.settings.max_interval_s, self.settings.motion_threshold
         )
         self.checks = VlmChecks(rules)
-        self.clock = StreamClock()
+        self.clock = clock or StreamClock()  # the stream's (shared with the frame loop through the graph)
         self.stats = DescribeStats()
         self.alerts: AlertPublisher | None = None
         self._alert_stats = AlertStats()
@@ -209,7 +210,7 @@ class DescribeStage:
     # -- frames in -------------------------------------------------------------------------------------
 
     async def _offer(self, frame: VideoFrame) -> None:
-        now = self._now = self.clock.moment(frame.pts, frame.captured_at)
+        now = self._now = self.clock.moment_of(frame.pts, frame.captured_at, frame.t)
         if self.compute is not None and self.compute.short() and not self.sampler.overdue(now.t):
             # Models wait for the cores: a description can do with fewer frames (max_interval ones).
             self.stats.deferred += 1
@@ -419,6 +420,7 @@ def build(ctx: StageContext) -> DescribeStage | None:
         snapshots=ctx.engines.snapshots,
         compute=ctx.engines.detector.compute,
         tasks=ctx.tasks(STAGE_NAME),
+        clock=ctx.clock,
     )
     ctx.observe(stage.observe)
     return stage

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from pipelines.clock import StreamClock
 from pipelines.events import EventSink
 from pipelines.frames import StatusChange, StreamState
 from pipelines.graph.counters import Counters, merge_counters, zero_counters
@@ -57,6 +58,7 @@ class StreamGraph:
         self._status = StatusRelay(spec.stream_id, sink, source=source.display)
         self._stop_requested = False
         self._owners: list[TaskOwner] = []  # the stages' task owners, once built
+        self.clock: StreamClock | None = None  # the stream's timeline, made by run()
 
     @property
     def stream_id(self) -> str:
@@ -73,10 +75,11 @@ class StreamGraph:
 
     async def run(self) -> StreamState:
         spec = self.spec
-        frames = FrameTee(lossless=self.source.lossless)
+        clock = self.clock = StreamClock()  # one timeline for every stage of this run, through reconnects
+        frames = FrameTee(lossless=self.source.lossless, clock=clock)
         audio = AudioTee() if spec.audio else None
         context = StageContext(spec, self.engines, ObservedSink(self.sink), frames, audio, self._on_frame,
-                               demuxed=self.source.demuxes)
+                               demuxed=self.source.demuxes, clock=clock)
         self._owners = context.owners
         status_task = asyncio.create_task(self._status.run(), name=f"{spec.stream_id}-status")
         try:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from pipelines.clock import StreamClock
 from pipelines.events import Event, EventSink
 from pipelines.frames import FrameResult
 from pipelines.graph.counters import Counters
@@ -51,6 +52,7 @@ class StageContext:
     audio_tee: AudioTee | None
     on_frame: FrameObserver | None = None
     demuxed: bool = True  # the source hands its encoded video packets to packets() (else decoded frames only)
+    clock: StreamClock = field(default_factory=StreamClock)  # the stream's one timeline; its frame tee stamps it
     built: list[Stage] = field(default_factory=list, repr=False)  # the stages built so far, in order
     owners: list[TaskOwner] = field(default_factory=list, repr=False)  # handed out by tasks(), in order
     packet_input: PacketInput | None = field(default=None, repr=False)  # set by packets()

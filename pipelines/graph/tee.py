@@ -11,21 +11,26 @@ holds a frame back from them.
 seconds, that drops its oldest audio when its reader falls behind.
 
 `put` may be called from any thread; `attach` is called while the graph is built, before the
-source runs.
+source runs. With the stream's clock, `put` stamps each frame with its time on it (`t`) before any
+consumer sees it, in the order the source delivers them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
+from pipelines.clock import StreamClock
 from pipelines.frames import AudioChunk, VideoFrame
 from pipelines.mailbox import AudioBuffer, FrameMailbox
 
 
 class FrameTee:
-    def __init__(self, *, lossless: bool = False, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, *, lossless: bool = False, loop: asyncio.AbstractEventLoop | None = None,
+                 clock: StreamClock | None = None) -> None:
         self._loop = loop or asyncio.get_running_loop()
         self._lossless = lossless
+        self._clock = clock
         self._primary: FrameMailbox | None = None
         self._others: list[FrameMailbox] = []
         self._names: dict[str, FrameMailbox] = {}
@@ -52,6 +57,8 @@ class FrameTee:
         """Offer a frame to every consumer. False once no consumer takes frames any more."""
         if self._closed:
             return False
+        if self._clock is not None:
+            frame = dataclasses.replace(frame, t=self._clock(frame.pts, frame.captured_at))
         accepted = False
         for box in self._others:
             accepted = box.put(frame) or accepted

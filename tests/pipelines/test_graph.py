@@ -297,3 +297,38 @@ async def test_tracks_and_their_alerts_end_during_an_outage_not_after_it() -> No
     # After the outage the person is a new track.
     news = [e for e in sink.kinds(EventKind.TRACKS) if e.data["event"] == "new"]
     assert len(news) == 2 and news[0].data["track_id"] != news[1].data["track_id"]
+
+
+async def test_one_clock_stamps_every_frame_once_so_every_consumer_reads_the_same_time_through_a_restart(
+) -> None:
+    from pipelines.clock import StreamClock
+    from pipelines.graph import FrameTee
+
+    clock = StreamClock()
+    tee = FrameTee(clock=clock)
+    first, second = tee.attach("first"), tee.attach("second")
+    image = np.zeros((4, 4, 3), np.uint8)
+    now = time.time()
+    stamped: list[tuple[float | None, float | None]] = []
+    # 2 s of frames, then the source reconnects and its pts start again near 0 (a second later).
+    for seq, (pts, at) in enumerate([(10.0, now), (11.0, now + 1), (12.0, now + 2), (0.1, now + 3), (1.1, now + 4)]):
+        assert tee.put(VideoFrame("cam", seq, pts, at, image))
+        a, b = await first.get(), await second.get()
+        stamped.append((a.t, b.t))
+    assert all(a == b for a, b in stamped)  # each frame is stamped once, before any consumer sees it
+    times = [a for a, _ in stamped]
+    assert times[:3] == [10.0, 11.0, 12.0] and times[3] == 13.0 and times[4] == 14.0  # on, through the restart
+    # A stage's moment is the stamped one; a frame that came by no tee is read from the clock then.
+    stamped_frame = VideoFrame("cam", 9, 2.1, now + 5, image, t=99.0)
+    assert clock.moment_of(stamped_frame.pts, stamped_frame.captured_at, stamped_frame.t) == (99.0, 2.1)
+    assert clock.moment_of(2.1, now + 5, None).t == 15.0
+
+
+async def test_the_stages_of_a_stream_share_its_one_clock() -> None:
+    from pipelines.frame_loop import FrameLoop
+
+    async with DetectionBatcher(Boxes()) as batcher:
+        graph = StreamGraph(spec(), FakeSource(3, fps=30), DEFAULT_STAGES, SharedEngines(batcher), ListSink())
+        await asyncio.wait_for(graph.run(), 10)
+    (loop,) = [s for s in graph.stages if isinstance(s, FrameLoop)]
+    assert loop.clock is graph.clock and loop._last_moment is not None and loop._last_moment.t == 0.2
