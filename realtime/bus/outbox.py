@@ -81,7 +81,7 @@ from realtime.bus.outbox_codec import (
     scan,
 )
 from realtime.bus.outbox_health import DiskHealth
-from realtime.bus.outbox_io import Commit, DiskWorker, Job
+from realtime.bus.outbox_io import Commit, FileWork, close_quietly, required, write_all
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,6 @@ _MERGE_READ_BYTES = 1 << 20  # merges read and write about this much per syscall
 _MERGE_GAP_BYTES = 64 << 10  # records closer than this in one file are read together
 _COMPACT_RETRY_S = 5.0  # after a compaction failed or had to wait for a deletion
 _MIN_UNRECORDED_CAP = 4096  # removals kept in memory while acks.log refuses them: at least this many
-_PROBE_NAME = "probe.tmp"
 
 
 class OutboxError(OSError):
@@ -218,7 +217,7 @@ class Outbox:
         self._dropped: dict[str, int] = {}
         self._last_drop_log = float("-inf")
 
-        self._worker: DiskWorker | None = None  # None: file work runs inline
+        self._io = FileWork(self.directory, self._health, fsync=fsync_interval_s is not None)
         self._compacting = False  # a merge or an acks-log rewrite is under way
         # Shared with the worker, under _acks_lock: which acks.log descriptor removals go to, how
         # many frames that file holds, and the rewrites that must also get them.
@@ -226,8 +225,7 @@ class Outbox:
         self._acks_fd: int | None = None
         self._acks_entries = 0
         self._acks_size = 0  # bytes in acks.log, to cut a torn removal off again
-        # File work only (the worker thread, or inline): files whose deletion failed, retried later.
-        self._undeleted: list[Path] = []
+        # File work only (the worker thread, or inline): rewrites that must also get new removals.
         self._acks_rewrites: list[_AcksRewrite] = []
 
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -293,7 +291,7 @@ class Outbox:
         return self._health.counts
 
     def stats(self) -> OutboxStats:
-        self._apply_finished()
+        self._io.apply_finished()
         return OutboxStats(
             depth=self.depth,
             bytes=self._bytes,
@@ -317,7 +315,7 @@ class Outbox:
         """Queue one durable message; returns its sequence number. May drop older records (or this
         one) to stay inside the bounds. Raises OutboxWriteError when the disk refuses the write."""
         self._check_open()
-        self._apply_finished()
+        self._io.apply_finished()
         severity = msg.severity if msg.severity in SEVERITY_CODE else None
         seq = self._next_seq
         enqueued_at = time.time()
@@ -325,7 +323,7 @@ class Outbox:
         segment = self._writable_segment(len(frame))
         offset = segment.size
         try:
-            _write_all(segment.fd, frame)
+            write_all(segment.fd, frame)
         except OSError as exc:
             self._health.failed("append", exc)
             self._undo_write(segment, offset)
@@ -350,7 +348,7 @@ class Outbox:
         """Lease the next `limit` records not yet handed out, oldest first. They stay queued until
         remove(seq); requeue() hands them out again from the front."""
         self._check_open()
-        self._apply_finished()
+        self._io.apply_finished()
         out: list[OutboxRecord] = []
         damaged: list[_Entry] = []
         # The leased records are a prefix of _live (taken in order, requeued all at once), so this
@@ -385,7 +383,7 @@ class Outbox:
     def remove(self, seq: int) -> bool:
         """The record is stored by the broker (or given up on): forget it. False if unknown."""
         self._check_open()
-        self._apply_finished()
+        self._io.apply_finished()
         entry = self._live.get(seq)
         if entry is None:
             return False
@@ -401,21 +399,20 @@ class Outbox:
     def start_background_io(self) -> None:
         """Run fsync and compaction on a worker thread from now on (see the module docstring).
         Call it from the thread that uses the outbox; close() stops the worker."""
-        if self._worker is None and not self._closed:
-            self._worker = DiskWorker(f"outbox-io {self.directory.name}")
+        if not self._closed:
+            self._io.start()
 
     def wait_for_background_io(self, timeout: float | None = None) -> bool:
         """Block until the worker has run everything handed to it so far (False on timeout).
         The one call that is safe from any thread: `await asyncio.to_thread(...)` it before close()
         so that close() has next to nothing left to wait for on the event loop."""
-        worker = self._worker
-        return worker.wait_idle(timeout) if worker is not None else True
+        return self._io.wait_idle(timeout)
 
     def sync(self) -> None:
         """fsync the files written since the last sync (nothing with fsync_interval_s=None), and
         retry disk work that failed (removals acks.log refused, deletions); with background I/O
         this starts the file work and returns."""
-        self._apply_finished()
+        self._io.apply_finished()
         if self._closed:
             return
         if not self._health.writable:
@@ -424,17 +421,13 @@ class Outbox:
             return
         self._dirty = False
         self._last_sync = time.monotonic()
-        self._run_io(partial(self._sync_files, self._active.fd if self._active else None))
+        self._io.run(partial(self._sync_files, self._active.fd if self._active else None))
 
     def close(self) -> None:
         """fsync and close; queued records stay on disk for the next Outbox on this directory."""
         if self._closed:
             return
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.stop()  # runs what is queued first
-            for commit in worker.take_finished():
-                commit()  # whatever they queue now runs inline
+        self._io.stop()  # runs what is queued first; whatever its results queue now runs inline
         self.sync()
         self._closed = True
         self._close_fds()
@@ -519,22 +512,6 @@ class Outbox:
 
     # -- internals: handing file work over --------------------------------------------------------
 
-    def _run_io(self, job: Job) -> None:
-        """Run slow file work on the worker thread, or inline without one."""
-        worker = self._worker
-        if worker is not None:
-            worker.submit(job)
-            return
-        commit = job()
-        if commit is not None:
-            commit()
-
-    def _apply_finished(self) -> None:
-        worker = self._worker
-        if worker is not None and worker.has_finished:
-            for commit in worker.take_finished():
-                commit()
-
     def _retry_failed_work(self) -> None:
         """Write the removals acks.log refused, then (as file work, one at a time) delete the
         files that could not be deleted, check that the directory takes files again and fsync."""
@@ -542,52 +519,19 @@ class Outbox:
         if self._retry_queued:
             return
         self._retry_queued = True
-        self._run_io(partial(self._retry_job, self._active.fd if self._active else None))
+        self._io.run(partial(self._retry_job, self._active.fd if self._active else None))
 
     def _retry_job(self, segment_fd: int | None) -> Commit:
         # File work.
-        self._retry_deletions()
+        self._io.retry_deletions()
         if self._health.failing("append") or self._health.failing("compact"):
-            self._probe()
+            self._io.probe()
         if self._health.failing("fsync"):
             self._sync_files(segment_fd)
         return self._retry_done
 
     def _retry_done(self) -> None:
         self._retry_queued = False
-
-    def _retry_deletions(self) -> bool:
-        """File work: delete the files whose deletion failed; True when none is left."""
-        if not self._undeleted:
-            return True
-        left: list[Path] = []
-        for path in self._undeleted:
-            try:
-                path.unlink(missing_ok=True)
-            except OSError:
-                left.append(path)
-        self._undeleted = left
-        if left:
-            return False
-        self._health.ok("delete")
-        return True
-
-    def _probe(self) -> None:
-        """File work: can the directory take a new file and a page of data again?"""
-        path = self.directory / _PROBE_NAME
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                _write_all(fd, bytes(4096))
-            finally:
-                os.close(fd)
-            path.unlink()
-        except OSError:
-            with contextlib.suppress(OSError):
-                path.unlink(missing_ok=True)
-            return
-        self._health.ok("append")
-        self._health.ok("compact")
 
     # -- internals: files -------------------------------------------------------------------------
 
@@ -604,7 +548,7 @@ class Outbox:
                 self._health.failed("append", exc)
                 reason = f"cannot create outbox segment {path}: {exc.strerror}"
                 raise OutboxWriteError(exc.errno or errno.EIO, reason) from exc
-            self._run_io(self._fsync_dir)
+            self._io.run(self._io.fsync_dir)
             active = self._active = self._segments[path] = _Segment(path, fd)
         return active
 
@@ -614,7 +558,7 @@ class Outbox:
             return os.open(path, flags, 0o644)
         except FileExistsError:
             # An empty segment given up at this seq (a failed write) may still await deletion.
-            if self._worker is None or not self._worker.wait_idle():
+            if not self._io.background or not self._io.wait_idle():
                 raise
             return os.open(path, flags, 0o644)
 
@@ -622,7 +566,7 @@ class Outbox:
         active, self._active = self._active, None
         if active is None:
             return
-        self._run_io(partial(self._fsync_job, active.fd))
+        self._io.run(partial(self._io.fsync, active.fd))
         if active.live == 0:
             self._delete_segment(active)
 
@@ -643,7 +587,7 @@ class Outbox:
             self._active = None
         self._disk_bytes -= segment.size
         self._dead_total -= len(segment.dead)
-        self._run_io(partial(self._delete_file, segment.fd, segment.path))
+        self._io.run(partial(self._io.delete_file, segment.fd, segment.path))
 
     def _reset(self) -> None:
         # Segments go first: a crash in between leaves acks for records that no longer exist
@@ -694,7 +638,7 @@ class Outbox:
         records of the new file (their removal is in acks.log, which is not rewritten meanwhile)."""
         self._compacting = True
         entries = list(itertools.chain.from_iterable(s.entries.values() for s in group))
-        self._run_io(partial(self._copy_live_records, group, entries))
+        self._io.run(partial(self._copy_live_records, group, entries))
 
     def _copy_live_records(self, group: list[_Segment], entries: list[_Entry]) -> Commit:
         # File work: reads entry.segment/offset/size, which only this merge's commit changes.
@@ -704,12 +648,12 @@ class Outbox:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 offsets = _copy_records(entries, fd)
-                self._fsync(fd)
+                self._io.fsync(fd)
             except BaseException:
                 os.close(fd)
                 raise
             os.replace(tmp, target.path)
-            self._fsync_dir()
+            self._io.fsync_dir()
         except OSError as exc:
             with contextlib.suppress(OSError):  # a read-only directory refuses this too
                 tmp.unlink(missing_ok=True)
@@ -729,7 +673,7 @@ class Outbox:
         if self._segments.get(target.path) is not target:
             # All its records went meanwhile: its deletion, queued after the copy, removes the new
             # file too; the rest of the group keeps its files as they are.
-            self._run_io(partial(_close_quietly, fd))
+            self._io.run(partial(close_quietly, fd))
             return
         size = offsets[-1] + entries[-1].size if entries else 0
         dead: set[int] = set()
@@ -746,7 +690,7 @@ class Outbox:
         for segment in group[1:]:
             if self._segments.get(segment.path) is segment:
                 self._delete_segment(segment)
-        self._run_io(partial(_close_quietly, target.fd))  # the replaced file, after its last reader
+        self._io.run(partial(close_quietly, target.fd))  # the replaced file, after its last reader
         self._disk_bytes += size - target.size
         self._dead_total += len(dead) - len(target.dead)
         target.fd, target.size, target.dead, target.live_bytes = fd, size, dead, live_bytes
@@ -777,7 +721,7 @@ class Outbox:
         with self._acks_lock:
             fd = self._acks_fd
             try:
-                written = _write_seqs(_required(fd), seqs)
+                written = _write_seqs(required(fd), seqs)
             except OSError as exc:
                 failure: OSError | None = exc
                 if fd is not None:
@@ -807,12 +751,12 @@ class Outbox:
             self._compacting = True
         with self._acks_lock:
             self._acks_rewrites.append(rewrite)
-        self._run_io(partial(self._write_acks_file, rewrite))
+        self._io.run(partial(self._write_acks_file, rewrite))
 
     def _write_acks_file(self, rewrite: _AcksRewrite) -> Commit | None:
         # File work. The new file gets the seqs, then (under the lock, so no removal slips
         # between) the removals logged meanwhile, and replaces acks.log.
-        if not self._retry_deletions():
+        if not self._io.retry_deletions():
             # A file that should be gone is still there: acks.log must go on listing the removals
             # of its records, so it is not rewritten until the file is gone.
             self._forget_rewrite(rewrite)
@@ -824,7 +768,7 @@ class Outbox:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
             size = _write_seqs(fd, rewrite.seqs)
-            self._fsync(fd)
+            self._io.fsync(fd)
             with self._acks_lock:
                 size += _write_seqs(fd, rewrite.tail)
                 os.replace(tmp, path)
@@ -834,15 +778,15 @@ class Outbox:
         except OSError as exc:
             self._forget_rewrite(rewrite)
             if fd is not None:
-                _close_quietly(fd)
+                close_quietly(fd)
             with contextlib.suppress(OSError):  # a read-only directory refuses this too
                 tmp.unlink(missing_ok=True)
             self._health.failed("compact", exc)
             return partial(self._acks_rewritten, rewrite, failed=True)
         self._health.ok("compact")
-        self._fsync_dir()
+        self._io.fsync_dir()
         if old_fd is not None:
-            _close_quietly(old_fd)
+            close_quietly(old_fd)
         return partial(self._acks_rewritten, rewrite, failed=False) if rewrite.compaction else None
 
     def _forget_rewrite(self, rewrite: _AcksRewrite) -> None:
@@ -857,7 +801,7 @@ class Outbox:
 
     def _sync_files(self, segment_fd: int | None) -> None:
         # File work; acks.log's descriptor is read here: only file work replaces it.
-        self._retry_deletions()
+        self._io.retry_deletions()
         for fd in (segment_fd, self._acks_fd):
             if fd is None:
                 continue
@@ -867,34 +811,6 @@ class Outbox:
                 self._health.failed("fsync", exc)
                 return
         self._health.ok("fsync")
-
-    def _delete_file(self, fd: int, path: Path) -> None:
-        # File work. A file that cannot be deleted is retried later (see _retry_deletions).
-        _close_quietly(fd)
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as exc:
-            self._undeleted.append(path)
-            self._health.failed("delete", exc)
-
-    def _fsync_job(self, fd: int) -> None:
-        self._fsync(fd)
-
-    def _fsync(self, fd: int) -> None:
-        if self.fsync_interval_s is not None:
-            with contextlib.suppress(OSError):  # a later sync() reports a failing disk
-                os.fsync(fd)
-
-    def _fsync_dir(self) -> None:
-        # Makes a created, renamed or deleted name durable; best effort (not every filesystem can).
-        if self.fsync_interval_s is None:
-            return
-        with contextlib.suppress(OSError):
-            fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
 
     def _maybe_sync(self) -> None:
         interval = self.fsync_interval_s
@@ -916,12 +832,12 @@ class Outbox:
 
     def _close_fds(self) -> None:
         for segment in self._segments.values():
-            _close_quietly(segment.fd)
+            close_quietly(segment.fd)
         self._segments.clear()
         self._active = None
         for fd in (self._acks_fd, self._lock_fd):
             if fd is not None:
-                _close_quietly(fd)  # closing the lock fd releases the flock
+                close_quietly(fd)  # closing the lock fd releases the flock
         self._acks_fd = self._lock_fd = None
 
     # -- internals: recovery ----------------------------------------------------------------------
@@ -980,15 +896,6 @@ class Outbox:
 # -- small OS helpers -----------------------------------------------------------------------------
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError("short write")
-        view = view[written:]
-
-
 def _write_seqs(fd: int, seqs: list[int]) -> int:
     """Write frames of packed little-endian u64 sequence numbers; returns how many bytes."""
     if len(seqs) == 1:  # one removal: the common case
@@ -1001,7 +908,7 @@ def _write_seqs(fd: int, seqs: list[int]) -> int:
         step = _ACKS_PER_FRAME * SEQ.size
         frames = b"".join(frame_record(bytes(data[start : start + step])) for start in range(0, len(data), step))
     if frames:
-        _write_all(fd, frames)
+        write_all(fd, frames)
     return len(frames)
 
 
@@ -1027,7 +934,7 @@ def _copy_records(entries: list[_Entry], fd: int) -> list[int]:
                 out_bytes += _read_span(span, out)
                 span = []
                 if out_bytes >= _MERGE_READ_BYTES:
-                    _write_all(fd, b"".join(out))
+                    write_all(fd, b"".join(out))
                     out, out_bytes = [], 0
         span.append(entry)
         offsets.append(size)
@@ -1035,7 +942,7 @@ def _copy_records(entries: list[_Entry], fd: int) -> list[int]:
     if span:
         _read_span(span, out)
     if out:
-        _write_all(fd, b"".join(out))
+        write_all(fd, b"".join(out))
     return offsets
 
 
@@ -1050,17 +957,6 @@ def _read_span(span: list[_Entry], out: list[memoryview]) -> int:
         out.append(data[entry.offset - start : entry.offset - start + entry.size])
         copied += entry.size
     return copied
-
-
-def _close_quietly(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)
-
-
-def _required(fd: int | None) -> int:
-    if fd is None:
-        raise OSError(errno.EBADF, "outbox file is closed")
-    return fd
 
 
 def _lock(directory: Path) -> int:
