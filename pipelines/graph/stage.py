@@ -94,6 +94,14 @@ class StageContext:
             raise TypeError("this stage context's sink cannot be observed")
         self.sink.observers.append(observer)
 
+    def enrich(self, enricher: EventEnricher) -> None:
+        """Have `enricher` add to the bodies of this stream's events before any observer sees them
+        and before they go out: it returns the event as it should be (a new one when it adds
+        something; it must be quick, must not raise, and must not change the event it is given)."""
+        if not isinstance(self.sink, ObservedSink):
+            raise TypeError("this stage context's sink cannot be enriched")
+        self.sink.enrichers.append(enricher)
+
     def tasks(self, name: str) -> TaskOwner:
         """The owner of one stage's tasks that live beside its loop (requests it must not wait
         for): named after the stream and stage, counted in the stream's counters, and cancelled
@@ -117,18 +125,25 @@ class StageContext:
 StageFactory = Callable[[StageContext], "Stage | None"]
 
 EventObserver = Callable[[Event], None]
+EventEnricher = Callable[[Event], Event]
 
 
 class ObservedSink:
-    """The stream's sink as its stages see it: every event its stages publish is also shown,
-    synchronously and before it goes out, to the observers a stage registered with
-    `StageContext.observe` (the describer reads the stream's tracks, alerts and captions so)."""
+    """The stream's sink as its stages see it. Every event its stages publish first passes the
+    enrichers a stage registered with `StageContext.enrich`, in the order the stages were built,
+    each returning the event with more in its body (segmentation adds masks to `detections`) as a
+    new event, never changing the one it was given; the result is then shown, synchronously and
+    before it goes out, to the observers registered with `StageContext.observe` (the describer
+    reads the stream's tracks, alerts and captions so), and published."""
 
     def __init__(self, sink: EventSink) -> None:
         self.sink = sink
+        self.enrichers: list[EventEnricher] = []
         self.observers: list[EventObserver] = []
 
     async def publish(self, event: Event) -> None:
+        for enrich in self.enrichers:
+            event = enrich(event)
         for observe in self.observers:
             observe(event)
         await self.sink.publish(event)

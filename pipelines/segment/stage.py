@@ -1,9 +1,10 @@
 """The segmentation stage: masks for a stream's tracked objects, in its `detections` events.
 
-The stage sees every event the stream publishes (`StageContext.observe`). For a `detections`
-event it does two things before the event goes out: each tracked object whose track has a mask
-gets it (`mask`: COCO RLE in frame pixels, `mask_frame_seq`: the frame it was made on), and the
-objects that need a new mask (see `cadence`) become the next job for the shared segmenter, on
+The stage enriches the stream's `detections` events (`StageContext.enrich`): before the event
+goes out, and before any observer sees it, it is replaced by a copy in which each tracked object
+whose track has a mask carries it (`mask`: COCO RLE in frame pixels, `mask_frame_seq`: the frame
+it was made on); and the objects that need a new mask (see `cadence`) become the next job for the
+shared segmenter, on
 that event's own frame (the detect stage's `last_frame` while its event goes out, however far
 behind the source the detector runs; no frames are kept here). Segmentation never holds
 detections back: a mask arrives with the first `detections` event after it is made, and a slow
@@ -14,6 +15,7 @@ counted as skipped).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -75,30 +77,43 @@ class SegmentStage:
 
     # -- seeing the stream's events (synchronous, before they go out) -----------------------
 
-    def observe(self, event: Event) -> None:
+    def enrich(self, event: Event) -> Event:
+        """A `detections` event with its tracked objects' masks (a new event: the one given is
+        left as it is); a track's end forgets its mask. Every other event passes unchanged."""
         if event.stream_id != self.stream_id:
-            return
+            return event
         if event.kind is EventKind.DETECTIONS:
-            self._on_detections(event.data)
-        elif event.kind is EventKind.TRACKS and event.data.get("event") == "end":
+            return self._on_detections(event)
+        if event.kind is EventKind.TRACKS and event.data.get("event") == "end":
             self.cadence.forget(int(event.data["track_id"]))
+        return event
 
-    def _on_detections(self, data: Any) -> None:
+    def _on_detections(self, event: Event) -> Event:
+        data = event.data
         tracked: list[TrackedBox] = []
+        objects: list[Any] = []
+        masked = False
         for obj in data.get("objects", ()):
             track_id = obj.get("track_id")
-            if track_id is None:
-                continue
-            tracked.append(TrackedBox(int(track_id), str(obj["class"]), tuple(obj["box"])))
-            known = self.cadence.mask_of(int(track_id))
+            known = self.cadence.mask_of(int(track_id)) if track_id is not None else None
+            if track_id is not None:
+                tracked.append(TrackedBox(int(track_id), str(obj["class"]), tuple(obj["box"])))
             if known is not None and known.rle is not None:
-                obj["mask"] = known.rle
-                obj["mask_frame_seq"] = known.frame_seq
+                objects.append({**obj, "mask": known.rle, "mask_frame_seq": known.frame_seq})
+                masked = True
+            else:
+                objects.append(obj)
+        if masked:
+            event = dataclasses.replace(event, data={**data, "objects": objects})
+        self._schedule(tracked, data.get("frame_seq"))
+        return event
+
+    def _schedule(self, tracked: list[TrackedBox], frame_seq: Any) -> None:
         chosen = self.cadence.choose(tracked)
         if not chosen:
             return
         frame = self.detect.last_frame if self.detect is not None else None
-        if frame is None or frame.seq != data.get("frame_seq"):  # not the event's picture: later, then
+        if frame is None or frame.seq != frame_seq:  # not the event's picture: later, then
             self.cadence.release(chosen)
             self.replaced += len(chosen)
             return
@@ -169,5 +184,5 @@ def build(ctx: StageContext) -> SegmentStage | None:
     if detect is None:
         raise StageFailed("segmentation needs a stage before it that says which frame its detections are of")
     stage = SegmentStage(ctx.stream_id, ctx.frames(STAGE_NAME), engine, detect)
-    ctx.observe(stage.observe)
+    ctx.enrich(stage.enrich)
     return stage

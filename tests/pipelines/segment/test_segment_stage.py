@@ -14,9 +14,9 @@ from engines.registry import create_detector
 from engines.segment import open_segmenter, rle
 from engines.segment.types import Segmenter
 from pipelines.detect import DetectionBatcher
-from pipelines.events import EventKind
+from pipelines.events import Event, EventKind
 from pipelines.frames import StreamState
-from pipelines.graph import SharedEngines, StreamGraph
+from pipelines.graph import SharedEngines, StageContext, StreamGraph
 from pipelines.segment.cadence import MaskCadence, TrackedBox
 from pipelines.segment.engine import SEGMENTATION, SegmentEngine, SegmentSettings
 from pipelines.stages import DEFAULT_STAGES
@@ -57,11 +57,17 @@ async def test_new_tracks_get_one_mask_each_and_events_carry_it(model_dir: Path)
     )
     engine = SegmentEngine(segmenter, SegmentSettings())
     sink = ListSink()
+    observed: list[Event] = []
+
+    def observer_built_first(ctx: StageContext) -> None:  # an observer registered before segmentation's
+        ctx.observe(observed.append)
+
     detector = create_detector(model_dir / "yolo_seg.onnx", "onnx-cpu")  # two still objects on every frame
     try:
         async with DetectionBatcher(detector) as batcher:
             engines = SharedEngines(batcher, opened={SEGMENTATION.name: engine})
-            graph = StreamGraph(spec(), FakeSource(30, fps=60), DEFAULT_STAGES, engines, sink)
+            graph = StreamGraph(spec(), FakeSource(30, fps=60), [observer_built_first, *DEFAULT_STAGES], engines,
+                                sink)
             assert await asyncio.wait_for(graph.run(), 20) is StreamState.STOPPED
     finally:
         engine.close()
@@ -83,6 +89,9 @@ async def test_new_tracks_get_one_mask_each_and_events_carry_it(model_dir: Path)
         assert (
             xs.min() >= np.floor(x1) and xs.max() < np.ceil(x2) and ys.min() >= np.floor(y1) and ys.max() < np.ceil(y2)
         )
+    # Enrichment comes before every observer, whatever the build order: they saw what went out.
+    assert [e.id for e in observed if e.kind is EventKind.DETECTIONS] == [e.id for e in events]
+    assert all(o is s for o, s in zip([e for e in observed if e.kind is EventKind.DETECTIONS], events, strict=True))
     # Objects without a mask keep exactly the fields they always had.
     plain = [o for e in events for o in e.data["objects"] if "mask" not in o]
     assert plain and all(set(o) == {"class", "class_id", "score", "box", "track_id"} for o in plain)
