@@ -36,7 +36,7 @@ class RecognizerBusy(QueueFull):
 @dataclass(frozen=True, slots=True)
 class CaptionPolicy:
     """The streaming policy's knobs, as the stage uses them (the config's `captions:` section,
-    `realtime.config.CaptionsSettings`, holds these and the recognizer's settings)."""
+    `pipelines.captions.config.CaptionsSettings`, holds these and the recognizer's settings)."""
 
     # The latency/accuracy knob: the window is decoded again each time it has grown this much.
     # Smaller: earlier partials and finals, more compute; larger: fewer, better-informed decodes.
