@@ -1,8 +1,11 @@
 // vidsentry's page: go live from this browser over WebRTC, or watch the service's cameras.
 // Plain modern JavaScript served as is: no build step, no framework, nothing from another origin.
 
+import { AlertList } from "./alerts.js";
+import { CaptionPanel } from "./captions.js";
 import { ClipPanel } from "./clips.js";
 import { drawBoxes } from "./overlay.js";
+import { ScenePanel } from "./scene.js";
 import { readSse } from "./sse.js";
 import { TimelinePanel } from "./timeline.js";
 
@@ -13,8 +16,6 @@ const LIST_EVERY_MS = 2000;
 const FRAME_EVERY_MS = 500; // frame.jpg is encoded at most every 0.5 s anyway
 const EVENTS_RETRY_MS = 3000;
 const KEEP_DETECTIONS = 50; // enough to match a frame a few seconds old to its boxes
-const KEEP_CAPTION_LINES = 200;
-const KEEP_ALERTS = 20;
 const FPS_WINDOW_MS = 2000;
 const STALE_OVERLAY_MS = 1500; // boxes older than this are cleared, not left on a moving picture
 const ICE_GATHER_TIMEOUT_MS = 5000;
@@ -136,185 +137,7 @@ function showMode(mode) {
   else stopWatching();
 }
 
-// -- Alerts (both modes) ----------------------------------------------------------------------
-
-class AlertList {
-  constructor(list) {
-    this.list = list;
-    this.alerts = new Map(); // alert_id -> {body, active, at}
-  }
-
-  update(body) {
-    const known = this.alerts.get(body.alert_id);
-    const entry = { body: known && body.event === "end" ? { ...known.body, ...body } : body, active: body.event !== "end", at: new Date() };
-    this.alerts.delete(body.alert_id);
-    this.alerts.set(body.alert_id, entry);
-    while (this.alerts.size > KEEP_ALERTS) {
-      const oldest = [...this.alerts].find(([, e]) => !e.active) || [...this.alerts][0];
-      this.alerts.delete(oldest[0]);
-    }
-    this.render();
-  }
-
-  clear() {
-    this.alerts.clear();
-    this.render();
-  }
-
-  // Track ids named by alerts still active: their boxes are drawn in the warning colour.
-  alertedTracks() {
-    const ids = new Set();
-    for (const { body, active } of this.alerts.values()) {
-      if (active) for (const id of body.track_ids || []) ids.add(id);
-    }
-    return ids;
-  }
-
-  render() {
-    const items = [...this.alerts.values()].reverse().map(({ body, active, at }) => {
-      const li = document.createElement("li");
-      li.className = `alert ${active ? "active" : "ended"} severity-${body.severity || "info"}`;
-      const what = document.createElement("div");
-      what.className = "what";
-      what.textContent = `${body.rule_id}${body.class ? ` · ${body.class}` : ""}`;
-      const when = document.createElement("div");
-      when.className = "when";
-      const tracks = (body.track_ids || []).map((id) => `#${id}`).join(" ");
-      when.textContent = [active ? "active" : "ended", body.severity, tracks, at.toLocaleTimeString()]
-        .filter(Boolean)
-        .join(" · ");
-      li.append(what, when);
-      return li;
-    });
-    this.list.replaceChildren(...items);
-  }
-}
-
-// -- Scene descriptions --------------------------------------------------------------------------
-
-// The newest description only: each one replaces the last (the server keeps the history on NATS).
-class ScenePanel {
-  constructor(text, meta, empty) {
-    this.text = text;
-    this.meta = meta;
-    this.empty = empty;
-  }
-
-  // The description fetched on selection: only while the events have brought none (it is older).
-  offer(body) {
-    if (!this.text.dataset.described) this.show(body);
-  }
-
-  show(body) {
-    if (!body || typeof body.text !== "string") return;
-    this.text.textContent = body.text;
-    const parts = [];
-    if (typeof body.window_end_pts === "number") parts.push(`at ${body.window_end_pts.toFixed(1)} s`);
-    if (body.frames) parts.push(`${body.frames} frame${body.frames === 1 ? "" : "s"}`);
-    if (body.epoch) parts.push(`window ${body.epoch}`);
-    if (body.prompt_tokens) parts.push(`${Math.round((100 * (body.cached_tokens || 0)) / body.prompt_tokens)}% cached`);
-    if (typeof body.latency_ms === "number") parts.push(`${Math.round(body.latency_ms)} ms`);
-    if (body.model) parts.push(body.model);
-    this.meta.textContent = parts.join(" · ");
-    this.text.dataset.described = "1";
-  }
-
-  clear() {
-    this.text.textContent = "";
-    delete this.text.dataset.described;
-    this.meta.textContent = this.empty;
-  }
-}
-
 // -- Go live ---------------------------------------------------------------------------------
-
-const CAPTION_EMPTY = "captions-empty";
-
-// Finals arrive a few words at a time (each as soon as two decodes agree on it), so the panel is
-// running text: one line per sentence, each final a span, the tentative tail dimmed after it.
-const SENTENCE_END = /[.?!]["')\]]*$/;
-
-class CaptionPanel {
-  constructor(list) {
-    this.list = list;
-    this.spans = new Map(); // segment_id -> <span>
-    this.line = null; // the <li> new spans go to
-  }
-
-  partial(body) {
-    const key = String(body.segment_id);
-    let span = this.spans.get(key);
-    if (span && span.dataset.final) return; // a final is never replaced by a late partial
-    if (span && Number(span.dataset.revision) > Number(body.revision)) return;
-    if (!body.text) { // withdrawn: the final decode did not confirm it
-      if (span) this.drop(key, span);
-      return;
-    }
-    span = span || this.add(key, false);
-    span.className = "caption partial";
-    span.dataset.revision = String(body.revision ?? 0);
-    span.textContent = body.text;
-  }
-
-  final(body) {
-    const key = String(body.segment_id);
-    const span = this.spans.get(key) || this.add(key, true);
-    span.className = "caption final";
-    span.dataset.final = "1";
-    span.textContent = body.text;
-    if (SENTENCE_END.test(body.text)) this.breakAfter(span);
-  }
-
-  add(key, final) {
-    if (!this.line) this.newLine();
-    const span = document.createElement("span");
-    span.dataset.segment = key;
-    // Finals come in order: one goes before any partial of a later segment.
-    const firstPartial = final ? this.line.querySelector(".caption.partial") : null;
-    this.line.insertBefore(span, firstPartial);
-    this.spans.set(key, span);
-    $(CAPTION_EMPTY).hidden = true;
-    this.follow();
-    return span;
-  }
-
-  breakAfter(span) {
-    const rest = [];
-    for (let next = span.nextElementSibling; next; next = next.nextElementSibling) rest.push(next);
-    this.newLine();
-    this.line.append(...rest);
-  }
-
-  newLine() {
-    const line = document.createElement("li");
-    this.list.append(line);
-    this.line = line;
-    while (this.list.children.length > KEEP_CAPTION_LINES) {
-      const oldest = this.list.firstElementChild;
-      for (const span of oldest.querySelectorAll("span")) this.spans.delete(span.dataset.segment);
-      oldest.remove();
-    }
-  }
-
-  drop(key, span) {
-    this.spans.delete(key);
-    span.remove();
-  }
-
-  follow() {
-    const list = this.list;
-    if (list.scrollHeight - list.scrollTop - list.clientHeight < 48) {
-      requestAnimationFrame(() => (list.scrollTop = list.scrollHeight));
-    }
-  }
-
-  clear() {
-    this.list.replaceChildren();
-    this.spans.clear();
-    this.line = null;
-    $(CAPTION_EMPTY).hidden = false;
-  }
-}
 
 const live = {
   attempt: 0, // counts Starts and Stops: an older Start that resumes after either gives up
@@ -939,7 +762,7 @@ function drawWatch() {
 
 async function boot() {
   live.alerts = new AlertList($("live-alerts"));
-  live.captions = new CaptionPanel($("captions"));
+  live.captions = new CaptionPanel($("captions"), $("captions-empty"));
   watch.alerts = new AlertList($("watch-alerts"));
   live.scene = new ScenePanel($("live-scene"), $("live-scene-meta"), $("live-scene-meta").textContent);
   watch.scene = new ScenePanel($("watch-scene"), $("watch-scene-meta"), $("watch-scene-meta").textContent);

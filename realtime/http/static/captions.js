@@ -1,0 +1,91 @@
+// Live captions as the server transcribes the session's speech: settled words, and the tentative
+// words after them that a later decode may still change or withdraw.
+
+const KEEP_CAPTION_LINES = 200;
+
+// Finals arrive a few words at a time (each as soon as two decodes agree on it), so the panel is
+// running text: one line per sentence, each final a span, the tentative tail dimmed after it.
+const SENTENCE_END = /[.?!]["')\]]*$/;
+
+export class CaptionPanel {
+  constructor(list, empty) {
+    this.list = list;
+    this.empty = empty; // the note shown while there are none
+    this.spans = new Map(); // segment_id -> <span>
+    this.line = null; // the <li> new spans go to
+  }
+
+  partial(body) {
+    const key = String(body.segment_id);
+    let span = this.spans.get(key);
+    if (span && span.dataset.final) return; // a final is never replaced by a late partial
+    if (span && Number(span.dataset.revision) > Number(body.revision)) return;
+    if (!body.text) { // withdrawn: the final decode did not confirm it
+      if (span) this.drop(key, span);
+      return;
+    }
+    span = span || this.add(key, false);
+    span.className = "caption partial";
+    span.dataset.revision = String(body.revision ?? 0);
+    span.textContent = body.text;
+  }
+
+  final(body) {
+    const key = String(body.segment_id);
+    const span = this.spans.get(key) || this.add(key, true);
+    span.className = "caption final";
+    span.dataset.final = "1";
+    span.textContent = body.text;
+    if (SENTENCE_END.test(body.text)) this.breakAfter(span);
+  }
+
+  add(key, final) {
+    if (!this.line) this.newLine();
+    const span = document.createElement("span");
+    span.dataset.segment = key;
+    // Finals come in order: one goes before any partial of a later segment.
+    const firstPartial = final ? this.line.querySelector(".caption.partial") : null;
+    this.line.insertBefore(span, firstPartial);
+    this.spans.set(key, span);
+    this.empty.hidden = true;
+    this.follow();
+    return span;
+  }
+
+  breakAfter(span) {
+    const rest = [];
+    for (let next = span.nextElementSibling; next; next = next.nextElementSibling) rest.push(next);
+    this.newLine();
+    this.line.append(...rest);
+  }
+
+  newLine() {
+    const line = document.createElement("li");
+    this.list.append(line);
+    this.line = line;
+    while (this.list.children.length > KEEP_CAPTION_LINES) {
+      const oldest = this.list.firstElementChild;
+      for (const span of oldest.querySelectorAll("span")) this.spans.delete(span.dataset.segment);
+      oldest.remove();
+    }
+  }
+
+  drop(key, span) {
+    this.spans.delete(key);
+    span.remove();
+  }
+
+  follow() {
+    const list = this.list;
+    if (list.scrollHeight - list.scrollTop - list.clientHeight < 48) {
+      requestAnimationFrame(() => (list.scrollTop = list.scrollHeight));
+    }
+  }
+
+  clear() {
+    this.list.replaceChildren();
+    this.spans.clear();
+    this.line = null;
+    this.empty.hidden = false;
+  }
+}
