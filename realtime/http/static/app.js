@@ -2,6 +2,7 @@
 // Plain modern JavaScript served as is: no build step, no framework, nothing from another origin.
 
 import { AlertList } from "./alerts.js";
+import { Unauthorized, createApi, errorText } from "./api.js";
 import { CaptionPanel } from "./captions.js";
 import { ClipPanel } from "./clips.js";
 import { drawBoxes } from "./overlay.js";
@@ -11,7 +12,6 @@ import { TimelinePanel } from "./timeline.js";
 
 const $ = (id) => document.getElementById(id);
 
-const TOKEN_KEY = "vidsentry.token";
 const LIST_EVERY_MS = 2000;
 const FRAME_EVERY_MS = 500; // frame.jpg is encoded at most every 0.5 s anyway
 const EVENTS_RETRY_MS = 3000;
@@ -44,78 +44,11 @@ window.vidsentry = hooks;
 
 // -- API calls and the token --------------------------------------------------------------------
 
-class Unauthorized extends Error {}
-
-const auth = { token: sessionStorage.getItem(TOKEN_KEY) };
-
-async function api(path, init = {}) {
-  const used = auth.token;
-  const headers = new Headers(init.headers || {});
-  if (used) headers.set("Authorization", `Bearer ${used}`);
-  const response = await fetch(path, { ...init, headers, cache: "no-store" });
-  if (response.status === 401) {
-    if (auth.token === used) { // not a late answer to a call made before a new token was given
-      auth.token = null; // no more calls with a token the server refuses
-      sessionStorage.removeItem(TOKEN_KEY);
-      askForToken(used ? "The saved token was not accepted. Enter it again." : "");
-    }
-    throw new Unauthorized("the API token is needed");
-  }
-  return response;
-}
-
-async function errorText(response) {
-  try {
-    const body = await response.json();
-    if (body && typeof body.error === "string") return body.error;
-  } catch {
-    // not JSON: fall through to the status line
-  }
-  return `${response.status} ${response.statusText}`.trim();
-}
-
-function askForToken(message) {
-  document.body.dataset.auth = "needed";
-  stopWatching(); // nothing of the streams stays on screen without a token that works
-  $("app").hidden = true;
-  $("token-panel").hidden = false;
-  $("token-message").textContent = message;
-  $("token-input").focus();
-}
-
-async function submitToken(event) {
-  event.preventDefault();
-  const given = $("token-input").value.trim();
-  if (!given) return;
-  let response;
-  try {
-    response = await fetch("/api/streams", { headers: { Authorization: `Bearer ${given}` }, cache: "no-store" });
-  } catch (error) {
-    $("token-message").textContent = `Could not reach the server: ${error.message}`;
-    return;
-  }
-  if (response.status === 401) {
-    $("token-message").textContent = "That token was not accepted.";
-    return;
-  }
-  auth.token = given;
-  sessionStorage.setItem(TOKEN_KEY, given);
-  $("token-input").value = "";
-  unlock();
-}
-
-function unlock() {
-  document.body.dataset.auth = "ok";
-  $("token-panel").hidden = true;
-  $("app").hidden = false;
-  showMode(currentMode());
-}
-
-function pageNotice(text) {
-  const notice = $("page-notice");
-  notice.textContent = text;
-  notice.hidden = !text;
-}
+const { api, unlock, pageNotice } = createApi(
+  { app: $("app"), panel: $("token-panel"), form: $("token-form"), input: $("token-input"),
+    message: $("token-message"), notice: $("page-notice") },
+  { onLocked: () => stopWatching(), onUnlocked: () => showMode(currentMode()) },
+);
 
 // -- Modes -------------------------------------------------------------------------------------
 
@@ -776,7 +709,6 @@ async function boot() {
       answer: $("ask-answer"), list: $("ask-hits"), box: $("ask-box"), video: $("ask-video"), info: $("ask-info") },
     { api, errorText },
   );
-  $("token-form").addEventListener("submit", submitToken);
   $("start").addEventListener("click", startLive);
   $("stop").addEventListener("click", () => stopLive());
   for (const tab of document.querySelectorAll("[role=tab]")) {
