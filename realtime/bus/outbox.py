@@ -51,16 +51,12 @@ starts itself shares it, as described above.
 
 from __future__ import annotations
 
-import array
 import contextlib
 import errno
 import fcntl
 import itertools
 import logging
 import os
-import struct
-import sys
-import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -69,8 +65,8 @@ from pathlib import Path
 
 from pipelines.events import EventKind
 from realtime.bus.delivery import WireMessage
+from realtime.bus.outbox_acks import ACKS_NAME, AcksLog
 from realtime.bus.outbox_codec import (
-    SEQ,
     SEVERITY_CODE,
     OutboxRecord,
     decode,
@@ -81,7 +77,7 @@ from realtime.bus.outbox_codec import (
     scan,
 )
 from realtime.bus.outbox_health import DiskHealth
-from realtime.bus.outbox_io import Commit, FileWork, close_quietly, required, write_all
+from realtime.bus.outbox_io import Commit, FileWork, close_quietly, write_all
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +85,9 @@ SEVERITIES = ("info", "warning", "critical")
 
 _ALERT_RANK_UNKNOWN = 2  # an alert without a known severity is kept like a warning
 _DROP_LOG_INTERVAL_S = 10.0
-_ACKS_NAME = "acks.log"
-_ACKS_PER_FRAME = 4096
 _MERGE_READ_BYTES = 1 << 20  # merges read and write about this much per syscall
 _MERGE_GAP_BYTES = 64 << 10  # records closer than this in one file are read together
 _COMPACT_RETRY_S = 5.0  # after a compaction failed or had to wait for a deletion
-_MIN_UNRECORDED_CAP = 4096  # removals kept in memory while acks.log refuses them: at least this many
 
 
 class OutboxError(OSError):
@@ -157,15 +150,6 @@ class _Entry:
     leased: bool = False  # handed out by take() and not yet removed or requeued
 
 
-@dataclass(slots=True, eq=False)
-class _AcksRewrite:
-    """acks.log rewritten to `seqs`, plus the removals logged while the rewrite runs (`tail`)."""
-
-    seqs: list[int]
-    compaction: bool  # counts as the one compaction under way (a reset's rewrite does not)
-    tail: list[int] = field(default_factory=list)
-
-
 def drop_rank(kind: str, severity: str | None) -> int:
     """0 for non-alert kinds, then 1 info, 2 warning (or unknown), 3 critical alerts."""
     if kind != EventKind.ALERTS.value:
@@ -208,10 +192,6 @@ class Outbox:
         self._closed = False
         self._appended = self._removed = self._recovered = self._corrupt = 0
         self._health = DiskHealth(self.directory)
-        # Removals acks.log refused, written with the next one; bounded, what goes is counted.
-        self._unrecorded: set[int] = set()
-        self._unrecorded_cap = max(max_events, _MIN_UNRECORDED_CAP)
-        self._forgotten = 0
         self._compact_not_before = 0.0  # a failed compaction waits before the next try
         self._retry_queued = False  # a retry of failed file work is queued
         self._dropped: dict[str, int] = {}
@@ -219,21 +199,13 @@ class Outbox:
 
         self._io = FileWork(self.directory, self._health, fsync=fsync_interval_s is not None)
         self._compacting = False  # a merge or an acks-log rewrite is under way
-        # Shared with the worker, under _acks_lock: which acks.log descriptor removals go to, how
-        # many frames that file holds, and the rewrites that must also get them.
-        self._acks_lock = threading.Lock()
-        self._acks_fd: int | None = None
-        self._acks_entries = 0
-        self._acks_size = 0  # bytes in acks.log, to cut a torn removal off again
-        # File work only (the worker thread, or inline): rewrites that must also get new removals.
-        self._acks_rewrites: list[_AcksRewrite] = []
+        self._acks = AcksLog(self.directory, self._io, self._health, max_events=max_events)
 
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd: int | None = _lock(self.directory)
         try:
             self._load()
-            self._acks_fd = os.open(self.directory / _ACKS_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            self._acks_size = os.fstat(self._acks_fd).st_size
+            self._acks.open()
             self._rewrite_acks()
             self._enforce_bounds()
         except BaseException:
@@ -305,8 +277,8 @@ class Outbox:
             write_errors=self._health.total,
             dropped_overflow=self.dropped_overflow,
             disk_errors=self._health.counts,
-            removals_unrecorded=len(self._unrecorded),
-            removals_forgotten=self._forgotten,
+            removals_unrecorded=self._acks.unrecorded,
+            removals_forgotten=self._acks.forgotten,
         )
 
     # -- queueing ---------------------------------------------------------------------------------
@@ -431,12 +403,12 @@ class Outbox:
         self.sync()
         self._closed = True
         self._close_fds()
-        if self._unrecorded or self._forgotten:
+        if self._acks.unrecorded or self._acks.forgotten:
             log.warning(
                 "outbox could not record %d removals in %s; those events are sent again on the next start "
                 "(JetStream drops a copy as a duplicate only within its duplicate window)",
-                len(self._unrecorded) + self._forgotten,
-                _ACKS_NAME,
+                self._acks.unrecorded + self._acks.forgotten,
+                ACKS_NAME,
             )
         if self._live:
             log.warning(
@@ -463,7 +435,8 @@ class Outbox:
         del segment.entries[entry.seq]
         segment.live_bytes -= entry.size
         # Logged even when the files go next: a deletion can fail, and then acks.log must know.
-        self._log_removal(entry.seq)
+        if self._acks.log_removal(entry.seq):
+            self._dirty = True
         if not self._live:
             self._reset()  # all gone: drop the files
             return
@@ -515,7 +488,8 @@ class Outbox:
     def _retry_failed_work(self) -> None:
         """Write the removals acks.log refused, then (as file work, one at a time) delete the
         files that could not be deleted, check that the directory takes files again and fsync."""
-        self._write_removals()
+        if self._acks.write_pending():
+            self._dirty = True
         if self._retry_queued:
             return
         self._retry_queued = True
@@ -609,7 +583,7 @@ class Outbox:
             group = self._pick_merge(by_files=too_many_files)
             if group:
                 self._merge(group)
-        if not self._compacting and self._acks_entries > 2 * self._dead_total + 1024:
+        if not self._compacting and self._acks.entries > 2 * self._dead_total + 1024:
             self._rewrite_acks()  # most listed removals belong to files that are gone
 
     def _pick_merge(self, *, by_files: bool) -> list[_Segment]:
@@ -695,114 +669,30 @@ class Outbox:
         self._dead_total += len(dead) - len(target.dead)
         target.fd, target.size, target.dead, target.live_bytes = fd, size, dead, live_bytes
 
-    def _log_removal(self, seq: int) -> None:
-        if not self._unrecorded:
-            if not self._write_removals([seq]):
-                self._keep_unrecorded(seq)
-            return
-        # acks.log has refused removals: this one goes with them.
-        self._keep_unrecorded(seq)
-        self._write_removals()
-
-    def _keep_unrecorded(self, seq: int) -> None:
-        self._unrecorded.add(seq)
-        if len(self._unrecorded) > self._unrecorded_cap:
-            self._unrecorded.discard(min(self._unrecorded))  # the oldest: the likeliest to be a duplicate
-            self._forgotten += 1
-
-    def _write_removals(self, seqs: list[int] | None = None) -> bool:
-        """Append removals to acks.log (`seqs`, or every one it refused before); False if it
-        refuses them (DiskHealth hears of it; a torn frame is cut off again)."""
-        pending = seqs is None
-        if seqs is None:
-            if not self._unrecorded:
-                return True
-            seqs = sorted(self._unrecorded)
-        with self._acks_lock:
-            fd = self._acks_fd
-            try:
-                written = _write_seqs(required(fd), seqs)
-            except OSError as exc:
-                failure: OSError | None = exc
-                if fd is not None:
-                    with contextlib.suppress(OSError):
-                        os.ftruncate(fd, self._acks_size)
-            else:
-                failure = None
-                self._acks_size += written
-                self._acks_entries += -(-len(seqs) // _ACKS_PER_FRAME)
-                for rewrite in self._acks_rewrites:
-                    rewrite.tail.extend(seqs)
-        if failure is not None:
-            self._health.failed("remove", failure)
-            return False
-        if pending:
-            self._unrecorded.clear()
-        self._health.ok("remove")
-        self._dirty = True
-        return True
-
     def _rewrite_acks(self, *, empty: bool = False) -> None:
         """Keep only the removals that still matter: those of records still in some file (none
         after a reset, whose segment deletions are queued before this)."""
-        seqs = [] if empty else list(itertools.chain.from_iterable(s.dead for s in self._segments.values()))
-        rewrite = _AcksRewrite(seqs, compaction=not empty)
-        if rewrite.compaction:
-            self._compacting = True
-        with self._acks_lock:
-            self._acks_rewrites.append(rewrite)
-        self._io.run(partial(self._write_acks_file, rewrite))
+        if empty:
+            self._acks.rewrite([], self._acks_reset)
+            return
+        self._compacting = True  # the rewrite counts as the one compaction under way
+        self._acks.rewrite(
+            list(itertools.chain.from_iterable(s.dead for s in self._segments.values())), self._acks_compacted
+        )
 
-    def _write_acks_file(self, rewrite: _AcksRewrite) -> Commit | None:
-        # File work. The new file gets the seqs, then (under the lock, so no removal slips
-        # between) the removals logged meanwhile, and replaces acks.log.
-        if not self._io.retry_deletions():
-            # A file that should be gone is still there: acks.log must go on listing the removals
-            # of its records, so it is not rewritten until the file is gone.
-            self._forget_rewrite(rewrite)
-            return partial(self._acks_rewritten, rewrite, failed=True)
-        path = self.directory / _ACKS_NAME
-        tmp = path.with_name(_ACKS_NAME + ".tmp")
-        fd: int | None = None
-        old_fd: int | None = None
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-            size = _write_seqs(fd, rewrite.seqs)
-            self._io.fsync(fd)
-            with self._acks_lock:
-                size += _write_seqs(fd, rewrite.tail)
-                os.replace(tmp, path)
-                self._acks_rewrites.remove(rewrite)
-                old_fd, self._acks_fd, self._acks_size = self._acks_fd, fd, size
-                self._acks_entries = -(-len(rewrite.seqs) // _ACKS_PER_FRAME) + -(-len(rewrite.tail) // _ACKS_PER_FRAME)
-        except OSError as exc:
-            self._forget_rewrite(rewrite)
-            if fd is not None:
-                close_quietly(fd)
-            with contextlib.suppress(OSError):  # a read-only directory refuses this too
-                tmp.unlink(missing_ok=True)
-            self._health.failed("compact", exc)
-            return partial(self._acks_rewritten, rewrite, failed=True)
-        self._health.ok("compact")
-        self._io.fsync_dir()
-        if old_fd is not None:
-            close_quietly(old_fd)
-        return partial(self._acks_rewritten, rewrite, failed=False) if rewrite.compaction else None
-
-    def _forget_rewrite(self, rewrite: _AcksRewrite) -> None:
-        with self._acks_lock:
-            if rewrite in self._acks_rewrites:
-                self._acks_rewrites.remove(rewrite)
-
-    def _acks_rewritten(self, rewrite: _AcksRewrite, *, failed: bool) -> None:
-        if rewrite.compaction:
-            self._compacting = False
+    def _acks_compacted(self, failed: bool) -> None:
+        self._compacting = False
         self._compact_not_before = time.monotonic() + _COMPACT_RETRY_S if failed else 0.0
+
+    def _acks_reset(self, failed: bool) -> None:
+        # A reset's rewrite is not the compaction under way; a failed one holds the next one back.
+        if failed:
+            self._compact_not_before = time.monotonic() + _COMPACT_RETRY_S
 
     def _sync_files(self, segment_fd: int | None) -> None:
         # File work; acks.log's descriptor is read here: only file work replaces it.
         self._io.retry_deletions()
-        for fd in (segment_fd, self._acks_fd):
+        for fd in (segment_fd, self._acks.fd):
             if fd is None:
                 continue
             try:
@@ -835,10 +725,10 @@ class Outbox:
             close_quietly(segment.fd)
         self._segments.clear()
         self._active = None
-        for fd in (self._acks_fd, self._lock_fd):
-            if fd is not None:
-                close_quietly(fd)  # closing the lock fd releases the flock
-        self._acks_fd = self._lock_fd = None
+        self._acks.close()
+        if self._lock_fd is not None:
+            close_quietly(self._lock_fd)  # closing the lock fd releases the flock
+        self._lock_fd = None
 
     # -- internals: recovery ----------------------------------------------------------------------
 
@@ -862,7 +752,8 @@ class Outbox:
                 seq, enqueued_at, kind, severity = head
                 rank = drop_rank(kind, severity)
                 found[seq] = _Entry(seq, segment, offset, size, kind, rank, enqueued_at)
-        removed = self._read_acks()
+        removed, corrupt = self._acks.read()
+        self._corrupt += corrupt
         for seq in sorted(found):
             entry = found[seq]
             if seq in removed:
@@ -879,37 +770,8 @@ class Outbox:
             if segment.live == 0:
                 self._delete_segment(segment)
 
-    def _read_acks(self) -> set[int]:
-        path = self.directory / _ACKS_NAME
-        if not path.exists():
-            return set()
-        removed: set[int] = set()
-        for offset, size, body in scan(path.read_bytes()):
-            if body is None or len(body) % SEQ.size:
-                self._corrupt += 1
-                log.warning("outbox %s: skipped %d damaged bytes at offset %d", _ACKS_NAME, size, offset)
-                continue
-            removed.update(struct.unpack(f"<{len(body) // SEQ.size}Q", body))
-        return removed
-
 
 # -- small OS helpers -----------------------------------------------------------------------------
-
-
-def _write_seqs(fd: int, seqs: list[int]) -> int:
-    """Write frames of packed little-endian u64 sequence numbers; returns how many bytes."""
-    if len(seqs) == 1:  # one removal: the common case
-        frames = frame_record(SEQ.pack(seqs[0]))
-    else:
-        packed = array.array("Q", seqs)
-        if sys.byteorder == "big":
-            packed.byteswap()
-        data = memoryview(packed).cast("B")
-        step = _ACKS_PER_FRAME * SEQ.size
-        frames = b"".join(frame_record(bytes(data[start : start + step])) for start in range(0, len(data), step))
-    if frames:
-        write_all(fd, frames)
-    return len(frames)
 
 
 def _copy_records(entries: list[_Entry], fd: int) -> list[int]:
