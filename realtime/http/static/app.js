@@ -5,6 +5,7 @@ import { AlertList } from "./alerts.js";
 import { Unauthorized, createApi, errorText } from "./api.js";
 import { CaptionPanel } from "./captions.js";
 import { ClipPanel } from "./clips.js";
+import { LivePanel } from "./golive.js";
 import { drawBoxes } from "./overlay.js";
 import { ScenePanel } from "./scene.js";
 import { readSse } from "./sse.js";
@@ -16,21 +17,6 @@ const LIST_EVERY_MS = 2000;
 const FRAME_EVERY_MS = 500; // frame.jpg is encoded at most every 0.5 s anyway
 const EVENTS_RETRY_MS = 3000;
 const KEEP_DETECTIONS = 50; // enough to match a frame a few seconds old to its boxes
-const FPS_WINDOW_MS = 2000;
-const STALE_OVERLAY_MS = 1500; // boxes older than this are cleared, not left on a moving picture
-const ICE_GATHER_TIMEOUT_MS = 5000;
-
-// The ICE servers the service is configured with (webrtc.ice_servers; none by default).
-async function iceServers() {
-  const response = await api("/api/webrtc/config");
-  if (!response.ok) throw new Error(await errorText(response));
-  const body = await response.json();
-  return (body.ice_servers || []).map((server) => ({
-    urls: server.urls,
-    ...(server.username ? { username: server.username } : {}),
-    ...(server.credential ? { credential: server.credential } : {}),
-  }));
-}
 
 // Test hooks (and a handle for anyone poking at the page from the console).
 const hooks = {
@@ -69,329 +55,6 @@ function showMode(mode) {
   if (mode === "watch") startWatching();
   else stopWatching();
 }
-
-// -- Go live ---------------------------------------------------------------------------------
-
-const live = {
-  attempt: 0, // counts Starts and Stops: an older Start that resumes after either gives up
-  pc: null,
-  media: null,
-  session: null, // {streamId, closeToken}
-  frames: 0,
-  arrivals: [], // arrival times of detections messages within FPS_WINDOW_MS
-  lagMs: null,
-  last: null, // {body, at}
-  alerts: null,
-  captions: null,
-  scene: null,
-};
-
-const STATE_TEXT = {
-  idle: "idle",
-  starting: "starting…",
-  new: "connecting…",
-  connecting: "connecting…",
-  connected: "live",
-  disconnected: "interrupted",
-  failed: "failed",
-  closed: "stopped",
-  error: "not started",
-};
-
-function setLiveState(state) {
-  hooks.state = state;
-  document.body.dataset.state = state;
-  const pill = $("live-state");
-  pill.dataset.state = state;
-  pill.textContent = STATE_TEXT[state] || state;
-  const busy = live.pc !== null || live.media !== null || state === "starting";
-  $("start").disabled = busy;
-  $("stop").disabled = !busy;
-}
-
-function liveNotice(text, kind = "error") {
-  const notice = $("live-notice");
-  notice.textContent = text;
-  notice.dataset.kind = kind;
-  notice.hidden = !text;
-}
-
-function mediaErrorText(error) {
-  switch (error && error.name) {
-    case "NotAllowedError":
-    case "SecurityError":
-      return "Camera and microphone access was denied. Allow it in the browser's site settings, then press Start again.";
-    case "NotFoundError":
-    case "OverconstrainedError":
-      return "No camera was found. Connect one, then press Start again.";
-    case "NotReadableError":
-      return "The camera is in use by another application or could not be opened.";
-    default:
-      return `Could not open the camera: ${(error && error.message) || error}`;
-  }
-}
-
-const AUDIO = { echoCancellation: false, noiseSuppression: false, autoGainControl: false };
-
-async function openMedia() {
-  try {
-    return await navigator.mediaDevices.getUserMedia({ video: true, audio: AUDIO });
-  } catch (error) {
-    if (error.name !== "NotFoundError") throw error;
-    // A camera without a microphone still goes live: no captions, boxes as usual.
-    const media = await navigator.mediaDevices.getUserMedia({ video: true });
-    liveNotice("No microphone found: going live with video only.", "info");
-    return media;
-  }
-}
-
-function iceGatheringDone(pc) {
-  if (pc.iceGatheringState === "complete") return Promise.resolve();
-  return new Promise((resolve) => {
-    const done = () => {
-      if (pc.iceGatheringState !== "complete") return;
-      pc.removeEventListener("icegatheringstatechange", done);
-      resolve();
-    };
-    pc.addEventListener("icegatheringstatechange", done);
-    setTimeout(resolve, ICE_GATHER_TIMEOUT_MS); // send what was gathered rather than hang
-  });
-}
-
-async function startLive() {
-  if (!navigator.mediaDevices || !window.RTCPeerConnection) {
-    liveNotice("This browser cannot share a camera here (it needs HTTPS or localhost, and WebRTC).");
-    return;
-  }
-  const attempt = ++live.attempt; // Stop, or another Start, makes this one stale
-  const current = () => attempt === live.attempt;
-  liveNotice("");
-  resetLiveView();
-  setLiveState("starting");
-  let media;
-  try {
-    media = await openMedia();
-  } catch (error) {
-    if (!current()) return;
-    liveNotice(mediaErrorText(error));
-    setLiveState("error");
-    return;
-  }
-  if (!current()) {
-    for (const track of media.getTracks()) track.stop();
-    return;
-  }
-  live.media = media;
-  $("live-video").srcObject = media;
-  $("live-box").classList.add("on");
-  $("live-placeholder").hidden = true;
-
-  let servers;
-  try {
-    servers = await iceServers();
-  } catch (error) {
-    if (!current()) return;
-    stopLive("error");
-    if (!(error instanceof Unauthorized)) liveNotice(`Could not reach the server: ${error.message || error}`);
-    return;
-  }
-  if (!current()) return; // Stop (or another Start) released the media already
-  const pc = (live.pc = new RTCPeerConnection({ iceServers: servers }));
-  for (const track of media.getTracks()) pc.addTrack(track, media);
-  const channel = pc.createDataChannel("events");
-  channel.addEventListener("message", onLiveMessage);
-  channel.addEventListener("close", () => {
-    if (live.pc !== pc) return; // closed by Stop
-    live.session = null; // the server ended it: nothing to DELETE
-    liveNotice("The server ended the session.", "info");
-    stopLive();
-  });
-  pc.addEventListener("connectionstatechange", () => {
-    if (live.pc !== pc) return;
-    setLiveState(pc.connectionState);
-    if (pc.connectionState === "failed") {
-      liveNotice("The connection to the server failed.");
-      stopLive("failed");
-    }
-  });
-  try {
-    await pc.setLocalDescription(await pc.createOffer());
-    await iceGatheringDone(pc);
-    if (!current()) return;
-    const offer = pc.localDescription;
-    const response = await api("/api/webrtc/offer", {
-      method: "POST",
-      headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ sdp: offer.sdp, type: offer.type }),
-    });
-    if (!response.ok) {
-      const reason = await errorText(response);
-      if (!current()) return;
-      liveNotice(response.status === 503 ? `The server is full: ${reason}` : `The server refused the session: ${reason}`);
-      stopLive("error");
-      return;
-    }
-    const answer = await response.json();
-    if (!current()) {
-      deleteSession(answer.stream_id); // stopped while the server was answering
-      return;
-    }
-    live.session = { streamId: answer.stream_id, closeToken: answer.close_token };
-    hooks.streamId = answer.stream_id;
-    $("live-session").textContent = answer.stream_id;
-    await pc.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
-  } catch (error) {
-    if (!current()) return;
-    if (error instanceof Unauthorized) {
-      stopLive("idle");
-      return; // the token form is up; Start again once it is in
-    }
-    liveNotice(`Could not go live: ${error.message || error}`);
-    stopLive("error");
-  }
-}
-
-// Bounded, so a server that does not answer cannot hold anything up.
-function deleteSession(streamId) {
-  return api(`/api/streams/${encodeURIComponent(streamId)}`, { method: "DELETE", signal: AbortSignal.timeout(3000) })
-    .catch(() => {
-      // already gone, or no token: the session ends with its connection anyway
-    });
-}
-
-function stopLive(finalState = "closed") {
-  const { pc, media, session } = live;
-  live.attempt += 1;
-  live.pc = null;
-  live.media = null;
-  live.session = null;
-  if (media) for (const track of media.getTracks()) track.stop();
-  $("live-video").srcObject = null;
-  $("live-box").classList.remove("on");
-  $("live-placeholder").hidden = false;
-  clearOverlay();
-  setLiveState(finalState);
-  if (!pc) return;
-  if (!session) {
-    pc.close();
-    return;
-  }
-  // DELETE first, then close: closing first would end the session by its DataChannel and make
-  // the DELETE a 404.
-  deleteSession(session.streamId).finally(() => pc.close());
-}
-
-function resetLiveView() {
-  live.frames = 0;
-  live.arrivals = [];
-  live.lagMs = null;
-  live.last = null;
-  hooks.messages = 0;
-  hooks.streamId = null;
-  $("live-overlay").dataset.frames = "0";
-  $("live-session").textContent = "–";
-  live.alerts.clear();
-  live.captions.clear();
-  live.scene.clear();
-  renderLiveStats();
-}
-
-function onLiveMessage(event) {
-  let message;
-  try {
-    message = JSON.parse(event.data);
-  } catch {
-    return;
-  }
-  const { kind, body } = message || {};
-  if (!body) return;
-  hooks.messages += 1;
-  switch (kind) {
-    case "detections": {
-      const now = performance.now();
-      live.frames += 1;
-      $("live-overlay").dataset.frames = String(live.frames);
-      live.arrivals.push(now);
-      if (typeof message.lag_ms === "number") {
-        live.lagMs = live.lagMs === null ? message.lag_ms : live.lagMs + 0.2 * (message.lag_ms - live.lagMs);
-      }
-      live.last = { body, at: now };
-      drawLiveOverlay();
-      break;
-    }
-    case "alerts":
-      live.alerts.update(body);
-      drawLiveOverlay();
-      break;
-    case "partials":
-      live.captions.partial(body);
-      break;
-    case "captions":
-      live.captions.final(body);
-      break;
-    case "descriptions":
-      live.scene.show(body);
-      break;
-    case "status":
-      if (body.reason && (body.state === "failed" || body.state === "stopped")) liveNotice(body.reason, "info");
-      break;
-    default:
-      break; // tracks: the boxes carry their track ids already
-  }
-}
-
-function drawLiveOverlay() {
-  const video = $("live-video");
-  const canvas = $("live-overlay");
-  // The canvas covers the video's box exactly (CSS); its pixels follow the displayed size.
-  const width = video.clientWidth;
-  const height = video.clientHeight;
-  const dpr = window.devicePixelRatio || 1;
-  const pixelsWide = Math.round(width * dpr);
-  const pixelsHigh = Math.round(height * dpr);
-  if (canvas.width !== pixelsWide || canvas.height !== pixelsHigh) {
-    canvas.width = pixelsWide;
-    canvas.height = pixelsHigh;
-  }
-  const ctx = canvas.getContext("2d");
-  ctx.clearRect(0, 0, canvas.width, canvas.height);
-  let counts = { drawn: 0, warned: 0, masks: 0 };
-  const last = live.last;
-  if (last && width > 0 && performance.now() - last.at < STALE_OVERLAY_MS) {
-    const { body } = last;
-    const sx = pixelsWide / body.width;
-    const sy = pixelsHigh / body.height;
-    counts = drawBoxes(ctx, body.objects || [], sx, sy, dpr, live.alerts.alertedTracks());
-  }
-  canvas.dataset.boxes = String(counts.drawn);
-  canvas.dataset.alerted = String(counts.warned);
-  canvas.dataset.masks = String(counts.masks);
-  hooks.boxesDrawn = counts.drawn;
-}
-
-function clearOverlay() {
-  live.last = null;
-  drawLiveOverlay();
-}
-
-function renderLiveStats() {
-  const now = performance.now();
-  while (live.arrivals.length && live.arrivals[0] < now - FPS_WINDOW_MS) live.arrivals.shift();
-  const running = live.pc !== null;
-  $("live-fps").textContent = running && live.frames ? (live.arrivals.length / (FPS_WINDOW_MS / 1000)).toFixed(1) : "–";
-  $("live-lag").textContent = running && live.lagMs !== null ? `${Math.round(live.lagMs)} ms` : "–";
-  if (live.last && now - live.last.at >= STALE_OVERLAY_MS) clearOverlay();
-}
-
-window.addEventListener("pagehide", () => {
-  const { session, pc } = live;
-  if (session) {
-    // sendBeacon cannot send headers: the session's close token is its authority.
-    const body = JSON.stringify({ stream_id: session.streamId, close_token: session.closeToken });
-    navigator.sendBeacon("/api/webrtc/close", new Blob([body], { type: "text/plain" }));
-  }
-  if (pc) pc.close();
-});
 
 // -- Watch cameras ------------------------------------------------------------------------------
 
@@ -694,10 +357,15 @@ function drawWatch() {
 // -- Start-up ---------------------------------------------------------------------------------
 
 async function boot() {
-  live.alerts = new AlertList($("live-alerts"));
-  live.captions = new CaptionPanel($("captions"), $("captions-empty"));
+  new LivePanel(
+    { start: $("start"), stop: $("stop"), state: $("live-state"), notice: $("live-notice"), session: $("live-session"),
+      fps: $("live-fps"), lag: $("live-lag"), box: $("live-box"), video: $("live-video"), overlay: $("live-overlay"),
+      placeholder: $("live-placeholder") },
+    { api, errorText, hooks, alerts: new AlertList($("live-alerts")),
+      captions: new CaptionPanel($("captions"), $("captions-empty")),
+      scene: new ScenePanel($("live-scene"), $("live-scene-meta"), $("live-scene-meta").textContent) },
+  );
   watch.alerts = new AlertList($("watch-alerts"));
-  live.scene = new ScenePanel($("live-scene"), $("live-scene-meta"), $("live-scene-meta").textContent);
   watch.scene = new ScenePanel($("watch-scene"), $("watch-scene-meta"), $("watch-scene-meta").textContent);
   watch.clips = new ClipPanel(
     { list: $("watch-clips"), empty: $("watch-clips-empty"), box: $("clip-box"), video: $("clip-video"),
@@ -709,8 +377,6 @@ async function boot() {
       answer: $("ask-answer"), list: $("ask-hits"), box: $("ask-box"), video: $("ask-video"), info: $("ask-info") },
     { api, errorText },
   );
-  $("start").addEventListener("click", startLive);
-  $("stop").addEventListener("click", () => stopLive());
   for (const tab of document.querySelectorAll("[role=tab]")) {
     tab.addEventListener("click", () => {
       history.replaceState(null, "", `#${tab.dataset.mode}`);
@@ -718,9 +384,6 @@ async function boot() {
     });
   }
   window.addEventListener("hashchange", () => showMode(currentMode()));
-  new ResizeObserver(() => drawLiveOverlay()).observe($("live-video"));
-  setInterval(renderLiveStats, 500);
-  setLiveState("idle");
   showMode(currentMode());
   // One call decides whether the token is needed before anything of the streams is shown.
   try {
