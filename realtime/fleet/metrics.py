@@ -43,8 +43,8 @@ class FleetCollector(Collector):
         refused = CounterMetricFamily("vidsentry_fleet_desired_values_skipped",
                                       "Desired-bucket values this worker will not run, once per key and revision",
                                       labels=["why"])
-        refused.add_metric(["policy"], worker.counters.refused)
-        refused.add_metric(["unreadable"], worker.counters.skipped)
+        refused.add_metric(["policy"], worker.desired.counts.refused)
+        refused.add_metric(["unreadable"], worker.desired.counts.skipped)
         yield refused
         yield CounterMetricFamily("vidsentry_fleet_duplicate_node_records",
                                   "Records of this worker's node name written by another worker (shared --node)",

@@ -8,17 +8,10 @@ local `StreamRegistry` stays the only place runs start and stop; this worker onl
 desired set (`add` / `remove`), so fencing a stream is a `remove` there plus the `FencedSink`
 that already drops its events.
 
-The desired bucket is a trust boundary: anyone with write access to NATS can put a value in it,
-without the API's checks. So a desired stream that is not one of this worker's own config-file
-streams is held to this worker's `sources:` policy, as an API stream is: at claim time the checks
-that touch neither a file nor the network (`SourcePolicy.check_form`: scheme, local files only
-under `sources.local_dirs`, never /proc, /sys, /dev) decide whether this worker claims it at all
-(a refused stream is not claimed, so a worker whose policy allows it can take it; the refusal is
-logged once per key and revision and counted); the stream's source then runs the whole policy
-(`SourcePolicy.admit`: regular files, public hosts unless allowed) before every connect (see
-realtime.sources.supervisor), since DNS answers change. The reasons are the policy's own, which
-never say whether a file outside the allowed directories exists. Values that are not a stream of
-the key's id are skipped, logged once per key and revision, and counted.
+What it reads is split out: the desired set as this worker may trust it (realtime.fleet.desired:
+a value that is not one of its own config-file streams is held to its `sources:` policy), who
+holds what (realtime.fleet.owners: leases and node records), and the listing the API shows
+(realtime.fleet.views). This module keeps joining and leaving, the loops, and the registry.
 
 Two workers must never share a node name: each would take the other's leases for a crashed run of
 its own. A worker that finds a record of its name in the lease bucket when it joins waits until
@@ -30,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -41,18 +33,19 @@ from typing import Any
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
-from pydantic import ValidationError
 
 from pipelines.events import EventSink
-from pipelines.graph.counters import zero_counters
-from realtime.config import STREAM_SETTINGS, AnyStreamSettings, CameraStreamSettings, WebRtcStreamSettings
+from realtime.config import AnyStreamSettings
 from realtime.fleet import claim
 from realtime.fleet.buckets import FleetBuckets, open_buckets
+from realtime.fleet.desired import DesiredStreams, encode_stream
 from realtime.fleet.fence import FencedSink
 from realtime.fleet.keeper import LeaseKeeper
 from realtime.fleet.mirror import KvMirror
 from realtime.fleet.options import FleetOptions
-from realtime.fleet.records import LEASE_PREFIX, NODE_PREFIX, LeaseRecord, NodeRecord, lease_bucket, node_key
+from realtime.fleet.owners import LeaseReader
+from realtime.fleet.records import LEASE_PREFIX, LeaseRecord, NodeRecord, lease_bucket, node_key
+from realtime.fleet.views import FleetViews
 from realtime.service.registry import (
     RegistryClosed,
     StreamExists,
@@ -60,8 +53,6 @@ from realtime.service.registry import (
     StreamRegistry,
     UnknownStream,
 )
-from realtime.sources.spec import InvalidSource
-from realtime.streams.view import PENDING, StreamView, public_url
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +60,6 @@ SYNC_TIMEOUT_S = 10.0
 STALL_AFTER_RENEWALS = 3  # a node record the worker's own watch has not delivered after this many renewals
 STALL_MIN_S = 3.0  # ... and at least this long: the watch is stalled
 STATE_CHECK_S = 0.25  # how often stream states are compared with the last node record
-UNOWNED_REASON = "waiting for a worker with room to take it"
-UNOPENED_URL = "rtsp://unopened.invalid/"  # stands in for a refused path while the rest of its value is read
 _NATS_ERRORS = (nats.errors.Error, TimeoutError, OSError)
 
 
@@ -103,8 +92,6 @@ class FleetCounters:
     fenced_events: int = 0  # events dropped because the lease was not valid
     claim_rounds: int = 0
     shed: int = 0
-    refused: int = 0  # desired values refused by this worker's sources policy (once per key and revision)
-    skipped: int = 0  # desired values that are not a stream of their key's id (once per key and revision)
     duplicate_nodes: int = 0  # node records of this name written by another instance, seen after joining
 
 
@@ -123,16 +110,15 @@ class FleetWorker:
         self._desired: KvMirror | None = None
         self._leases: KvMirror | None = None
         self._keeper: LeaseKeeper | None = None
-        # id -> (revision, settings, why this worker may not open it)
-        self._parsed: dict[str, tuple[int, AnyStreamSettings | None, str | None]] = {}
-        self._config_streams: dict[str, AnyStreamSettings] = {}  # this worker's own, trusted
+        self.desired = DesiredStreams(lambda: self._desired, options.source_policy)
+        self.leases = LeaseReader(self.node, lambda: self._leases, lambda: self._keeper, self._stale_after)
+        self._views = FleetViews(self.node, self.desired, self.leases, registry, lambda: self._started)
         self.instance = uuid.uuid4().hex  # this run: a node record of this name with another is another worker
         self._duplicate_seen: set[int] = set()  # revisions of such records already logged
         self._joined = False  # past the node-name check: a record of this name by another is a duplicate
         self._started: dict[str, AnyStreamSettings] = {}  # what this worker put into its registry
         self._handing_back: set[str] = set()  # leases kept until their runs have ended, then released
         self._unowned_since: dict[str, float] = {}
-        self._lease_owners: dict[str, tuple[int, str | None]] = {}  # lease key -> (revision, node), as in the mirror
         self._wake = asyncio.Event()
         self._draining = False
         self._stopped = False
@@ -184,8 +170,9 @@ class FleetWorker:
                 self._keeper = None  # so stop() never deletes the other worker's record
             raise
         self._joined = True
-        self._config_streams = {settings.id: settings for settings in config_streams}
-        for settings in self._config_streams.values():
+        config_streams = list(config_streams)
+        self.desired.trust(config_streams)
+        for settings in config_streams:
             await self._seed(settings)
         log.info("fleet joined", extra={"fleet": options.name, "node": self.node, "capacity": self.capacity,
                                         "lease_ttl_s": self._buckets.lease_ttl_s,
@@ -279,7 +266,7 @@ class FleetWorker:
         return len(self._desired) if self._desired is not None else 0
 
     def live_nodes(self) -> int:
-        return len(self._other_nodes()) + 1
+        return len(self.leases.other_nodes()) + 1
 
     def sink_for(self, stream_id: str, sink: EventSink) -> EventSink:
         keeper = self._keeper
@@ -297,7 +284,7 @@ class FleetWorker:
 
     async def add(self, settings: AnyStreamSettings) -> dict[str, Any]:
         desired = self._require_open()
-        if settings.id in self._desired_ids() or settings.id in self.registry:
+        if settings.id in self.desired.ids() or settings.id in self.registry:
             raise StreamExists(settings.id)
         if len(desired) + 1 > self.options.max_streams:
             raise FleetLimitReached(self.options.max_streams, len(desired) + 1)
@@ -330,40 +317,10 @@ class FleetWorker:
         log.info("stream removed from the fleet", extra={"stream_id": stream_id})
 
     def views(self) -> list[dict[str, Any]]:
-        owners, records = self._owners(), self._node_records()  # once for the whole listing
-        out = [self._view(sid, owners, records) for sid in self._desired_ids()]
-        local = {v["id"] for v in out}
-        for view in self.registry.views():  # browser sessions live on the worker that negotiated them
-            if view.stream_id not in local and isinstance(view.settings, WebRtcStreamSettings):
-                out.append({**view.to_json(), "owner": self.node})
-        return out
+        return self._views.all()
 
     def view(self, stream_id: str) -> dict[str, Any]:
-        return self._view(stream_id, self._owners(), self._node_records())
-
-    def _view(self, stream_id: str, owners: dict[str, str], records: dict[str, NodeRecord]) -> dict[str, Any]:
-        settings = self._settings(stream_id)
-        if settings is None:
-            if stream_id in self.registry:
-                return {**self.registry.get(stream_id).to_json(), "owner": self.node}
-            raise UnknownStream(stream_id)
-        if stream_id in self._started and stream_id in self.registry:
-            return {**self.registry.get(stream_id).to_json(), "owner": self.node}
-        owner = owners.get(stream_id)
-        state, reason = PENDING, UNOWNED_REASON if owner is None else None
-        refused = self._refusal(stream_id)
-        if refused is not None and owner is None:
-            reason = f"this worker may not open it: {refused}"
-        if owner is not None:
-            record = records.get(owner)
-            state = record.states.get(stream_id, PENDING) if record is not None else PENDING
-        shown: str | None = None
-        if isinstance(settings, CameraStreamSettings):
-            # A refused path as written: public_url would look at the file (and say whether it exists).
-            shown = settings.url if refused is not None else public_url(settings.url)
-        view = StreamView(settings=settings, shown_url=shown, state=state, reason=reason, restarts=0,
-                          restart_in=None, counters=zero_counters())
-        return {**view.to_json(), "owner": owner}
+        return self._views.one(stream_id)
 
     # -- loops ---------------------------------------------------------------------------
 
@@ -409,9 +366,9 @@ class FleetWorker:
         keeper = self._keeper
         assert keeper is not None
         self.counters.claim_rounds += 1
-        desired = [sid for sid in self._desired_ids() if self._refusal(sid) is None]
+        desired = [sid for sid in self.desired.ids() if self.desired.refusal(sid) is None]
         wanted = set(desired)
-        owners = self._owners()
+        owners = self.leases.owners()
         now = time.monotonic()
         for sid in list(self._unowned_since):
             if sid not in wanted or sid in owners:
@@ -420,7 +377,7 @@ class FleetWorker:
             if sid not in owners:
                 self._unowned_since.setdefault(sid, now)
         orphaned = [sid for sid, since in self._unowned_since.items() if now - since >= self.options.orphan_after_s]
-        nodes = self._other_nodes()
+        nodes = self.leases.other_nodes()
         loads = {name: claim.NodeLoad(sum(1 for o in owners.values() if o == name), rec.capacity)
                  for name, rec in nodes.items()}
         decision = claim.plan(node=self.node, desired=desired, owners=owners, nodes=loads,
@@ -447,12 +404,12 @@ class FleetWorker:
         keeper = self._keeper
         assert keeper is not None
         held = set(keeper.held())
-        desired = set(self._desired_ids())
+        desired = set(self.desired.ids())
         for stream_id in held:
             if stream_id not in desired and stream_id not in self._handing_back:
                 self._handing_back.add(stream_id)  # deleted from the fleet: stop it, then hand the lease back
         for stream_id, settings in list(self._started.items()):
-            wanted = self._settings(stream_id)
+            wanted = self.desired.settings(stream_id)
             if stream_id not in held or stream_id in self._handing_back or wanted != settings:
                 del self._started[stream_id]
                 with contextlib.suppress(UnknownStream, RegistryClosed):
@@ -460,10 +417,10 @@ class FleetWorker:
         if self.registry.closing:
             return
         for stream_id in held - self._handing_back - set(self._started):
-            wanted = self._settings(stream_id)
+            wanted = self.desired.settings(stream_id)
             if wanted is None:
                 continue
-            if self._refusal(stream_id) is not None:  # changed to what this worker may not open
+            if self.desired.refusal(stream_id) is not None:  # changed to what this worker may not open
                 self._handing_back.add(stream_id)
                 continue
             try:
@@ -505,117 +462,15 @@ class FleetWorker:
 
     # -- reading the mirrors ---------------------------------------------------------------
 
-    def _desired_ids(self) -> list[str]:
-        if self._desired is None:
-            return []
-        return [key for key, _ in self._desired.items() if self._settings(key) is not None]
-
-    def _settings(self, stream_id: str) -> AnyStreamSettings | None:
-        return self._decoded(stream_id)[0]
-
-    def _refusal(self, stream_id: str) -> str | None:
-        """Why this worker may not open a desired stream (None: it may, or there is no such stream)."""
-        return self._decoded(stream_id)[1]
-
-    def _decoded(self, stream_id: str) -> tuple[AnyStreamSettings | None, str | None]:
-        """A desired stream's settings and why this worker may not open it, decided once per key and
-        revision (a refusal and an unreadable value are logged and counted then)."""
-        seen = self._desired.get(stream_id) if self._desired is not None else None
-        if seen is None:
-            return None, None
-        cached = self._parsed.get(stream_id)
-        if cached is not None and cached[0] == seen.revision:
-            return cached[1], cached[2]
-        settings, why = self._judge(stream_id, seen.value, seen.revision)
-        if settings is None:
-            self.counters.skipped += 1
-        elif why is not None:
-            self.counters.refused += 1
-            log.warning("desired stream refused by this worker's sources policy; not claiming it",
-                        extra={"stream_id": stream_id, "revision": seen.revision, "reason": why})
-        self._parsed[stream_id] = (seen.revision, settings, why)
-        return settings, why
-
-    def _judge(self, stream_id: str, raw: bytes, revision: int) -> tuple[AnyStreamSettings | None, str | None]:
-        """Its own config-file streams are trusted; any other value is held to the sources policy.
-        The policy's form check comes first, as at the API: a path outside `sources.local_dirs` is
-        never looked at (validating the settings would), so its refusal is the same whether or not
-        the file exists."""
-        own = self._config_streams.get(stream_id)
-        body = _json_object(raw)
-        url = body.get("url") if body is not None else None
-        why: str | None = None
-        if not (isinstance(own, CameraStreamSettings) and url == own.url):  # its own path: the operator's
-            try:
-                self.options.source_policy.check_form(url)
-            except InvalidSource as exc:
-                why = str(exc)
-        if why is None:
-            settings = decode_stream(stream_id, raw, revision)
-        else:  # the rest of the value is read as usual; the path stays as written, unopened
-            assert body is not None and isinstance(url, str)
-            settings = decode_stream(stream_id, json.dumps({**body, "url": UNOPENED_URL}).encode(), revision)
-            settings = settings.model_copy(update={"url": url}) if settings is not None else None
-        if settings is None or why is not None or settings == own:
-            return settings, why
-        if isinstance(settings, WebRtcStreamSettings):
-            return settings, "browser sessions cannot be added to the desired set"
-        try:  # the URL as validated (the same as read above; checked again all the same)
-            self.options.source_policy.check_form(settings.url)
-        except InvalidSource as exc:
-            return settings, str(exc)
-        return settings, None
-
     def _stale_after(self) -> float:
         keeper = self._keeper
         ttl = keeper.ttl_s if keeper is not None else self.options.lease_ttl_s
         return ttl + self.options.renew_interval_s  # in case an expiry marker was missed
 
-    def _owners(self) -> dict[str, str]:
-        """stream id -> the worker holding its lease (this worker's own from its keeper)."""
-        owners: dict[str, str] = {}
-        if self._leases is None or self._keeper is None:
-            return owners
-        now, stale = time.monotonic(), self._stale_after()
-        for key, seen in self._leases.items(LEASE_PREFIX):
-            node = self._lease_owner(key, seen.revision, seen.value)
-            if node is None or now - seen.seen_at > stale:
-                continue
-            # A lease in this worker's name it does not hold is a previous run's: held until it expires.
-            owners[key[len(LEASE_PREFIX):]] = node if node != self.node else f"{self.node} (previous)"
-        for stream_id in self._keeper.held():
-            owners[stream_id] = self.node
-        return owners
-
-    def _lease_owner(self, key: str, revision: int, value: bytes) -> str | None:
-        """The node named in a lease record, decoded once per revision (renewals rewrite them often)."""
-        cached = self._lease_owners.get(key)
-        if cached is not None and cached[0] == revision:
-            return cached[1]
-        record = LeaseRecord.decode(value)
-        node = record.node if record is not None else None
-        self._lease_owners[key] = (revision, node)
-        return node
-
-    def _node_records(self) -> dict[str, NodeRecord]:
-        records: dict[str, NodeRecord] = {}
-        if self._leases is None:
-            return records
-        now, stale = time.monotonic(), self._stale_after()
-        for _, seen in self._leases.items(NODE_PREFIX):
-            record = NodeRecord.decode(seen.value)
-            if record is not None and now - seen.seen_at <= stale:
-                records[record.node] = record
-        return records
-
-    def _other_nodes(self) -> dict[str, NodeRecord]:
-        return {name: r for name, r in self._node_records().items() if name != self.node and not r.draining}
-
     # -- changes seen ----------------------------------------------------------------------
 
     def _changed(self, key: str) -> None:
-        if self._desired is not None and self._desired.get(key) is None:
-            self._parsed.pop(key, None)  # the cache holds only what the bucket holds
+        self.desired.changed(key)
         self._wake.set()
 
     def _lease_changed(self, key: str) -> None:
@@ -625,12 +480,12 @@ class FleetWorker:
             self._wake.set()  # a node record: the spread may have changed
             return
         seen = self._leases.get(key)
-        before = self._lease_owners.get(key)
+        before = self.leases.known_owner(key)
         if seen is None:
-            self._lease_owners.pop(key, None)
+            self.leases.forget(key)
             node = None
         else:
-            node = self._lease_owner(key, seen.revision, seen.value)
+            node = self.leases.owner_of(key, seen.revision, seen.value)
         if before is None or before[1] != node:
             self._wake.set()  # a renewal by the same owner changes nothing worth a claim round
         stream_id = key[len(LEASE_PREFIX):]
@@ -684,7 +539,7 @@ class FleetWorker:
 
     async def _seed(self, settings: AnyStreamSettings) -> None:
         assert self._buckets is not None and self._desired is not None
-        if self._settings(settings.id) == settings:
+        if self.desired.settings(settings.id) == settings:
             return
         value = encode_stream(settings)
         revision = await self._buckets.desired.put(settings.id, value)
@@ -694,32 +549,3 @@ class FleetWorker:
         if self._draining or self._desired is None:
             raise RegistryClosed("the service is shutting down")
         return self._desired
-
-
-def encode_stream(settings: AnyStreamSettings) -> bytes:
-    """The stream object as the config and the API write it."""
-    return settings.model_dump_json().encode()
-
-
-def _json_object(raw: bytes) -> dict[str, Any] | None:
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):  # decode_stream says what is wrong with it
-        return None
-    return body if isinstance(body, dict) else None
-
-
-def decode_stream(stream_id: str, raw: bytes, revision: int | None = None) -> AnyStreamSettings | None:
-    """The stream a desired-bucket value holds, or None (logged) when it is not one of this key's id.
-    The worker calls it once per key and revision, so each bad value is logged once."""
-    try:
-        settings = STREAM_SETTINGS.validate_json(raw)
-    except ValidationError as exc:
-        log.warning("unreadable stream in the fleet's desired set; skipped",
-                    extra={"stream_id": stream_id, "revision": revision, "error": str(exc).splitlines()[0]})
-        return None
-    if settings.id != stream_id:
-        log.warning("stream in the fleet's desired set under another key; skipped",
-                    extra={"stream_id": stream_id, "revision": revision, "value_id": settings.id[:64]})
-        return None
-    return settings

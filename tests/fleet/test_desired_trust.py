@@ -96,7 +96,7 @@ def test_a_worker_does_not_claim_what_its_sources_policy_refuses(
             # Neither the reason nor the URL shown tells a file that exists from one that does not.
             assert len(set(reasons.values())) == 1, reasons
             assert all(views[sid]["url"] == written[sid] for sid in refused), views
-            assert worker.counters.refused == len(refused) and worker.counters.skipped == 0
+            assert worker.desired.counts.refused == len(refused) and worker.desired.counts.skipped == 0
             refusals = [r for r in caplog.records if r.getMessage().startswith("desired stream refused")]
             assert sorted(vars(r)["stream_id"] for r in refusals) == refused
             assert not [r for r in caplog.records if "unreadable" in r.getMessage()]
@@ -123,7 +123,7 @@ def test_a_value_under_another_keys_id_is_skipped_and_logged_once(
             await wait_until(lambda: worker._desired is not None and worker._desired.get("cam") is not None, 5, "seen")
             for _ in range(3):
                 assert worker.views() == []
-            assert worker.counters.skipped == 1
+            assert worker.desired.counts.skipped == 1
             assert skipped_metric(worker) == {"policy": 0, "unreadable": 1}
         finally:
             await worker.stop()

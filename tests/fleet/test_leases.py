@@ -12,10 +12,11 @@ import pytest
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.config import CameraStreamSettings
 from realtime.fleet.buckets import open_buckets
+from realtime.fleet.desired import decode_stream
 from realtime.fleet.keeper import LeaseKeeper
 from realtime.fleet.options import FleetOptions
 from realtime.fleet.records import LeaseRecord, desired_bucket, lease_key
-from realtime.fleet.worker import FleetWorker, decode_stream
+from realtime.fleet.worker import FleetWorker
 from realtime.service.registry import StreamExists, StreamRegistry, UnknownStream
 
 
