@@ -58,12 +58,10 @@ import itertools
 import logging
 import os
 import time
-from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from pipelines.events import EventKind
 from realtime.bus.delivery import WireMessage
 from realtime.bus.outbox_acks import ACKS_NAME, AcksLog
 from realtime.bus.outbox_codec import (
@@ -77,14 +75,23 @@ from realtime.bus.outbox_codec import (
     scan,
 )
 from realtime.bus.outbox_health import DiskHealth
+from realtime.bus.outbox_index import SEVERITIES, Entry, RecordIndex, drop_rank
 from realtime.bus.outbox_io import Commit, FileWork, close_quietly, write_all
+
+__all__ = [
+    "SEVERITIES",
+    "Outbox",
+    "OutboxClosedError",
+    "OutboxError",
+    "OutboxLockedError",
+    "OutboxRecord",
+    "OutboxStats",
+    "OutboxWriteError",
+    "drop_rank",
+]
 
 log = logging.getLogger(__name__)
 
-SEVERITIES = ("info", "warning", "critical")
-
-_ALERT_RANK_UNKNOWN = 2  # an alert without a known severity is kept like a warning
-_DROP_LOG_INTERVAL_S = 10.0
 _MERGE_READ_BYTES = 1 << 20  # merges read and write about this much per syscall
 _MERGE_GAP_BYTES = 64 << 10  # records closer than this in one file are read together
 _COMPACT_RETRY_S = 5.0  # after a compaction failed or had to wait for a deletion
@@ -130,31 +137,12 @@ class _Segment:
     fd: int
     size: int = 0  # bytes in the file
     live_bytes: int = 0
-    entries: dict[int, _Entry] = field(default_factory=dict)  # live records in the file, seq order
+    entries: dict[int, Entry] = field(default_factory=dict)  # live records in the file, seq order
     dead: set[int] = field(default_factory=set)  # removed seqs still in the file (so listed in acks.log)
 
     @property
     def live(self) -> int:
         return len(self.entries)
-
-
-@dataclass(slots=True, eq=False)
-class _Entry:
-    seq: int
-    segment: _Segment
-    offset: int
-    size: int
-    kind: str
-    rank: int  # drop order: 0 first
-    enqueued_at: float
-    leased: bool = False  # handed out by take() and not yet removed or requeued
-
-
-def drop_rank(kind: str, severity: str | None) -> int:
-    """0 for non-alert kinds, then 1 info, 2 warning (or unknown), 3 critical alerts."""
-    if kind != EventKind.ALERTS.value:
-        return 0
-    return SEVERITY_CODE.get(severity or "", _ALERT_RANK_UNKNOWN)
 
 
 class Outbox:
@@ -172,18 +160,14 @@ class Outbox:
         if max_events < 1 or max_bytes < 1:
             raise ValueError("max_events and max_bytes must be >= 1")
         self.directory = Path(directory)
-        self.max_events = max_events
-        self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes or min(4 * 2**20, max(max_bytes // 4, 4096))
         self.fsync_interval_s = fsync_interval_s
         # Scattered survivors (old alerts) could pin one file each: merge past this many files.
         self._max_segments = 2 * -(-max_bytes // self.segment_bytes) + 8
 
-        self._live: OrderedDict[int, _Entry] = OrderedDict()  # seq order == replay order
-        self._ranks: tuple[deque[int], ...] = tuple(deque() for _ in range(4))  # seqs per drop rank, lazy
+        self._index = RecordIndex(max_events=max_events, max_bytes=max_bytes)
         self._segments: dict[Path, _Segment] = {}
         self._active: _Segment | None = None
-        self._bytes = 0
         self._disk_bytes = 0
         self._dead_total = 0  # sum of len(segment.dead)
         self._next_seq = 1
@@ -194,8 +178,6 @@ class Outbox:
         self._health = DiskHealth(self.directory)
         self._compact_not_before = 0.0  # a failed compaction waits before the next try
         self._retry_queued = False  # a retry of failed file work is queued
-        self._dropped: dict[str, int] = {}
-        self._last_drop_log = float("-inf")
 
         self._io = FileWork(self.directory, self._health, fsync=fsync_interval_s is not None)
         self._compacting = False  # a merge or an acks-log rewrite is under way
@@ -215,30 +197,38 @@ class Outbox:
             "outbox opened dir=%s depth=%d bytes=%d corrupt=%d",
             self.directory,
             self.depth,
-            self._bytes,
+            self._index.bytes,
             self._corrupt,
         )
 
-    # -- metrics ----------------------------------------------------------------------------------
+    # -- settings and metrics ---------------------------------------------------------------------
+
+    @property
+    def max_events(self) -> int:
+        return self._index.max_events
+
+    @property
+    def max_bytes(self) -> int:
+        return self._index.max_bytes
 
     @property
     def depth(self) -> int:
-        return len(self._live)
+        return len(self._index)
 
     @property
     def bytes(self) -> int:
-        return self._bytes
+        return self._index.bytes
 
     @property
     def oldest_age_s(self) -> float:
-        if not self._live:
+        oldest = self._index.oldest()
+        if oldest is None:
             return 0.0
-        oldest = next(iter(self._live.values()))
         return max(0.0, time.time() - oldest.enqueued_at)
 
     @property
     def dropped_overflow(self) -> dict[str, int]:
-        return dict(self._dropped)
+        return self._index.dropped
 
     @property
     def closed(self) -> bool:
@@ -266,7 +256,7 @@ class Outbox:
         self._io.apply_finished()
         return OutboxStats(
             depth=self.depth,
-            bytes=self._bytes,
+            bytes=self._index.bytes,
             disk_bytes=self._disk_bytes,
             segments=len(self._segments),
             oldest_age_s=self.oldest_age_s,
@@ -305,11 +295,10 @@ class Outbox:
         segment.size += len(frame)
         segment.live_bytes += len(frame)
         self._disk_bytes += len(frame)
-        self._bytes += len(frame)
         rank = drop_rank(msg.kind.value, severity)
-        entry = _Entry(seq, segment, offset, len(frame), msg.kind.value, rank, enqueued_at)
-        self._live[seq] = segment.entries[seq] = entry
-        self._ranks[rank].append(seq)
+        entry = Entry(seq, segment, offset, len(frame), msg.kind.value, rank, enqueued_at)
+        segment.entries[seq] = entry
+        self._index.add(entry)
         self._appended += 1
         self._dirty = True
         self._enforce_bounds()
@@ -322,10 +311,10 @@ class Outbox:
         self._check_open()
         self._io.apply_finished()
         out: list[OutboxRecord] = []
-        damaged: list[_Entry] = []
-        # The leased records are a prefix of _live (taken in order, requeued all at once), so this
-        # walks at most the in-flight window before it finds new ones.
-        for entry in self._live.values():
+        damaged: list[Entry] = []
+        # The leased records are a prefix of the index (taken in order, requeued all at once), so
+        # this walks at most the in-flight window before it finds new ones.
+        for entry in self._index:
             if len(out) >= limit:
                 break
             if entry.leased:
@@ -345,7 +334,7 @@ class Outbox:
     def requeue(self) -> int:
         """Hand every leased record out again, in order (after a failed or aborted send)."""
         count = 0
-        for entry in self._live.values():
+        for entry in self._index:
             if not entry.leased:
                 break
             entry.leased = False
@@ -356,14 +345,12 @@ class Outbox:
         """The record is stored by the broker (or given up on): forget it. False if unknown."""
         self._check_open()
         self._io.apply_finished()
-        entry = self._live.get(seq)
+        entry = self._index.get(seq)
         if entry is None:
             return False
         self._remove(entry)
         self._removed += 1
-        ranked = self._ranks[entry.rank]
-        while ranked and ranked[0] not in self._live:
-            ranked.popleft()
+        self._index.trim_rank(entry.rank)
         return True
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -410,11 +397,11 @@ class Outbox:
                 self._acks.unrecorded + self._acks.forgotten,
                 ACKS_NAME,
             )
-        if self._live:
+        if self._index:
             log.warning(
                 "outbox closed with %d events (%d bytes) left in %s; they are replayed on the next start",
-                len(self._live),
-                self._bytes,
+                len(self._index),
+                self._index.bytes,
                 self.directory,
             )
         else:
@@ -428,16 +415,15 @@ class Outbox:
 
     # -- internals: removal and bounds ------------------------------------------------------------
 
-    def _remove(self, entry: _Entry) -> None:
-        del self._live[entry.seq]
-        self._bytes -= entry.size
+    def _remove(self, entry: Entry) -> None:
+        self._index.discard(entry)
         segment = entry.segment
         del segment.entries[entry.seq]
         segment.live_bytes -= entry.size
         # Logged even when the files go next: a deletion can fail, and then acks.log must know.
         if self._acks.log_removal(entry.seq):
             self._dirty = True
-        if not self._live:
+        if not self._index:
             self._reset()  # all gone: drop the files
             return
         segment.dead.add(entry.seq)
@@ -448,40 +434,13 @@ class Outbox:
         self._maybe_sync()
 
     def _enforce_bounds(self) -> None:
-        while len(self._live) > self.max_events or self._bytes > self.max_bytes:
-            victim = self._pick_victim()
+        while self._index.over_bounds():
+            victim = self._index.pick_victim()
             if victim is None:
                 return  # the rest is in flight; the bound is exceeded by at most that window
-            self._dropped[victim.kind] = self._dropped.get(victim.kind, 0) + 1
+            self._index.count_drop(victim)
             self._remove(victim)
-            self._log_drop()
-
-    def _pick_victim(self) -> _Entry | None:
-        for ranked in self._ranks:
-            index = 0
-            while index < len(ranked):
-                entry = self._live.get(ranked[index])
-                if entry is None:  # removed already: clean the lazy index as we go
-                    del ranked[index]
-                    continue
-                if entry.leased:
-                    index += 1
-                    continue
-                del ranked[index]
-                return entry
-        return None
-
-    def _log_drop(self) -> None:
-        now = time.monotonic()
-        if now - self._last_drop_log < _DROP_LOG_INTERVAL_S:
-            return
-        self._last_drop_log = now
-        log.warning(
-            "outbox full (max_events=%d max_bytes=%d): dropping the oldest low-severity events, dropped so far %s",
-            self.max_events,
-            self.max_bytes,
-            self._dropped,
-        )
+            self._index.log_drop()
 
     # -- internals: handing file work over --------------------------------------------------------
 
@@ -569,13 +528,12 @@ class Outbox:
         for segment in list(self._segments.values()):
             self._delete_segment(segment)
         self._dead_total = 0
-        for ranked in self._ranks:
-            ranked.clear()
+        self._index.clear_ranks()
         self._rewrite_acks(empty=True)
 
     def _maybe_compact(self) -> None:
         # One compaction at a time (with background I/O the next removal looks again).
-        too_much_dead = self._disk_bytes - self._bytes > self._bytes + 2 * self.segment_bytes
+        too_much_dead = self._disk_bytes - self._index.bytes > self._index.bytes + 2 * self.segment_bytes
         too_many_files = len(self._segments) > self._max_segments
         if self._compact_not_before and time.monotonic() < self._compact_not_before:
             return
@@ -614,7 +572,7 @@ class Outbox:
         entries = list(itertools.chain.from_iterable(s.entries.values() for s in group))
         self._io.run(partial(self._copy_live_records, group, entries))
 
-    def _copy_live_records(self, group: list[_Segment], entries: list[_Entry]) -> Commit:
+    def _copy_live_records(self, group: list[_Segment], entries: list[Entry]) -> Commit:
         # File work: reads entry.segment/offset/size, which only this merge's commit changes.
         target = group[0]
         tmp = target.path.with_name(target.path.name + ".tmp")
@@ -640,7 +598,7 @@ class Outbox:
         self._compacting = False
         self._compact_not_before = time.monotonic() + _COMPACT_RETRY_S
 
-    def _merge_done(self, group: list[_Segment], entries: list[_Entry], fd: int, offsets: list[int]) -> None:
+    def _merge_done(self, group: list[_Segment], entries: list[Entry], fd: int, offsets: list[int]) -> None:
         self._compacting = False
         self._compact_not_before = 0.0
         target = group[0]
@@ -653,7 +611,7 @@ class Outbox:
         dead: set[int] = set()
         live_bytes = 0
         for entry, offset in zip(entries, offsets, strict=True):
-            if self._live.get(entry.seq) is not entry:
+            if self._index.get(entry.seq) is not entry:
                 dead.add(entry.seq)  # removed while it was copied: a dead record of the new file
                 continue
             if entry.segment is not target:
@@ -707,7 +665,7 @@ class Outbox:
         if interval is not None and self._dirty and time.monotonic() - self._last_sync >= interval:
             self.sync()
 
-    def _read(self, entry: _Entry) -> OutboxRecord | None:
+    def _read(self, entry: Entry) -> OutboxRecord | None:
         try:
             data = os.pread(entry.segment.fd, entry.size, entry.offset)
         except OSError:
@@ -736,7 +694,7 @@ class Outbox:
         for stale in self.directory.glob("*.tmp"):  # a compaction interrupted by a crash
             with contextlib.suppress(OSError):  # harmless if it stays: the next one truncates it
                 stale.unlink(missing_ok=True)
-        found: dict[int, _Entry] = {}
+        found: dict[int, Entry] = {}
         for path in sorted(self.directory.glob("seg-*.log")):
             data = path.read_bytes()
             segment = self._segments[path] = _Segment(path, os.open(path, os.O_RDONLY), len(data))
@@ -751,7 +709,7 @@ class Outbox:
                     continue
                 seq, enqueued_at, kind, severity = head
                 rank = drop_rank(kind, severity)
-                found[seq] = _Entry(seq, segment, offset, size, kind, rank, enqueued_at)
+                found[seq] = Entry(seq, segment, offset, size, kind, rank, enqueued_at)
         removed, corrupt = self._acks.read()
         self._corrupt += corrupt
         for seq in sorted(found):
@@ -760,12 +718,11 @@ class Outbox:
                 entry.segment.dead.add(seq)
                 self._dead_total += 1
                 continue
-            self._live[seq] = entry.segment.entries[seq] = entry
-            self._ranks[entry.rank].append(seq)
-            self._bytes += entry.size
+            entry.segment.entries[seq] = entry
+            self._index.add(entry)
             entry.segment.live_bytes += entry.size
         self._next_seq = max([*found, *removed, 0]) + 1
-        self._recovered = len(self._live)
+        self._recovered = len(self._index)
         for segment in list(self._segments.values()):
             if segment.live == 0:
                 self._delete_segment(segment)
@@ -774,7 +731,7 @@ class Outbox:
 # -- small OS helpers -----------------------------------------------------------------------------
 
 
-def _copy_records(entries: list[_Entry], fd: int) -> list[int]:
+def _copy_records(entries: list[Entry], fd: int) -> list[int]:
     """Write the records of `entries`, in order, to `fd`; returns each one's offset there.
 
     Few syscalls and little Python per record (this runs beside the event loop, which wants the
@@ -784,7 +741,7 @@ def _copy_records(entries: list[_Entry], fd: int) -> list[int]:
     size = 0
     out: list[memoryview] = []
     out_bytes = 0
-    span: list[_Entry] = []  # records to read with one pread: same file, close together
+    span: list[Entry] = []  # records to read with one pread: same file, close together
     for entry in entries:
         if span:
             first, last = span[0], span[-1]
@@ -808,7 +765,7 @@ def _copy_records(entries: list[_Entry], fd: int) -> list[int]:
     return offsets
 
 
-def _read_span(span: list[_Entry], out: list[memoryview]) -> int:
+def _read_span(span: list[Entry], out: list[memoryview]) -> int:
     start = span[0].offset
     length = span[-1].offset + span[-1].size - start
     data = memoryview(os.pread(span[0].segment.fd, length, start))
