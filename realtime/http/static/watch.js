@@ -1,0 +1,254 @@
+// Watch cameras: one selected stream at a time, its latest frame polled as a JPEG with the boxes of
+// that frame drawn over it, and its events (detections, alerts, descriptions, clips, state) read as
+// server-sent events. Its own module: it gets the authenticated `api` call, its panels and the test
+// hooks from the page instead of importing the page; the stream list it picks from is its own.
+
+import { Unauthorized } from "./api.js";
+import { drawBoxes } from "./overlay.js";
+import { readSse } from "./sse.js";
+import { StreamList } from "./streams.js";
+
+const FRAME_EVERY_MS = 500; // frame.jpg is encoded at most every 0.5 s anyway
+const EVENTS_RETRY_MS = 3000;
+const KEEP_DETECTIONS = 50; // enough to match a frame a few seconds old to its boxes
+
+function sleep(ms, signal) {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    signal.addEventListener("abort", () => {
+      clearTimeout(timer);
+      resolve();
+    }, { once: true });
+  });
+}
+
+export class WatchPanel {
+  constructor(el, { api, errorText, pageNotice, hooks, alerts, scene, clips }) {
+    this.el = el; // title, meta, canvas, placeholder, frame, clipInfo, streams: {list, empty}
+    this.api = api;
+    this.errorText = errorText;
+    this.hooks = hooks;
+    this.alerts = alerts; // AlertList
+    this.scene = scene; // ScenePanel
+    this.clips = clips; // ClipPanel
+    this.streams = new StreamList(el.streams, {
+      api,
+      errorText,
+      pageNotice,
+      onPick: (id) => this.select(id),
+      onListed: (stream) => this.showStreamMeta(stream),
+      onGone: () => this.note("This stream is gone."),
+    });
+    this.selected = null;
+    this.abort = null;
+    this.detections = []; // the last KEEP_DETECTIONS detections bodies of the selected stream
+    this.frames = 0;
+    this.bitmap = null;
+    this.seq = null;
+    this.meta = {}; // the selected stream as last listed
+  }
+
+  start() {
+    if (this.streams.running) return;
+    this.streams.start();
+    if (this.selected) this.select(this.selected);
+  }
+
+  stop() {
+    this.streams.stop();
+    if (this.abort) this.abort.abort();
+    this.abort = null;
+  }
+
+  showStreamMeta(stream) {
+    this.meta = stream;
+    const parts = [stream.kind || "camera", stream.state];
+    if (stream.reason) parts.push(stream.reason);
+    this.el.meta.textContent = parts.join(" · ");
+  }
+
+  note(text) {
+    const note = this.el.placeholder;
+    note.textContent = text;
+    note.hidden = !text;
+    note.classList.toggle("over", this.el.canvas.classList.contains("on"));
+  }
+
+  select(id) {
+    if (this.abort) this.abort.abort();
+    const abort = (this.abort = new AbortController());
+    if (this.selected !== id) {
+      this.selected = id;
+      this.detections = [];
+      this.frames = 0;
+      this.alerts.clear();
+      this.scene.clear();
+      this.seq = null;
+      this.meta = {};
+      this.el.meta.textContent = "";
+      this.el.frame.textContent = "";
+      if (this.bitmap) this.bitmap.close();
+      this.bitmap = null;
+      const canvas = this.el.canvas;
+      canvas.classList.remove("on");
+      canvas.dataset.boxes = "0";
+      canvas.dataset.alerted = "0";
+      canvas.dataset.frames = "0";
+    }
+    this.hooks.watch = { streamId: id, boxesDrawn: 0, messages: 0 };
+    this.clips.load(id).catch((error) => {
+      if (!(error instanceof Unauthorized)) this.el.clipInfo.textContent = `Could not list the clips: ${error.message}`;
+    });
+    this.el.title.textContent = id;
+    this.streams.mark(id);
+    this.note(this.bitmap ? "" : "Loading the latest frame…");
+    this.readEvents(id, abort.signal);
+    this.pollFrames(id, abort.signal);
+    this.showLatestDescription(id, abort.signal);
+  }
+
+  // The scene as it was last described, without waiting for the next description.
+  async showLatestDescription(id, signal) {
+    try {
+      const response = await this.api(`/api/streams/${encodeURIComponent(id)}/description`, { signal });
+      if (!response.ok) return;
+      const { description } = await response.json();
+      if (description && !signal.aborted && this.selected === id) this.scene.offer(description);
+    } catch {
+      // the events bring the next one
+    }
+  }
+
+  async readEvents(id, signal) {
+    let lastId = null; // as EventSource does: a reconnect resumes after the last event seen
+    while (!signal.aborted) {
+      try {
+        const headers = { Accept: "text/event-stream" };
+        if (lastId) headers["Last-Event-ID"] = lastId;
+        const response = await this.api(`/api/streams/${encodeURIComponent(id)}/events`, { signal, headers });
+        if (response.ok) {
+          await readSse(response.body, signal, (name, data) => this.onEvent(name, data), (value) => (lastId = value));
+        } else if (response.status === 404) {
+          return; // the frame poll says the stream is gone
+        } else {
+          this.note(`Events unavailable: ${await this.errorText(response)}`);
+        }
+      } catch (error) {
+        if (signal.aborted || error instanceof Unauthorized) return;
+      }
+      await sleep(EVENTS_RETRY_MS, signal);
+    }
+  }
+
+  onEvent(name, data) {
+    let body;
+    try {
+      body = JSON.parse(data);
+    } catch {
+      return;
+    }
+    this.hooks.watch.messages += 1;
+    switch (name) {
+      case "stream":
+        this.showStreamMeta(body);
+        break;
+      case "detections":
+        this.frames += 1;
+        this.el.canvas.dataset.frames = String(this.frames);
+        this.detections.push(body);
+        if (this.detections.length > KEEP_DETECTIONS) this.detections.shift();
+        // The JPEG can arrive before its frame's event: redraw once the boxes that match it are in.
+        if (body.frame_seq === this.seq) this.draw();
+        break;
+      case "alerts":
+        this.alerts.update(body);
+        this.draw();
+        break;
+      case "descriptions":
+        this.scene.show(body);
+        break;
+      case "clips":
+        this.clips.load(this.selected).catch(() => {});
+        break;
+      case "status":
+        this.showStreamMeta({ ...this.meta, state: body.state, reason: body.reason });
+        break;
+      default:
+        break;
+    }
+  }
+
+  async pollFrames(id, signal) {
+    const path = `/api/streams/${encodeURIComponent(id)}/frame.jpg`;
+    while (!signal.aborted) {
+      const started = performance.now();
+      try {
+        const response = await this.api(path, { signal });
+        if (response.ok) {
+          const seq = Number(response.headers.get("X-Frame-Seq"));
+          const bitmap = await createImageBitmap(await response.blob());
+          if (signal.aborted) {
+            bitmap.close();
+            return;
+          }
+          if (this.bitmap) this.bitmap.close();
+          this.bitmap = bitmap;
+          this.seq = seq;
+          this.note("");
+          this.draw();
+        } else {
+          const reason = await this.errorText(response);
+          if (reason === "unknown stream") this.note("This stream is gone.");
+          else if (reason === "no frame yet") this.note("Waiting for the first processed frame…");
+          else this.note(`No frame: ${reason}`);
+        }
+      } catch (error) {
+        if (signal.aborted || error instanceof Unauthorized) return;
+        this.note(`Could not load the frame: ${error.message}`);
+      }
+      await sleep(Math.max(0, FRAME_EVERY_MS - (performance.now() - started)), signal);
+    }
+  }
+
+  // The detections of the frame shown: the event with the same frame_seq, else the newest.
+  detectionsFor(seq) {
+    for (let i = this.detections.length - 1; i >= 0; i -= 1) {
+      if (this.detections[i].frame_seq === seq) return this.detections[i];
+    }
+    return this.detections[this.detections.length - 1] || null;
+  }
+
+  draw() {
+    const bitmap = this.bitmap;
+    if (!bitmap) return;
+    const canvas = this.el.canvas;
+    if (canvas.width !== bitmap.width) canvas.width = bitmap.width;
+    if (canvas.height !== bitmap.height) canvas.height = bitmap.height;
+    canvas.classList.add("on");
+    const ctx = canvas.getContext("2d");
+    ctx.drawImage(bitmap, 0, 0);
+    const body = this.detectionsFor(this.seq);
+    let counts = { drawn: 0, warned: 0, masks: 0 };
+    if (body) {
+      const shown = canvas.clientWidth || bitmap.width;
+      const unit = bitmap.width / shown;
+      counts = drawBoxes(ctx, body.objects || [], bitmap.width / body.width, bitmap.height / body.height, unit,
+        this.alerts.alertedTracks());
+    }
+    const drawn = counts.drawn;
+    canvas.dataset.boxes = String(drawn);
+    canvas.dataset.alerted = String(counts.warned);
+    canvas.dataset.masks = String(counts.masks);
+    this.hooks.watch.boxesDrawn = drawn;
+    const matched = body && body.frame_seq === this.seq ? "" : " (boxes of a nearby frame)";
+    const tracked = body ? (body.objects || []).filter((o) => o.track_id != null).length : 0;
+    const active = [...this.alerts.alerts.values()].filter((a) => a.active).length;
+    this.el.frame.textContent = [
+      `frame ${this.seq}`,
+      `${drawn} box${drawn === 1 ? "" : "es"}${matched}`,
+      body && body.inference === "predicted" ? "predicted by the tracker (dashed)" : "",
+      `${tracked} tracked`,
+      active ? `${active} active alert${active === 1 ? "" : "s"}` : "",
+    ].filter(Boolean).join(" · ");
+  }
+}
