@@ -67,16 +67,14 @@ from realtime.bus.outbox_acks import ACKS_NAME, AcksLog
 from realtime.bus.outbox_codec import (
     SEVERITY_CODE,
     OutboxRecord,
-    decode,
-    decode_head,
     encode,
-    frame_at,
     frame_record,
-    scan,
 )
+from realtime.bus.outbox_errors import OutboxClosedError, OutboxError, OutboxLockedError, OutboxWriteError
 from realtime.bus.outbox_health import DiskHealth
 from realtime.bus.outbox_index import SEVERITIES, Entry, RecordIndex, drop_rank
 from realtime.bus.outbox_io import Commit, FileWork, close_quietly, write_all
+from realtime.bus.outbox_segments import Segment, Segments
 
 __all__ = [
     "SEVERITIES",
@@ -97,22 +95,6 @@ _MERGE_GAP_BYTES = 64 << 10  # records closer than this in one file are read tog
 _COMPACT_RETRY_S = 5.0  # after a compaction failed or had to wait for a deletion
 
 
-class OutboxError(OSError):
-    """Base class for outbox failures; an OSError, like the file errors it wraps."""
-
-
-class OutboxLockedError(OutboxError):
-    """Another Outbox (in this or another process) has the directory open."""
-
-
-class OutboxWriteError(OutboxError):
-    """The record could not be written (disk full, I/O error); the outbox is unchanged."""
-
-
-class OutboxClosedError(OutboxError):
-    """The outbox was used after close()."""
-
-
 @dataclass(slots=True)
 class OutboxStats:
     depth: int  # records queued (in flight to the broker included)
@@ -131,20 +113,6 @@ class OutboxStats:
     removals_forgotten: int = 0  # of those, given up past the cap (their records may be sent again)
 
 
-@dataclass(slots=True, eq=False)
-class _Segment:
-    path: Path
-    fd: int
-    size: int = 0  # bytes in the file
-    live_bytes: int = 0
-    entries: dict[int, Entry] = field(default_factory=dict)  # live records in the file, seq order
-    dead: set[int] = field(default_factory=set)  # removed seqs still in the file (so listed in acks.log)
-
-    @property
-    def live(self) -> int:
-        return len(self.entries)
-
-
 class Outbox:
     """Append-only segments plus an in-memory index; see the module docstring."""
 
@@ -160,16 +128,12 @@ class Outbox:
         if max_events < 1 or max_bytes < 1:
             raise ValueError("max_events and max_bytes must be >= 1")
         self.directory = Path(directory)
-        self.segment_bytes = segment_bytes or min(4 * 2**20, max(max_bytes // 4, 4096))
+        segment_bytes = segment_bytes or min(4 * 2**20, max(max_bytes // 4, 4096))
         self.fsync_interval_s = fsync_interval_s
         # Scattered survivors (old alerts) could pin one file each: merge past this many files.
-        self._max_segments = 2 * -(-max_bytes // self.segment_bytes) + 8
+        self._max_segments = 2 * -(-max_bytes // segment_bytes) + 8
 
         self._index = RecordIndex(max_events=max_events, max_bytes=max_bytes)
-        self._segments: dict[Path, _Segment] = {}
-        self._active: _Segment | None = None
-        self._disk_bytes = 0
-        self._dead_total = 0  # sum of len(segment.dead)
         self._next_seq = 1
         self._dirty = False
         self._last_sync = time.monotonic()
@@ -180,6 +144,7 @@ class Outbox:
         self._retry_queued = False  # a retry of failed file work is queued
 
         self._io = FileWork(self.directory, self._health, fsync=fsync_interval_s is not None)
+        self._segments = Segments(self.directory, self._io, self._health, segment_bytes=segment_bytes)
         self._compacting = False  # a merge or an acks-log rewrite is under way
         self._acks = AcksLog(self.directory, self._io, self._health, max_events=max_events)
 
@@ -210,6 +175,10 @@ class Outbox:
     @property
     def max_bytes(self) -> int:
         return self._index.max_bytes
+
+    @property
+    def segment_bytes(self) -> int:
+        return self._segments.segment_bytes
 
     @property
     def depth(self) -> int:
@@ -257,7 +226,7 @@ class Outbox:
         return OutboxStats(
             depth=self.depth,
             bytes=self._index.bytes,
-            disk_bytes=self._disk_bytes,
+            disk_bytes=self._segments.disk_bytes,
             segments=len(self._segments),
             oldest_age_s=self.oldest_age_s,
             appended=self._appended,
@@ -282,22 +251,8 @@ class Outbox:
         seq = self._next_seq
         enqueued_at = time.time()
         frame = frame_record(encode(seq, enqueued_at, msg, severity))
-        segment = self._writable_segment(len(frame))
-        offset = segment.size
-        try:
-            write_all(segment.fd, frame)
-        except OSError as exc:
-            self._health.failed("append", exc)
-            self._undo_write(segment, offset)
-            raise OutboxWriteError(exc.errno or errno.EIO, f"outbox append failed: {exc.strerror or exc}") from exc
-        self._health.ok("append")
+        entry = self._segments.append(seq, frame, msg.kind.value, drop_rank(msg.kind.value, severity), enqueued_at)
         self._next_seq += 1
-        segment.size += len(frame)
-        segment.live_bytes += len(frame)
-        self._disk_bytes += len(frame)
-        rank = drop_rank(msg.kind.value, severity)
-        entry = Entry(seq, segment, offset, len(frame), msg.kind.value, rank, enqueued_at)
-        segment.entries[seq] = entry
         self._index.add(entry)
         self._appended += 1
         self._dirty = True
@@ -319,7 +274,7 @@ class Outbox:
                 break
             if entry.leased:
                 continue
-            record = self._read(entry)
+            record = self._segments.read(entry)
             if record is None:
                 damaged.append(entry)
                 continue
@@ -380,7 +335,7 @@ class Outbox:
             return
         self._dirty = False
         self._last_sync = time.monotonic()
-        self._io.run(partial(self._sync_files, self._active.fd if self._active else None))
+        self._io.run(partial(self._sync_files, self._active_fd()))
 
     def close(self) -> None:
         """fsync and close; queued records stay on disk for the next Outbox on this directory."""
@@ -417,19 +372,14 @@ class Outbox:
 
     def _remove(self, entry: Entry) -> None:
         self._index.discard(entry)
-        segment = entry.segment
-        del segment.entries[entry.seq]
-        segment.live_bytes -= entry.size
+        self._segments.release(entry)
         # Logged even when the files go next: a deletion can fail, and then acks.log must know.
         if self._acks.log_removal(entry.seq):
             self._dirty = True
         if not self._index:
             self._reset()  # all gone: drop the files
             return
-        segment.dead.add(entry.seq)
-        self._dead_total += 1
-        if segment.live == 0 and segment is not self._active:
-            self._delete_segment(segment)
+        self._segments.mark_dead(entry)
         self._maybe_compact()
         self._maybe_sync()
 
@@ -452,7 +402,7 @@ class Outbox:
         if self._retry_queued:
             return
         self._retry_queued = True
-        self._io.run(partial(self._retry_job, self._active.fd if self._active else None))
+        self._io.run(partial(self._retry_job, self._active_fd()))
 
     def _retry_job(self, segment_fd: int | None) -> Commit:
         # File work.
@@ -468,72 +418,20 @@ class Outbox:
 
     # -- internals: files -------------------------------------------------------------------------
 
-    def _writable_segment(self, size: int) -> _Segment:
-        active = self._active
-        if active is not None and active.size > 0 and active.size + size > self.segment_bytes:
-            self._retire_active()
-            active = None
-        if active is None:
-            path = self.directory / f"seg-{self._next_seq:016x}.log"
-            try:
-                fd = self._create_segment_file(path)
-            except OSError as exc:
-                self._health.failed("append", exc)
-                reason = f"cannot create outbox segment {path}: {exc.strerror}"
-                raise OutboxWriteError(exc.errno or errno.EIO, reason) from exc
-            self._io.run(self._io.fsync_dir)
-            active = self._active = self._segments[path] = _Segment(path, fd)
-        return active
-
-    def _create_segment_file(self, path: Path) -> int:
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND
-        try:
-            return os.open(path, flags, 0o644)
-        except FileExistsError:
-            # An empty segment given up at this seq (a failed write) may still await deletion.
-            if not self._io.background or not self._io.wait_idle():
-                raise
-            return os.open(path, flags, 0o644)
-
-    def _retire_active(self) -> None:
-        active, self._active = self._active, None
-        if active is None:
-            return
-        self._io.run(partial(self._io.fsync, active.fd))
-        if active.live == 0:
-            self._delete_segment(active)
-
-    def _undo_write(self, segment: _Segment, offset: int) -> None:
-        try:
-            os.ftruncate(segment.fd, offset)
-        except OSError:
-            # Cannot cut the partial record off: stop appending here; reopening skips the tail.
-            with contextlib.suppress(OSError):
-                grown = os.fstat(segment.fd).st_size - segment.size
-                segment.size += grown
-                self._disk_bytes += grown
-            self._retire_active()
-
-    def _delete_segment(self, segment: _Segment) -> None:
-        self._segments.pop(segment.path, None)
-        if segment is self._active:
-            self._active = None
-        self._disk_bytes -= segment.size
-        self._dead_total -= len(segment.dead)
-        self._io.run(partial(self._io.delete_file, segment.fd, segment.path))
+    def _active_fd(self) -> int | None:
+        active = self._segments.active
+        return active.fd if active else None
 
     def _reset(self) -> None:
         # Segments go first: a crash in between leaves acks for records that no longer exist
         # (harmless), never records without their acks (re-sent).
-        for segment in list(self._segments.values()):
-            self._delete_segment(segment)
-        self._dead_total = 0
+        self._segments.delete_all()
         self._index.clear_ranks()
         self._rewrite_acks(empty=True)
 
     def _maybe_compact(self) -> None:
         # One compaction at a time (with background I/O the next removal looks again).
-        too_much_dead = self._disk_bytes - self._index.bytes > self._index.bytes + 2 * self.segment_bytes
+        too_much_dead = self._segments.disk_bytes - self._index.bytes > self._index.bytes + 2 * self.segment_bytes
         too_many_files = len(self._segments) > self._max_segments
         if self._compact_not_before and time.monotonic() < self._compact_not_before:
             return
@@ -541,20 +439,20 @@ class Outbox:
             group = self._pick_merge(by_files=too_many_files)
             if group:
                 self._merge(group)
-        if not self._compacting and self._acks.entries > 2 * self._dead_total + 1024:
+        if not self._compacting and self._acks.entries > 2 * self._segments.dead_total + 1024:
             self._rewrite_acks()  # most listed removals belong to files that are gone
 
-    def _pick_merge(self, *, by_files: bool) -> list[_Segment]:
+    def _pick_merge(self, *, by_files: bool) -> list[Segment]:
         """The run of adjacent old segments, at most one segment of live data together, whose
         merge frees the most: files when there are too many, else dead bytes."""
-        old = sorted((s for s in self._segments.values() if s is not self._active), key=lambda s: s.path.name)
-        best: list[_Segment] = []
+        old = self._segments.old()
+        best: list[Segment] = []
         best_gain = 0
         for start in range(len(old)):
-            group: list[_Segment] = []
+            group: list[Segment] = []
             live = 0
             for segment in old[start:]:
-                if group and live + segment.live_bytes > self.segment_bytes:
+                if group and live + segment.live_bytes > self._segments.segment_bytes:
                     break
                 group.append(segment)
                 live += segment.live_bytes
@@ -563,7 +461,7 @@ class Outbox:
                 best, best_gain = group, gain
         return best
 
-    def _merge(self, group: list[_Segment]) -> None:
+    def _merge(self, group: list[Segment]) -> None:
         """Copy the live records of `group` into one file that replaces the first (atomic
         rename), then delete the rest. A crash in between leaves records in two files; reopening
         keeps the first copy. The copy runs as file work; records removed meanwhile become dead
@@ -572,7 +470,7 @@ class Outbox:
         entries = list(itertools.chain.from_iterable(s.entries.values() for s in group))
         self._io.run(partial(self._copy_live_records, group, entries))
 
-    def _copy_live_records(self, group: list[_Segment], entries: list[Entry]) -> Commit:
+    def _copy_live_records(self, group: list[Segment], entries: list[Entry]) -> Commit:
         # File work: reads entry.segment/offset/size, which only this merge's commit changes.
         target = group[0]
         tmp = target.path.with_name(target.path.name + ".tmp")
@@ -598,11 +496,11 @@ class Outbox:
         self._compacting = False
         self._compact_not_before = time.monotonic() + _COMPACT_RETRY_S
 
-    def _merge_done(self, group: list[_Segment], entries: list[Entry], fd: int, offsets: list[int]) -> None:
+    def _merge_done(self, group: list[Segment], entries: list[Entry], fd: int, offsets: list[int]) -> None:
         self._compacting = False
         self._compact_not_before = 0.0
         target = group[0]
-        if self._segments.get(target.path) is not target:
+        if not self._segments.holds(target):
             # All its records went meanwhile: its deletion, queued after the copy, removes the new
             # file too; the rest of the group keeps its files as they are.
             self._io.run(partial(close_quietly, fd))
@@ -614,18 +512,12 @@ class Outbox:
             if self._index.get(entry.seq) is not entry:
                 dead.add(entry.seq)  # removed while it was copied: a dead record of the new file
                 continue
-            if entry.segment is not target:
-                del entry.segment.entries[entry.seq]
-                target.entries[entry.seq] = entry
-            entry.segment, entry.offset = target, offset
+            self._segments.move(entry, target, offset)
             live_bytes += entry.size
         for segment in group[1:]:
-            if self._segments.get(segment.path) is segment:
-                self._delete_segment(segment)
-        self._io.run(partial(close_quietly, target.fd))  # the replaced file, after its last reader
-        self._disk_bytes += size - target.size
-        self._dead_total += len(dead) - len(target.dead)
-        target.fd, target.size, target.dead, target.live_bytes = fd, size, dead, live_bytes
+            if self._segments.holds(segment):
+                self._segments.delete(segment)
+        self._segments.replace_file(target, fd, size, dead, live_bytes)
 
     def _rewrite_acks(self, *, empty: bool = False) -> None:
         """Keep only the removals that still matter: those of records still in some file (none
@@ -634,9 +526,7 @@ class Outbox:
             self._acks.rewrite([], self._acks_reset)
             return
         self._compacting = True  # the rewrite counts as the one compaction under way
-        self._acks.rewrite(
-            list(itertools.chain.from_iterable(s.dead for s in self._segments.values())), self._acks_compacted
-        )
+        self._acks.rewrite(self._segments.dead_seqs(), self._acks_compacted)
 
     def _acks_compacted(self, failed: bool) -> None:
         self._compacting = False
@@ -665,24 +555,12 @@ class Outbox:
         if interval is not None and self._dirty and time.monotonic() - self._last_sync >= interval:
             self.sync()
 
-    def _read(self, entry: Entry) -> OutboxRecord | None:
-        try:
-            data = os.pread(entry.segment.fd, entry.size, entry.offset)
-        except OSError:
-            return None
-        body = frame_at(data, 0)
-        record = decode(body) if body is not None else None
-        return record if record is not None and record.seq == entry.seq else None
-
     def _check_open(self) -> None:
         if self._closed:
             raise OutboxClosedError(f"outbox {self.directory} is closed")
 
     def _close_fds(self) -> None:
-        for segment in self._segments.values():
-            close_quietly(segment.fd)
-        self._segments.clear()
-        self._active = None
+        self._segments.close_all()
         self._acks.close()
         if self._lock_fd is not None:
             close_quietly(self._lock_fd)  # closing the lock fd releases the flock
@@ -694,38 +572,15 @@ class Outbox:
         for stale in self.directory.glob("*.tmp"):  # a compaction interrupted by a crash
             with contextlib.suppress(OSError):  # harmless if it stays: the next one truncates it
                 stale.unlink(missing_ok=True)
-        found: dict[int, Entry] = {}
-        for path in sorted(self.directory.glob("seg-*.log")):
-            data = path.read_bytes()
-            segment = self._segments[path] = _Segment(path, os.open(path, os.O_RDONLY), len(data))
-            self._disk_bytes += len(data)
-            for offset, size, body in scan(data):
-                head = decode_head(body) if body is not None else None
-                if head is not None and head[0] in found:
-                    continue  # a second copy left by a merge cut short; the first one counts
-                if head is None:
-                    self._corrupt += 1
-                    log.warning("outbox %s: skipped %d damaged bytes at offset %d", path.name, size, offset)
-                    continue
-                seq, enqueued_at, kind, severity = head
-                rank = drop_rank(kind, severity)
-                found[seq] = Entry(seq, segment, offset, size, kind, rank, enqueued_at)
+        found, corrupt = self._segments.scan()
+        self._corrupt += corrupt
         removed, corrupt = self._acks.read()
         self._corrupt += corrupt
-        for seq in sorted(found):
-            entry = found[seq]
-            if seq in removed:
-                entry.segment.dead.add(seq)
-                self._dead_total += 1
-                continue
-            entry.segment.entries[seq] = entry
+        for entry in self._segments.recover(found, removed):
             self._index.add(entry)
-            entry.segment.live_bytes += entry.size
         self._next_seq = max([*found, *removed, 0]) + 1
         self._recovered = len(self._index)
-        for segment in list(self._segments.values()):
-            if segment.live == 0:
-                self._delete_segment(segment)
+        self._segments.delete_empty()
 
 
 # -- small OS helpers -----------------------------------------------------------------------------

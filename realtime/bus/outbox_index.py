@@ -28,7 +28,7 @@ from pipelines.events import EventKind
 from realtime.bus.outbox_codec import SEVERITY_CODE
 
 if TYPE_CHECKING:
-    from realtime.bus.outbox import _Segment as Segment
+    from realtime.bus.outbox_segments import Segment
 
 log = logging.getLogger("realtime.bus.outbox")  # the outbox's log, under the name it always had
 

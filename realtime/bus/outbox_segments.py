@@ -1,0 +1,257 @@
+"""Segments: the outbox's segment files, which records each one holds, and finding them on open.
+
+Records are appended to the active segment, `seg-<first seq, 16 hex>.log`, framed as
+`outbox_codec` describes; once it would pass `segment_bytes` it is retired (fsynced as file work)
+and the next append opens a new one. A record is never rewritten in place: a removed one stays in
+its file as a dead record (its removal is in acks.log) until the whole file goes, or a merge copies
+the live records of sparse files into one (see `outbox_compaction`). Every segment keeps its live
+records (by seq), their bytes, and its dead seqs, so that the outbox knows what each file is worth.
+
+A failed append leaves nothing behind: the partial frame is cut off again, or, when even that
+fails, the segment is retired so that nothing follows the damage (reopening skips it).
+
+Recovery on open: every `seg-*.log` is scanned; a damaged frame costs that record only (counted in
+`corrupt`, the scan resyncs on the next magic), and of two copies of a record (a merge cut short by
+a crash) the first counts. Records acks.log lists are dead; a file with no live record goes.
+
+Descriptors: the outbox reads records with pread() on its own thread; a descriptor is closed, and
+a file deleted, only by a job queued after every job that uses it (`FileWork` runs them in order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from realtime.bus.outbox_codec import OutboxRecord, decode, decode_head, frame_at, scan
+from realtime.bus.outbox_errors import OutboxWriteError
+from realtime.bus.outbox_health import DiskHealth
+from realtime.bus.outbox_index import Entry, drop_rank
+from realtime.bus.outbox_io import FileWork, close_quietly, write_all
+
+log = logging.getLogger("realtime.bus.outbox")  # the outbox's log, under the name it always had
+
+
+@dataclass(slots=True, eq=False)
+class Segment:
+    path: Path
+    fd: int
+    size: int = 0  # bytes in the file
+    live_bytes: int = 0
+    entries: dict[int, Entry] = field(default_factory=dict)  # live records in the file, seq order
+    dead: set[int] = field(default_factory=set)  # removed seqs still in the file (so listed in acks.log)
+
+    @property
+    def live(self) -> int:
+        return len(self.entries)
+
+
+class Segments:
+    """The segment files of one outbox directory; see the module docstring. Lives on the outbox's
+    thread; the file work it queues gets descriptors and paths, never the index."""
+
+    def __init__(self, directory: Path, io: FileWork, health: DiskHealth, *, segment_bytes: int) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self._io = io
+        self._health = health
+        self._files: dict[Path, Segment] = {}
+        self.active: Segment | None = None  # the one appends go to
+        self.disk_bytes = 0  # the files' size, dead records included
+        self.dead_total = 0  # sum of len(segment.dead)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def holds(self, segment: Segment) -> bool:
+        """The segment is still one of the outbox's files (not deleted meanwhile)."""
+        return self._files.get(segment.path) is segment
+
+    def old(self) -> list[Segment]:
+        """Every segment but the active one, oldest first."""
+        return sorted((s for s in self._files.values() if s is not self.active), key=lambda s: s.path.name)
+
+    def dead_seqs(self) -> list[int]:
+        """The removed records still in some file: the removals acks.log must keep listing."""
+        return [seq for segment in self._files.values() for seq in segment.dead]
+
+    # -- recovery ---------------------------------------------------------------------------------
+
+    def scan(self) -> tuple[dict[int, Entry], int]:
+        """Open every segment file and index its intact records (the first copy of each); returns
+        them by seq, and how many damaged stretches were skipped."""
+        found: dict[int, Entry] = {}
+        corrupt = 0
+        for path in sorted(self.directory.glob("seg-*.log")):
+            data = path.read_bytes()
+            segment = self._files[path] = Segment(path, os.open(path, os.O_RDONLY), len(data))
+            self.disk_bytes += len(data)
+            for offset, size, body in scan(data):
+                head = decode_head(body) if body is not None else None
+                if head is not None and head[0] in found:
+                    continue  # a second copy left by a merge cut short; the first one counts
+                if head is None:
+                    corrupt += 1
+                    log.warning("outbox %s: skipped %d damaged bytes at offset %d", path.name, size, offset)
+                    continue
+                seq, enqueued_at, kind, severity = head
+                rank = drop_rank(kind, severity)
+                found[seq] = Entry(seq, segment, offset, size, kind, rank, enqueued_at)
+        return found, corrupt
+
+    def recover(self, found: dict[int, Entry], removed: set[int]) -> list[Entry]:
+        """Sort what scan() found into dead records (acks.log lists them) and live ones; returns
+        the live ones in seq order."""
+        live: list[Entry] = []
+        for seq in sorted(found):
+            entry = found[seq]
+            if seq in removed:
+                entry.segment.dead.add(seq)
+                self.dead_total += 1
+                continue
+            entry.segment.entries[seq] = entry
+            entry.segment.live_bytes += entry.size
+            live.append(entry)
+        return live
+
+    def delete_empty(self) -> None:
+        for segment in list(self._files.values()):
+            if segment.live == 0:
+                self.delete(segment)
+
+    # -- appending and reading --------------------------------------------------------------------
+
+    def append(self, seq: int, frame: bytes, kind: str, rank: int, enqueued_at: float) -> Entry:
+        """Write one framed record (to a new segment when the active one is full) and index it as
+        live in its segment. Raises OutboxWriteError when the disk refuses: nothing was queued."""
+        segment = self._writable(len(frame), seq)
+        offset = segment.size
+        try:
+            write_all(segment.fd, frame)
+        except OSError as exc:
+            self._health.failed("append", exc)
+            self._undo_write(segment, offset)
+            raise OutboxWriteError(exc.errno or errno.EIO, f"outbox append failed: {exc.strerror or exc}") from exc
+        self._health.ok("append")
+        segment.size += len(frame)
+        segment.live_bytes += len(frame)
+        self.disk_bytes += len(frame)
+        entry = Entry(seq, segment, offset, len(frame), kind, rank, enqueued_at)
+        segment.entries[seq] = entry
+        return entry
+
+    def read(self, entry: Entry) -> OutboxRecord | None:
+        """The record back from disk, or None when it is unreadable or not the one indexed."""
+        try:
+            data = os.pread(entry.segment.fd, entry.size, entry.offset)
+        except OSError:
+            return None
+        body = frame_at(data, 0)
+        record = decode(body) if body is not None else None
+        return record if record is not None and record.seq == entry.seq else None
+
+    def _writable(self, size: int, seq: int) -> Segment:
+        active = self.active
+        if active is not None and active.size > 0 and active.size + size > self.segment_bytes:
+            self.retire_active()
+            active = None
+        if active is None:
+            path = self.directory / f"seg-{seq:016x}.log"
+            try:
+                fd = self._create_file(path)
+            except OSError as exc:
+                self._health.failed("append", exc)
+                reason = f"cannot create outbox segment {path}: {exc.strerror}"
+                raise OutboxWriteError(exc.errno or errno.EIO, reason) from exc
+            self._io.run(self._io.fsync_dir)
+            active = self.active = self._files[path] = Segment(path, fd)
+        return active
+
+    def _create_file(self, path: Path) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND
+        try:
+            return os.open(path, flags, 0o644)
+        except FileExistsError:
+            # An empty segment given up at this seq (a failed write) may still await deletion.
+            if not self._io.background or not self._io.wait_idle():
+                raise
+            return os.open(path, flags, 0o644)
+
+    def retire_active(self) -> None:
+        active, self.active = self.active, None
+        if active is None:
+            return
+        self._io.run(partial(self._io.fsync, active.fd))
+        if active.live == 0:
+            self.delete(active)
+
+    def _undo_write(self, segment: Segment, offset: int) -> None:
+        try:
+            os.ftruncate(segment.fd, offset)
+        except OSError:
+            # Cannot cut the partial record off: stop appending here; reopening skips the tail.
+            with contextlib.suppress(OSError):
+                grown = os.fstat(segment.fd).st_size - segment.size
+                segment.size += grown
+                self.disk_bytes += grown
+            self.retire_active()
+
+    # -- removal ----------------------------------------------------------------------------------
+
+    def release(self, entry: Entry) -> None:
+        """The record is no longer live in its segment (see mark_dead)."""
+        segment = entry.segment
+        del segment.entries[entry.seq]
+        segment.live_bytes -= entry.size
+
+    def mark_dead(self, entry: Entry) -> None:
+        """A released record stays in its file as a dead one; a file with nothing live left goes
+        (unless appends still go to it)."""
+        segment = entry.segment
+        segment.dead.add(entry.seq)
+        self.dead_total += 1
+        if segment.live == 0 and segment is not self.active:
+            self.delete(segment)
+
+    def delete(self, segment: Segment) -> None:
+        """Forget the segment now; its file is closed and deleted by a job queued after every job
+        that uses it."""
+        self._files.pop(segment.path, None)
+        if segment is self.active:
+            self.active = None
+        self.disk_bytes -= segment.size
+        self.dead_total -= len(segment.dead)
+        self._io.run(partial(self._io.delete_file, segment.fd, segment.path))
+
+    def delete_all(self) -> None:
+        for segment in list(self._files.values()):
+            self.delete(segment)
+        self.dead_total = 0
+
+    # -- merges -----------------------------------------------------------------------------------
+
+    def move(self, entry: Entry, target: Segment, offset: int) -> None:
+        """A live record copied by a merge: from now on it is read from `target` at `offset`."""
+        if entry.segment is not target:
+            del entry.segment.entries[entry.seq]
+            target.entries[entry.seq] = entry
+        entry.segment, entry.offset = target, offset
+
+    def replace_file(self, target: Segment, fd: int, size: int, dead: set[int], live_bytes: int) -> None:
+        """A merge's new file (`fd`, renamed over target's path) takes target's place; the old
+        descriptor is closed by a job queued after its last reader."""
+        self._io.run(partial(close_quietly, target.fd))
+        self.disk_bytes += size - target.size
+        self.dead_total += len(dead) - len(target.dead)
+        target.fd, target.size, target.dead, target.live_bytes = fd, size, dead, live_bytes
+
+    def close_all(self) -> None:
+        for segment in self._files.values():
+            close_quietly(segment.fd)
+        self._files.clear()
+        self.active = None
