@@ -1,48 +1,25 @@
-"""The YAML configuration, validated by pydantic.
+"""The YAML configuration, validated by pydantic: every section's model (a capability's own section
+comes from its package), the whole `Config`, and `load_config`.
 
-Unknown keys and bad values are errors that name the key (`streams.0.url: ...`).
-Environment variables with the `VIDSENTRY_` prefix override the file, nested keys joined by
-`__` (for example `VIDSENTRY_NATS__URL=nats://bus:4222`, `VIDSENTRY_DETECTOR__CONF=0.4`). A value
-is read as the setting's type: a string setting (a token, a host, a path) takes the value as it is,
-never parsed; a number or a switch is converted by pydantic (`0.4`, `true`); a list or a section is
-YAML. Errors name the variable, never its value. Infinity and NaN are refused everywhere.
-A config with no streams is valid.
-
-Every number has a range with a reason: each setting has both bounds (a timeout of 1e308 s, a
-count of 4,000 digits or a frame rate of 1e308 is no setting), and the loader refuses what no
-setting could hold before pydantic sees it: an integer literal of more than MAX_INT_DIGITS digits
-(Python refuses to convert 4,300 and more, and a long one costs quadratic time) and a float
-literal that underflows to zero (`for_s: 1e-400` is not 0; one that overflows is infinite,
-which every setting refuses).
-
-The file is bounded twice. MAX_CONFIG_BYTES bounds the text; MAX_CONFIG_VALUES bounds what it
-expands to: YAML aliases (`*name`) reuse a value by reference, and pydantic validates each use
-as a copy, so a 12 KB file that reuses a stream of 64 zone polygons a thousand times costs
-gigabytes. So the loader first reads the document's events only (no tags resolved, nothing
-built: a tenth of the cost of composing it), counts the values it expands to (each alias use as a
-copy, each anchor's size remembered), checks the numbers, and names the innermost key that expands
-past the bound; only a document that passes is built. The same pass counts `streams` and reads
-`http.max_streams`, so too many streams are refused before any is built or validated (100,000 of
-them took 23 s and 600 MB only to be refused). An error message lists at most MAX_PROBLEMS_SHOWN
-problems, each cut to MAX_PROBLEM_CHARS on one line.
+Unknown keys and bad values are errors that name the key (`streams.0.url: ...`). Infinity and NaN
+are refused everywhere. A config with no streams is valid. Every number has a range with a reason:
+each setting has both bounds (a timeout of 1e308 s, a count of 4,000 digits or a frame rate of
+1e308 is no setting). How the file is read without letting it cost more than a config should is
+realtime.config_yaml; how the environment overrides it, realtime.config_env; how its rules are
+checked against the model and the VLM, realtime.config_checks. An error message lists at most
+MAX_PROBLEMS_SHOWN problems, each cut to MAX_PROBLEM_CHARS on one line.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import re
 import socket
-import stat
-import types
-import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
     Discriminator,
     Field,
     SecretStr,
@@ -59,36 +36,28 @@ from pipelines.captions.config import CaptionsSettings
 from pipelines.clips.config import ClipsSettings
 from pipelines.describe.config import VlmConfig
 from pipelines.frames import StreamId
-from pipelines.rules.engine import unknown_classes
 from pipelines.rules.specs import RuleList
 from pipelines.sections import MAX_THREADS, MAX_TIMEOUT_S, Section, default_of
 from pipelines.segment.config import SegmentationSettings
 from pipelines.tracker import TrackerConfig
+from realtime.config_env import ENV_PREFIX, env_overrides, merge, name_variables
+from realtime.config_yaml import (
+    MAX_INT_DIGITS,
+    ConfigError,
+    YamlProblem,
+    YamlShape,
+    clip,
+    parse_yaml,
+    read_config_text,
+)
 from realtime.sources.policy import SourcePolicy
 from realtime.sources.spec import parse_source
 from realtime.sources.supervisor import SupervisorPolicy
 from realtime.timeline.config import TimelineSettings
 
-ENV_PREFIX = "VIDSENTRY_"
-# Read by the CLI itself, not settings in the file.
-ENV_NOT_SETTINGS = frozenset({"VIDSENTRY_LOG_LEVEL", "VIDSENTRY_LOG_JSON", "VIDSENTRY_API_TOKEN"})
-# A config is a few KiB; the cap keeps `--config /dev/zero` or a wrong huge file from eating memory.
-MAX_CONFIG_BYTES = 4 * 1024 * 1024
-# What a config may expand to, YAML aliases counted once per use (mappings, lists and scalars, keys
-# included). A real config holds a few hundred; one with 64 streams of 64 rules, each with a
-# 64-point zone, about 800,000. Validating this many takes about a second.
-MAX_CONFIG_VALUES = 1_000_000
-# No setting holds an integer this long (the largest bounds are below 10**13); Python refuses to
-# convert 4,300 digits and more, and converting a long one costs quadratic time.
-MAX_INT_DIGITS = 18
 MAX_PROBLEMS_SHOWN = 20  # in one error message; the rest are counted
-MAX_PROBLEM_CHARS = 300  # of one problem's field or message (a key or value may be megabytes)
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 MAX_FPS = 240.0  # frame rates: the fastest camera or browser frame rate the service takes (webrtc.max_fps)
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the file and the key."""
 
 
 
@@ -452,89 +421,6 @@ class Config(Section):
 WEBRTC_NOT_CONFIGURABLE = "webrtc streams are browser sessions, made by POST /api/webrtc/offer, not configured"
 
 
-def _members(annotation: Any) -> list[Any]:
-    """The types a field accepts: Annotated metadata and None dropped, unions flattened."""
-    if typing.get_origin(annotation) is Annotated:
-        return _members(typing.get_args(annotation)[0])
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return [m for arg in typing.get_args(annotation) for m in _members(arg)]
-    return [] if annotation is type(None) else [annotation]
-
-
-def _is_model(member: Any) -> bool:
-    return isinstance(member, type) and issubclass(member, BaseModel)
-
-
-def _is_text(member: Any) -> bool:
-    if typing.get_origin(member) is Literal:
-        return all(isinstance(v, str) for v in typing.get_args(member))
-    return isinstance(member, type) and issubclass(member, str | SecretStr | os.PathLike)
-
-
-def _env_kind(path: list[str]) -> str:
-    """How an environment value for the setting at `path` is read: "text" (as it is), "scalar"
-    (a string pydantic converts: numbers, switches), or "yaml" (lists and whole sections)."""
-    members: list[Any] = [Config]
-    for part in path:
-        models = [m for m in members if _is_model(m)]
-        field = next((m.model_fields[part] for m in models if part in m.model_fields), None)
-        if field is None:
-            return "text"  # no such key: pydantic reports it as unknown, naming it
-        members = _members(field.annotation)
-    if any(_is_model(m) or typing.get_origin(m) in (list, tuple, dict, set) for m in members):
-        return "yaml"
-    return "text" if members and all(_is_text(m) for m in members) else "scalar"
-
-
-def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """The settings the environment sets, as a tree to merge over the file, and which variable set
-    each (by dotted key, for error messages)."""
-    tree: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name in ENV_NOT_SETTINGS:
-            continue
-        path = name[len(ENV_PREFIX):].lower().split("__")
-        if _env_kind(path) == "yaml":
-            try:
-                parsed, _shape = parse_yaml(value)
-            except YamlProblem as exc:
-                raise ConfigError(f"environment: {name}: {exc}") from None  # names a key, never a value
-            except (yaml.YAMLError, ValueError, TypeError, RecursionError):
-                raise ConfigError(f"environment: {name}: not valid YAML") from None  # the value may be secret
-        else:
-            parsed = value  # never YAML: `null`, `~`, `abc #x`, `!tok` or `::` are what they say
-        node = tree
-        for part in path[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"environment: {name}: {'.'.join(path[:-1])} is set by another variable too")
-            node = child
-        node[path[-1]] = parsed
-        sources[".".join(path)] = name
-    return tree, sources
-
-
-def _name_variables(problems: list[dict[str, str]], sources: Mapping[str, str]) -> list[dict[str, str]]:
-    """`http.port` becomes `http.port (VIDSENTRY_HTTP__PORT)` when the environment set it."""
-    named = []
-    for problem in problems:
-        field = problem["field"]
-        variable = next((v for key, v in sources.items() if field == key or field.startswith(key + ".")), None)
-        named.append({**problem, "field": f"{field} ({variable})"} if variable else problem)
-    return named
-
-
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
 def validation_problems(error: ValidationError, *, unknown: str = "unknown key") -> list[dict[str, str]]:
     """One `{"field", "message"}` per problem, for the config file and API bodies alike (`unknown`
     names what an unexpected key is: a config has keys, a JSON body fields). A stream's
@@ -553,204 +439,17 @@ def validation_problems(error: ValidationError, *, unknown: str = "unknown key")
     return problems
 
 
-def _clip(text: str, limit: int = MAX_PROBLEM_CHARS) -> str:
-    text = " ".join(text.split())  # one line
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def describe_problems(problems: list[dict[str, str]]) -> str:
     """One line: the first MAX_PROBLEMS_SHOWN problems, each cut to MAX_PROBLEM_CHARS, and how
     many more there are."""
-    shown = "; ".join(f"{_clip(p['field'])}: {_clip(p['message'])}" for p in problems[:MAX_PROBLEMS_SHOWN])
+    shown = "; ".join(f"{clip(p['field'])}: {clip(p['message'])}" for p in problems[:MAX_PROBLEMS_SHOWN])
     more = len(problems) - MAX_PROBLEMS_SHOWN
     return shown + (f"; and {more} more problem{'s' if more > 1 else ''}" if more > 0 else "")
 
 
 def first_problems(problems: list[dict[str, str]]) -> list[dict[str, str]]:
     """At most MAX_PROBLEMS_SHOWN problems, each cut to MAX_PROBLEM_CHARS (for an API body's detail)."""
-    return [{"field": _clip(p["field"]), "message": _clip(p["message"])} for p in problems[:MAX_PROBLEMS_SHOWN]]
-
-
-# -- reading YAML: numbers and expansion checked before anything is built -------------------------
-
-# libyaml when PyYAML has it: ten times faster on a large file, and it bounds nesting (1,000 levels).
-_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_INT_TAG = "tag:yaml.org,2002:int"
-_FLOAT_TAG = "tag:yaml.org,2002:float"
-# A plain scalar that reads as a decimal number, to YAML (`1.5`, `12`) or to pydantic (`1e-400`).
-_PLAIN_NUMBER = re.compile(r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?\Z")
-
-
-class YamlProblem(ValueError):
-    """A YAML document that cannot be a config, found before it is built; names the key."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key or '(top level)'}: {message}")
-
-
-def integer_problem(text: str) -> str | None:
-    """Why an integer literal is out of range for every setting, or None."""
-    digits = sum(ch.isalnum() for ch in text)
-    if digits > MAX_INT_DIGITS:
-        return f"an integer of {digits} digits is out of range (at most {MAX_INT_DIGITS} digits)"
-    return None
-
-
-def float_problem(text: str, value: float) -> str | None:
-    """Why a float literal cannot be read as the number it says (it underflows to 0), or None.
-    One that overflows is infinite, which every setting refuses by name (allow_inf_nan)."""
-    mantissa = text.lower().split("e")[0]
-    if value == 0.0 and any(ch in "123456789" for ch in mantissa):
-        return f"{_clip(text, 40)} is too small for a number (it would be read as 0)"
-    return None
-
-
-_HEX_OCT_BIN = re.compile(r"[-+]?0(?:x[0-9a-fA-F_]+|b[01_]+|[0-7_]+)\Z")
-
-
-@dataclasses.dataclass(slots=True)
-class _Open:
-    """A mapping or list being read: its key, what it holds so far, and where the next value goes."""
-
-    key: str
-    anchor: str | None
-    mapping: bool
-    values: int = 0  # expanded, its own values and everything under them
-    items: int = 0  # direct items (a mapping counts keys and values)
-    label: str = "?"  # a mapping's last key, naming the value that follows it
-
-    def child_key(self) -> str:
-        # In a mapping a value is named by its key; a key itself (an even item) is "?".
-        name = str(self.items) if not self.mapping else self.label if self.items % 2 else "?"
-        return f"{self.key}.{name}" if self.key else name
-
-
-@dataclasses.dataclass(slots=True)
-class YamlShape:
-    """What check_yaml_events found: the values the document expands to, and the raw
-    `streams` length and `http.max_streams` text, to refuse too many streams before any is built."""
-
-    values: int
-    streams: int | None
-    max_streams: str | None
-
-
-def check_yaml_events(text: str, max_values: int = MAX_CONFIG_VALUES) -> YamlShape:
-    """Reads the document's events (no tags resolved, no nodes or values built: the cheap part of
-    YAML, a tenth of the composing) and counts the values it expands to, each use of an alias as a
-    copy. YamlProblem names the smallest key that expands past `max_values`, an alias that
-    contains itself, or a number no setting can hold; yaml.YAMLError a document that is no YAML."""
-    loader = _YAML_LOADER(text)
-    stack: list[_Open] = []
-    anchors: dict[str, int] = {}
-    open_anchors: set[str] = set()
-    shape = YamlShape(values=0, streams=None, max_streams=None)
-    try:
-        while loader.check_event():
-            event = loader.get_event()
-            if isinstance(event, yaml.ScalarEvent | yaml.AliasEvent):
-                key = stack[-1].child_key() if stack else ""
-                if isinstance(event, yaml.AliasEvent):
-                    if event.anchor in open_anchors:
-                        raise YamlProblem(key, "a YAML alias refers to a value that contains it")
-                    size = anchors.get(event.anchor or "", 1)  # an unknown anchor: the composer says so
-                else:
-                    _check_scalar(event, key)
-                    if key == "http.max_streams":
-                        shape.max_streams = event.value
-                    size = 1
-                    if stack and stack[-1].mapping and stack[-1].items % 2 == 0:
-                        stack[-1].label = _clip(event.value, 64)
-                if event.anchor is not None and isinstance(event, yaml.ScalarEvent):
-                    anchors[event.anchor] = 1
-                _add(stack, size, max_values, shape)
-            elif isinstance(event, yaml.CollectionStartEvent):
-                key = stack[-1].child_key() if stack else ""
-                stack.append(_Open(key, event.anchor, isinstance(event, yaml.MappingStartEvent)))
-                if event.anchor is not None:
-                    open_anchors.add(event.anchor)
-            elif isinstance(event, yaml.CollectionEndEvent):
-                done = stack.pop()
-                if done.key == "streams" and not done.mapping:
-                    shape.streams = done.items
-                if done.anchor is not None:
-                    open_anchors.discard(done.anchor)
-                    anchors[done.anchor] = 1 + done.values
-                _add(stack, 1 + done.values, max_values, shape)
-    finally:
-        loader.dispose()
-    return shape
-
-
-def _add(stack: list[_Open], size: int, max_values: int, shape: YamlShape) -> None:
-    if not stack:
-        shape.values = size
-        return
-    parent = stack[-1]
-    parent.values += size
-    parent.items += 1
-    if parent.values >= max_values:  # +1 for the parent itself: past the bound, named where it happens
-        raise YamlProblem(
-            parent.key,
-            f"expands to more than {max_values:,} values (each use of a YAML alias counts as a copy); "
-            "a config holds far fewer",
-        )
-
-
-def _check_scalar(event: yaml.ScalarEvent, key: str) -> None:
-    value, tag = event.value, event.tag
-    plain = event.implicit[0] and not event.style  # no tag, no quotes: YAML or pydantic reads a number
-    problem = None
-    if tag == _INT_TAG or (plain and _HEX_OCT_BIN.match(value)):
-        problem = integer_problem(value)
-    elif tag == _FLOAT_TAG or (plain and _PLAIN_NUMBER.match(value)):
-        try:
-            number = float(value.replace("_", ""))
-        except ValueError:
-            return  # `.inf`, `1:30.5`: pydantic judges those
-        problem = float_problem(value, number)
-        if problem is None and not any(ch in value for ch in ".eE"):
-            problem = integer_problem(value)
-    if problem is not None:
-        raise YamlProblem(key, problem)
-
-
-def parse_yaml(text: str, check: Callable[[YamlShape], None] | None = None) -> tuple[Any, YamlShape]:
-    """The document's value and shape, built only after check_yaml_events (and `check`, given the
-    shape) passed; YamlProblem or yaml.YAMLError (with a mark) when it cannot be a config."""
-    shape = check_yaml_events(text)
-    if check is not None:
-        check(shape)
-    loader = _YAML_LOADER(text)
-    try:
-        return loader.get_single_data(), shape
-    finally:
-        loader.dispose()
-
-
-def read_config_text(path: str | Path) -> str:
-    """The file's text: a regular file of at most MAX_CONFIG_BYTES in UTF-8, else ConfigError."""
-    try:
-        # Non-blocking, so that a FIFO is refused below instead of waiting for a writer.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ConfigError(f"{path}: not a regular file")
-    with open(fd, "rb") as file:
-        try:
-            data = file.read(MAX_CONFIG_BYTES + 1)
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB, too large for a config")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    return [{"field": clip(p["field"]), "message": clip(p["message"])} for p in problems[:MAX_PROBLEMS_SHOWN]]
 
 
 def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Config:
@@ -775,12 +474,12 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
             raise ConfigError(f"{path}: not valid YAML") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys, not {type(raw).__name__}")
-    overrides, sources = _env_overrides(environ)
-    raw = _merge(raw, overrides)
+    overrides, sources = env_overrides(Config, environ)
+    raw = merge(raw, overrides)
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        problems = _name_variables(validation_problems(exc), sources)
+        problems = name_variables(validation_problems(exc), sources)
         raise ConfigError(f"{where}: {describe_problems(problems)}") from None
 
 
@@ -799,53 +498,3 @@ def _check_stream_count(path: str | Path, shape: YamlShape, environ: Mapping[str
         limit = field.default if given is None else ceiling
     if shape.streams > limit:
         raise ConfigError(f"{path}: streams: {shape.streams} streams configured, more than http.max_streams ({limit})")
-
-
-def rule_class_problems(stream: AnyStreamSettings, names: Mapping[int, str]) -> list[dict[str, str]]:
-    """One `{"field", "message"}` per rule of the stream that names a class the detector does
-    not have (`rules.1.classes: rule 'door': class 'person' not among ...`); none when the
-    model's class names are unknown."""
-    if not names:
-        return []
-    problems = []
-    for index, rule in enumerate(stream.rules):
-        for message in unknown_classes([rule], names):
-            key = "fall_class" if rule.type == "fall" else "classes"
-            problems.append({"field": f"rules.{index}.{key}", "message": message})
-    return problems
-
-
-def config_class_problems(config: Config, names: Mapping[int, str]) -> str | None:
-    """The config's rules checked against the detector's classes: None, or one line naming each
-    rule that cannot run (`streams.0.rules.1.classes: ...`)."""
-    problems = [
-        {**problem, "field": f"streams.{index}.{problem['field']}"}
-        for index, stream in enumerate(config.streams)
-        for problem in rule_class_problems(stream, names)
-    ]
-    return describe_problems(problems) if problems else None
-
-
-VLM_RULE_NEEDS_VLM = "a vlm rule needs a VLM: set vlm.endpoints (or --vlm-url)"
-
-
-def vlm_rule_problems(stream: AnyStreamSettings, vlm_enabled: bool) -> list[dict[str, str]]:
-    """One `{"field", "message"}` per `vlm` rule of the stream when there is no VLM to ask: such a
-    rule could never fire."""
-    if vlm_enabled:
-        return []
-    return [
-        {"field": f"rules.{index}.type", "message": f"rule {rule.id!r}: {VLM_RULE_NEEDS_VLM}"}
-        for index, rule in enumerate(stream.rules)
-        if rule.type == "vlm"
-    ]
-
-
-def config_vlm_problems(config: Config, vlm_enabled: bool) -> str | None:
-    """The config's `vlm` rules checked against whether a VLM is configured: None, or one line."""
-    problems = [
-        {**problem, "field": f"streams.{index}.{problem['field']}"}
-        for index, stream in enumerate(config.streams)
-        for problem in vlm_rule_problems(stream, vlm_enabled)
-    ]
-    return describe_problems(problems) if problems else None

@@ -30,7 +30,8 @@ from realtime.cli.bootstrap import (
     with_vlm_url,
 )
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
-from realtime.config import Config, ConfigError, config_class_problems, config_vlm_problems, load_config
+from realtime.config import Config, ConfigError, load_config
+from realtime.config_checks import config_class_problems, config_vlm_problems
 from realtime.fleet.options import fleet_options, with_flags
 from realtime.fleet.worker import DuplicateNode, FleetUnavailable
 from realtime.http import ListenError

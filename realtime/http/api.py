@@ -33,12 +33,10 @@ from realtime.config import (
     WebRtcStreamSettings,
     describe_problems,
     first_problems,
-    float_problem,
-    integer_problem,
-    rule_class_problems,
     validation_problems,
-    vlm_rule_problems,
 )
+from realtime.config_checks import rule_class_problems, vlm_rule_problems
+from realtime.config_yaml import float_problem, integer_problem
 from realtime.fleet.worker import FleetUnavailable, FleetWorker
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from realtime.config import MAX_CONFIG_BYTES, ConfigError, load_config
+from realtime.config import ConfigError, load_config
+from realtime.config_yaml import MAX_CONFIG_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
 

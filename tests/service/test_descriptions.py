@@ -23,7 +23,8 @@ from pipelines.describe.capability import open_describer
 from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.cli.bootstrap import with_vlm_url
-from realtime.config import Config, ConfigError, VlmConfig, config_vlm_problems, load_config
+from realtime.config import Config, ConfigError, VlmConfig, load_config
+from realtime.config_checks import config_vlm_problems
 from tests.service.conftest import LiveService, live_service, make_config
 from tests.support.cli import one_error_line, vidsentry
 from tests.support.vllm_sim import VllmSimulator
