@@ -52,9 +52,7 @@ starts itself shares it, as described above.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
-import itertools
 import logging
 import os
 import time
@@ -70,11 +68,12 @@ from realtime.bus.outbox_codec import (
     encode,
     frame_record,
 )
+from realtime.bus.outbox_compaction import Compactor
 from realtime.bus.outbox_errors import OutboxClosedError, OutboxError, OutboxLockedError, OutboxWriteError
 from realtime.bus.outbox_health import DiskHealth
 from realtime.bus.outbox_index import SEVERITIES, Entry, RecordIndex, drop_rank
-from realtime.bus.outbox_io import Commit, FileWork, close_quietly, write_all
-from realtime.bus.outbox_segments import Segment, Segments
+from realtime.bus.outbox_io import Commit, FileWork, close_quietly
+from realtime.bus.outbox_segments import Segments
 
 __all__ = [
     "SEVERITIES",
@@ -89,10 +88,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_MERGE_READ_BYTES = 1 << 20  # merges read and write about this much per syscall
-_MERGE_GAP_BYTES = 64 << 10  # records closer than this in one file are read together
-_COMPACT_RETRY_S = 5.0  # after a compaction failed or had to wait for a deletion
 
 
 @dataclass(slots=True)
@@ -130,8 +125,6 @@ class Outbox:
         self.directory = Path(directory)
         segment_bytes = segment_bytes or min(4 * 2**20, max(max_bytes // 4, 4096))
         self.fsync_interval_s = fsync_interval_s
-        # Scattered survivors (old alerts) could pin one file each: merge past this many files.
-        self._max_segments = 2 * -(-max_bytes // segment_bytes) + 8
 
         self._index = RecordIndex(max_events=max_events, max_bytes=max_bytes)
         self._next_seq = 1
@@ -140,20 +133,21 @@ class Outbox:
         self._closed = False
         self._appended = self._removed = self._recovered = self._corrupt = 0
         self._health = DiskHealth(self.directory)
-        self._compact_not_before = 0.0  # a failed compaction waits before the next try
         self._retry_queued = False  # a retry of failed file work is queued
 
         self._io = FileWork(self.directory, self._health, fsync=fsync_interval_s is not None)
         self._segments = Segments(self.directory, self._io, self._health, segment_bytes=segment_bytes)
-        self._compacting = False  # a merge or an acks-log rewrite is under way
         self._acks = AcksLog(self.directory, self._io, self._health, max_events=max_events)
+        self._compactor = Compactor(
+            self._segments, self._index, self._acks, self._io, self._health, max_bytes=max_bytes
+        )
 
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd: int | None = _lock(self.directory)
         try:
             self._load()
             self._acks.open()
-            self._rewrite_acks()
+            self._compactor.rewrite_acks()
             self._enforce_bounds()
         except BaseException:
             self._close_fds()
@@ -380,7 +374,7 @@ class Outbox:
             self._reset()  # all gone: drop the files
             return
         self._segments.mark_dead(entry)
-        self._maybe_compact()
+        self._compactor.maybe_compact()
         self._maybe_sync()
 
     def _enforce_bounds(self) -> None:
@@ -427,115 +421,7 @@ class Outbox:
         # (harmless), never records without their acks (re-sent).
         self._segments.delete_all()
         self._index.clear_ranks()
-        self._rewrite_acks(empty=True)
-
-    def _maybe_compact(self) -> None:
-        # One compaction at a time (with background I/O the next removal looks again).
-        too_much_dead = self._segments.disk_bytes - self._index.bytes > self._index.bytes + 2 * self.segment_bytes
-        too_many_files = len(self._segments) > self._max_segments
-        if self._compact_not_before and time.monotonic() < self._compact_not_before:
-            return
-        if not self._compacting and (too_much_dead or too_many_files):
-            group = self._pick_merge(by_files=too_many_files)
-            if group:
-                self._merge(group)
-        if not self._compacting and self._acks.entries > 2 * self._segments.dead_total + 1024:
-            self._rewrite_acks()  # most listed removals belong to files that are gone
-
-    def _pick_merge(self, *, by_files: bool) -> list[Segment]:
-        """The run of adjacent old segments, at most one segment of live data together, whose
-        merge frees the most: files when there are too many, else dead bytes."""
-        old = self._segments.old()
-        best: list[Segment] = []
-        best_gain = 0
-        for start in range(len(old)):
-            group: list[Segment] = []
-            live = 0
-            for segment in old[start:]:
-                if group and live + segment.live_bytes > self._segments.segment_bytes:
-                    break
-                group.append(segment)
-                live += segment.live_bytes
-            gain = len(group) - 1 if by_files else sum(s.size for s in group) - live
-            if gain > best_gain:
-                best, best_gain = group, gain
-        return best
-
-    def _merge(self, group: list[Segment]) -> None:
-        """Copy the live records of `group` into one file that replaces the first (atomic
-        rename), then delete the rest. A crash in between leaves records in two files; reopening
-        keeps the first copy. The copy runs as file work; records removed meanwhile become dead
-        records of the new file (their removal is in acks.log, which is not rewritten meanwhile)."""
-        self._compacting = True
-        entries = list(itertools.chain.from_iterable(s.entries.values() for s in group))
-        self._io.run(partial(self._copy_live_records, group, entries))
-
-    def _copy_live_records(self, group: list[Segment], entries: list[Entry]) -> Commit:
-        # File work: reads entry.segment/offset/size, which only this merge's commit changes.
-        target = group[0]
-        tmp = target.path.with_name(target.path.name + ".tmp")
-        try:
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                offsets = _copy_records(entries, fd)
-                self._io.fsync(fd)
-            except BaseException:
-                os.close(fd)
-                raise
-            os.replace(tmp, target.path)
-            self._io.fsync_dir()
-        except OSError as exc:
-            with contextlib.suppress(OSError):  # a read-only directory refuses this too
-                tmp.unlink(missing_ok=True)
-            self._health.failed("compact", exc)
-            return self._compaction_failed
-        self._health.ok("compact")
-        return partial(self._merge_done, group, entries, fd, offsets)
-
-    def _compaction_failed(self) -> None:
-        self._compacting = False
-        self._compact_not_before = time.monotonic() + _COMPACT_RETRY_S
-
-    def _merge_done(self, group: list[Segment], entries: list[Entry], fd: int, offsets: list[int]) -> None:
-        self._compacting = False
-        self._compact_not_before = 0.0
-        target = group[0]
-        if not self._segments.holds(target):
-            # All its records went meanwhile: its deletion, queued after the copy, removes the new
-            # file too; the rest of the group keeps its files as they are.
-            self._io.run(partial(close_quietly, fd))
-            return
-        size = offsets[-1] + entries[-1].size if entries else 0
-        dead: set[int] = set()
-        live_bytes = 0
-        for entry, offset in zip(entries, offsets, strict=True):
-            if self._index.get(entry.seq) is not entry:
-                dead.add(entry.seq)  # removed while it was copied: a dead record of the new file
-                continue
-            self._segments.move(entry, target, offset)
-            live_bytes += entry.size
-        for segment in group[1:]:
-            if self._segments.holds(segment):
-                self._segments.delete(segment)
-        self._segments.replace_file(target, fd, size, dead, live_bytes)
-
-    def _rewrite_acks(self, *, empty: bool = False) -> None:
-        """Keep only the removals that still matter: those of records still in some file (none
-        after a reset, whose segment deletions are queued before this)."""
-        if empty:
-            self._acks.rewrite([], self._acks_reset)
-            return
-        self._compacting = True  # the rewrite counts as the one compaction under way
-        self._acks.rewrite(self._segments.dead_seqs(), self._acks_compacted)
-
-    def _acks_compacted(self, failed: bool) -> None:
-        self._compacting = False
-        self._compact_not_before = time.monotonic() + _COMPACT_RETRY_S if failed else 0.0
-
-    def _acks_reset(self, failed: bool) -> None:
-        # A reset's rewrite is not the compaction under way; a failed one holds the next one back.
-        if failed:
-            self._compact_not_before = time.monotonic() + _COMPACT_RETRY_S
+        self._compactor.rewrite_acks(empty=True)
 
     def _sync_files(self, segment_fd: int | None) -> None:
         # File work; acks.log's descriptor is read here: only file work replaces it.
@@ -584,53 +470,6 @@ class Outbox:
 
 
 # -- small OS helpers -----------------------------------------------------------------------------
-
-
-def _copy_records(entries: list[Entry], fd: int) -> list[int]:
-    """Write the records of `entries`, in order, to `fd`; returns each one's offset there.
-
-    Few syscalls and little Python per record (this runs beside the event loop, which wants the
-    GIL back quickly): records close together in one file are read with one pread, and what is
-    gathered is written out about a megabyte at a time."""
-    offsets: list[int] = []
-    size = 0
-    out: list[memoryview] = []
-    out_bytes = 0
-    span: list[Entry] = []  # records to read with one pread: same file, close together
-    for entry in entries:
-        if span:
-            first, last = span[0], span[-1]
-            end = last.offset + last.size
-            same_file = entry.segment.fd == first.segment.fd and entry.offset >= end
-            if not (
-                same_file and entry.offset - end <= _MERGE_GAP_BYTES and entry.offset - first.offset < _MERGE_READ_BYTES
-            ):
-                out_bytes += _read_span(span, out)
-                span = []
-                if out_bytes >= _MERGE_READ_BYTES:
-                    write_all(fd, b"".join(out))
-                    out, out_bytes = [], 0
-        span.append(entry)
-        offsets.append(size)
-        size += entry.size
-    if span:
-        _read_span(span, out)
-    if out:
-        write_all(fd, b"".join(out))
-    return offsets
-
-
-def _read_span(span: list[Entry], out: list[memoryview]) -> int:
-    start = span[0].offset
-    length = span[-1].offset + span[-1].size - start
-    data = memoryview(os.pread(span[0].segment.fd, length, start))
-    if len(data) != length:
-        raise OSError(errno.EIO, f"short read: {len(data)} of {length} bytes")
-    copied = 0
-    for entry in span:
-        out.append(data[entry.offset - start : entry.offset - start + entry.size])
-        copied += entry.size
-    return copied
 
 
 def _lock(directory: Path) -> int:
