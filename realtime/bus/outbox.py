@@ -47,6 +47,21 @@ raises (OutboxWriteError): that one record was not queued.
 
 Not thread-safe: call it from one thread (the publisher's event loop); only the worker thread it
 starts itself shares it, as described above.
+
+`Outbox` coordinates the parts, each in its own module with the details in its docstring; it
+decides the order of their steps (a removal is logged in acks.log before its file may go; on a
+reset the segments go before acks.log is emptied; bounds are enforced on open and after each
+append):
+
+    outbox_codec         the record format: framing, encoding, scanning with resync
+    outbox_index         RecordIndex: the records in replay order, their leases, the drop policy
+    outbox_segments      Segments: the segment files, each one's live and dead records, recovery
+    outbox_acks          AcksLog: acks.log, the removals it refused, its rewrite
+    outbox_compaction    Compactor: when and what to merge or rewrite, the merge itself
+    outbox_housekeeping  Housekeeping: fsync on an interval, retrying the file work that failed
+    outbox_io            FileWork / DiskWorker: where file work runs (inline or on the worker)
+    outbox_health        DiskHealth: which kinds of file work fail, counted and logged
+    outbox_errors        the exceptions (re-exported here)
 """
 
 from __future__ import annotations
@@ -57,22 +72,17 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 from realtime.bus.delivery import WireMessage
 from realtime.bus.outbox_acks import ACKS_NAME, AcksLog
-from realtime.bus.outbox_codec import (
-    SEVERITY_CODE,
-    OutboxRecord,
-    encode,
-    frame_record,
-)
+from realtime.bus.outbox_codec import SEVERITY_CODE, OutboxRecord, encode, frame_record
 from realtime.bus.outbox_compaction import Compactor
 from realtime.bus.outbox_errors import OutboxClosedError, OutboxError, OutboxLockedError, OutboxWriteError
 from realtime.bus.outbox_health import DiskHealth
+from realtime.bus.outbox_housekeeping import Housekeeping
 from realtime.bus.outbox_index import SEVERITIES, Entry, RecordIndex, drop_rank
-from realtime.bus.outbox_io import Commit, FileWork, close_quietly
+from realtime.bus.outbox_io import FileWork, close_quietly
 from realtime.bus.outbox_segments import Segments
 
 __all__ = [
@@ -109,7 +119,8 @@ class OutboxStats:
 
 
 class Outbox:
-    """Append-only segments plus an in-memory index; see the module docstring."""
+    """Append-only segments plus an in-memory index, put together from the parts the module
+    docstring lists; see there for the contract."""
 
     def __init__(
         self,
@@ -124,22 +135,21 @@ class Outbox:
             raise ValueError("max_events and max_bytes must be >= 1")
         self.directory = Path(directory)
         segment_bytes = segment_bytes or min(4 * 2**20, max(max_bytes // 4, 4096))
-        self.fsync_interval_s = fsync_interval_s
 
         self._index = RecordIndex(max_events=max_events, max_bytes=max_bytes)
         self._next_seq = 1
-        self._dirty = False
-        self._last_sync = time.monotonic()
         self._closed = False
         self._appended = self._removed = self._recovered = self._corrupt = 0
         self._health = DiskHealth(self.directory)
-        self._retry_queued = False  # a retry of failed file work is queued
 
         self._io = FileWork(self.directory, self._health, fsync=fsync_interval_s is not None)
         self._segments = Segments(self.directory, self._io, self._health, segment_bytes=segment_bytes)
         self._acks = AcksLog(self.directory, self._io, self._health, max_events=max_events)
         self._compactor = Compactor(
             self._segments, self._index, self._acks, self._io, self._health, max_bytes=max_bytes
+        )
+        self._housekeeping = Housekeeping(
+            self._segments, self._acks, self._io, self._health, fsync_interval_s=fsync_interval_s
         )
 
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -175,6 +185,10 @@ class Outbox:
         return self._segments.segment_bytes
 
     @property
+    def fsync_interval_s(self) -> float | None:
+        return self._housekeeping.fsync_interval_s
+
+    @property
     def depth(self) -> int:
         return len(self._index)
 
@@ -201,9 +215,7 @@ class Outbox:
     def needs_sync(self) -> bool:
         """sync() has work: written since the last fsync (and fsync is on), or disk work that
         failed waits for a retry."""
-        if self._closed:
-            return False
-        return (self._dirty and self.fsync_interval_s is not None) or not self._health.writable
+        return not self._closed and self._housekeeping.needs_sync
 
     @property
     def writable(self) -> bool:
@@ -249,7 +261,7 @@ class Outbox:
         self._next_seq += 1
         self._index.add(entry)
         self._appended += 1
-        self._dirty = True
+        self._housekeeping.dirty = True
         self._enforce_bounds()
         self._maybe_sync()
         return seq
@@ -323,13 +335,7 @@ class Outbox:
         self._io.apply_finished()
         if self._closed:
             return
-        if not self._health.writable:
-            self._retry_failed_work()
-        if not self._dirty or self.fsync_interval_s is None:
-            return
-        self._dirty = False
-        self._last_sync = time.monotonic()
-        self._io.run(partial(self._sync_files, self._active_fd()))
+        self._housekeeping.sync()
 
     def close(self) -> None:
         """fsync and close; queued records stay on disk for the next Outbox on this directory."""
@@ -369,13 +375,20 @@ class Outbox:
         self._segments.release(entry)
         # Logged even when the files go next: a deletion can fail, and then acks.log must know.
         if self._acks.log_removal(entry.seq):
-            self._dirty = True
+            self._housekeeping.dirty = True
         if not self._index:
             self._reset()  # all gone: drop the files
             return
         self._segments.mark_dead(entry)
         self._compactor.maybe_compact()
         self._maybe_sync()
+
+    def _reset(self) -> None:
+        # Segments go first: a crash in between leaves acks for records that no longer exist
+        # (harmless), never records without their acks (re-sent).
+        self._segments.delete_all()
+        self._index.clear_ranks()
+        self._compactor.rewrite_acks(empty=True)
 
     def _enforce_bounds(self) -> None:
         while self._index.over_bounds():
@@ -386,73 +399,11 @@ class Outbox:
             self._remove(victim)
             self._index.log_drop()
 
-    # -- internals: handing file work over --------------------------------------------------------
-
-    def _retry_failed_work(self) -> None:
-        """Write the removals acks.log refused, then (as file work, one at a time) delete the
-        files that could not be deleted, check that the directory takes files again and fsync."""
-        if self._acks.write_pending():
-            self._dirty = True
-        if self._retry_queued:
-            return
-        self._retry_queued = True
-        self._io.run(partial(self._retry_job, self._active_fd()))
-
-    def _retry_job(self, segment_fd: int | None) -> Commit:
-        # File work.
-        self._io.retry_deletions()
-        if self._health.failing("append") or self._health.failing("compact"):
-            self._io.probe()
-        if self._health.failing("fsync"):
-            self._sync_files(segment_fd)
-        return self._retry_done
-
-    def _retry_done(self) -> None:
-        self._retry_queued = False
-
-    # -- internals: files -------------------------------------------------------------------------
-
-    def _active_fd(self) -> int | None:
-        active = self._segments.active
-        return active.fd if active else None
-
-    def _reset(self) -> None:
-        # Segments go first: a crash in between leaves acks for records that no longer exist
-        # (harmless), never records without their acks (re-sent).
-        self._segments.delete_all()
-        self._index.clear_ranks()
-        self._compactor.rewrite_acks(empty=True)
-
-    def _sync_files(self, segment_fd: int | None) -> None:
-        # File work; acks.log's descriptor is read here: only file work replaces it.
-        self._io.retry_deletions()
-        for fd in (segment_fd, self._acks.fd):
-            if fd is None:
-                continue
-            try:
-                os.fsync(fd)
-            except OSError as exc:
-                self._health.failed("fsync", exc)
-                return
-        self._health.ok("fsync")
-
     def _maybe_sync(self) -> None:
-        interval = self.fsync_interval_s
-        if interval is not None and self._dirty and time.monotonic() - self._last_sync >= interval:
+        if self._housekeeping.sync_due:
             self.sync()
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise OutboxClosedError(f"outbox {self.directory} is closed")
-
-    def _close_fds(self) -> None:
-        self._segments.close_all()
-        self._acks.close()
-        if self._lock_fd is not None:
-            close_quietly(self._lock_fd)  # closing the lock fd releases the flock
-        self._lock_fd = None
-
-    # -- internals: recovery ----------------------------------------------------------------------
+    # -- internals: open and close ----------------------------------------------------------------
 
     def _load(self) -> None:
         for stale in self.directory.glob("*.tmp"):  # a compaction interrupted by a crash
@@ -468,8 +419,19 @@ class Outbox:
         self._recovered = len(self._index)
         self._segments.delete_empty()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise OutboxClosedError(f"outbox {self.directory} is closed")
 
-# -- small OS helpers -----------------------------------------------------------------------------
+    def _close_fds(self) -> None:
+        self._segments.close_all()
+        self._acks.close()
+        if self._lock_fd is not None:
+            close_quietly(self._lock_fd)  # closing the lock fd releases the flock
+        self._lock_fd = None
+
+
+# -- the directory lock ---------------------------------------------------------------------------
 
 
 def _lock(directory: Path) -> int:
