@@ -7,9 +7,9 @@ what it does not list. So acks.log is the source of truth for what left:
 
 - a removal it refuses (full disk, I/O error) is kept in memory and written with the next one
   (or by `write_pending()`, which the outbox's sync() and close() call), so a record acked in this
-  process is never replayed by it; what is kept is bounded (at least 4096, or max_events), the
-  oldest goes past that and is counted as forgotten (a re-send JetStream may drop as a duplicate);
-  a torn frame is cut off again;
+  process is never replayed by it; at most max(max_events, 4096) are kept, past that the oldest
+  goes and is counted as forgotten (a re-send, which JetStream drops as a duplicate only within
+  its window); a torn frame is cut off again;
 - it only grows, so it is rewritten to the removals that still matter (those of records still in
   some segment file; none after a reset): a new file, fsynced, renamed over it. The rewrite runs as
   file work (on the outbox's worker thread, or inline); a removal logged while it runs also goes

@@ -1,8 +1,8 @@
 """Segments: the outbox's segment files, which records each one holds, and finding them on open.
 
 Records are appended to the active segment, `seg-<first seq, 16 hex>.log`, framed as
-`outbox_codec` describes; once it would pass `segment_bytes` it is retired (fsynced as file work)
-and the next append opens a new one. A record is never rewritten in place: a removed one stays in
+`outbox_codec` describes; an append that would take it past `segment_bytes` retires it (fsynced
+as file work) and opens a new one. A record is never rewritten in place: a removed one stays in
 its file as a dead record (its removal is in acks.log) until the whole file goes, or a merge copies
 the live records of sparse files into one (see `outbox_compaction`). Every segment keeps its live
 records (by seq), their bytes, and its dead seqs, so that the outbox knows what each file is worth.
