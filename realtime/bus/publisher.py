@@ -71,9 +71,17 @@ __all__ = ["BusUnavailable", "NatsEventPublisher"]
 
 log = logging.getLogger(__name__)
 
+
+class JetStreamSilent(BusUnavailable):
+    """JetStream did not answer in time (a cluster starting, a leader election, an overloaded server)."""
+
+
 _CORE_FLUSH_CAP_S = 2.0
 _LINK_CHECK_S = 0.1  # how often a flush with an outbox looks whether the link is still up
 _MIN_DRAIN_S = 1.0  # close() gives draining the connection at least this long
+# A cluster that has just started, or is electing its JetStream leader, may not answer the first
+# stream set-up in time (nats-py's 5 s): it is asked again until this long has passed.
+STREAM_SETUP_WAIT_S = 20.0
 
 
 def live_client(source: NatsClient | NatsEventPublisher) -> NatsClient | None:
@@ -209,7 +217,7 @@ class NatsEventPublisher:
         js = ErrorAwareJetStream(nc, publish_async_max_pending=2 * self.max_pending_acks + 16)
         link.nc, link.js = nc, js
         try:
-            await self.ensure_stream()
+            await self._ensure_stream_at_start()
         except BaseException:
             link.nc = link.js = None
             await nc.close()
@@ -217,6 +225,18 @@ class NatsEventPublisher:
         link.stream_ready = True
         self._delivery.start()
         log.info("NATS publisher connected url=%s node=%s", self._shown_url, self.node)
+
+    async def _ensure_stream_at_start(self) -> None:
+        deadline = time.monotonic() + STREAM_SETUP_WAIT_S
+        while True:
+            try:
+                await self.ensure_stream()
+                return
+            except JetStreamSilent:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("JetStream did not answer the stream set-up; asking again url=%s", self._shown_url)
+                await asyncio.sleep(1.0)
 
     async def ensure_stream(self) -> StreamSetup:
         """Create the VIDSENTRY stream if missing, or reconcile its subjects and limits."""
@@ -227,7 +247,7 @@ class NatsEventPublisher:
         except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
             raise BusUnavailable(f"JetStream is not enabled on {self._shown_url}; start nats-server with -js") from None
         except nats.errors.TimeoutError:
-            raise BusUnavailable(f"JetStream on {self._shown_url} did not answer") from None
+            raise JetStreamSilent(f"JetStream on {self._shown_url} did not answer") from None
         except nats.errors.MaxPayloadError:
             max_payload = self._link.nc.max_payload if self._link.nc is not None else 0
             raise StreamSetupError(

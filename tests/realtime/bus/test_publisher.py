@@ -207,6 +207,45 @@ async def test_connect_to_a_silent_port_fails_within_the_bound() -> None:
         await server.wait_closed()
 
 
+async def test_a_jetstream_that_does_not_answer_at_first_is_asked_again_until_the_bound(
+    nats_server: EmbeddedNatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster that has just started, or is electing its leader, may let the first stream set-up
+    time out: the publisher asks again (the real server answers the third time here), and gives
+    up with a clear error once STREAM_SETUP_WAIT_S has passed."""
+    import nats.errors
+
+    from realtime.bus import publisher as module
+
+    real = module.ensure_stream
+    calls: list[int] = []
+
+    async def silent_twice(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise nats.errors.TimeoutError
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "ensure_stream", silent_twice)
+    pub = NatsEventPublisher(nats_server.url)
+    await pub.connect()
+    try:
+        assert len(calls) == 3 and pub.connected
+    finally:
+        await pub.close()
+
+    async def always_silent(*args: object, **kwargs: object) -> object:
+        raise nats.errors.TimeoutError
+
+    monkeypatch.setattr(module, "ensure_stream", always_silent)
+    monkeypatch.setattr(module, "STREAM_SETUP_WAIT_S", 1.5)
+    pub = NatsEventPublisher(nats_server.url)
+    async with asyncio.timeout(10):
+        with pytest.raises(BusUnavailable, match="did not answer"):
+            await pub.connect()
+    assert pub.nc is None
+
+
 async def test_outstanding_acks_are_bounded(nats_server: EmbeddedNatsServer) -> None:
     pub = NatsEventPublisher(nats_server.url, max_pending_acks=4)
     await pub.connect()
