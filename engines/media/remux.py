@@ -54,8 +54,8 @@ class CodecHeader:
                              time_base=stream.time_base)
             packet.stream = template
             out.mux(packet)
-        ctx = stream.codec_context
-        return cls(buffer.getvalue(), str(ctx.codec.canonical_name), int(ctx.width), int(ctx.height))  # h264, not libx264
+        ctx = stream.codec_context  # the codec's own name: h264, not the encoder's libx264
+        return cls(buffer.getvalue(), str(ctx.codec.canonical_name), int(ctx.width), int(ctx.height))
 
 
 @dataclass(frozen=True, slots=True)
