@@ -7,10 +7,9 @@ from aiohttp import web
 
 # The page loads its script, style and icon from /static with no inline code, so 'self' is all it
 # needs; the rest is JSON, text, images and event streams, which need nothing at all. Clips play
-# from signed links (realtime/http/signed.py), or from blob: URLs fetched with the API token when a
-# page has no signed link (the Ask tab), hence media-src.
+# from their own paths on this origin (signed links when there is a token: realtime/http/signed.py).
 CONTENT_SECURITY_POLICY = (
-    "default-src 'self'; media-src 'self' blob:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
+    "default-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
     "form-action 'self'"
 )
 

@@ -93,6 +93,8 @@ async def test_a_question_is_answered_with_a_citation_that_opens_the_clip_at_its
             await page.wait_for_timeout(100)
         assert 2.0 <= at < 4.5, at
         assert "at 2." in (await page.text_content("#ask-info") or "")
+        source = await page.evaluate("document.querySelector('#ask-video').currentSrc")
+        assert "/api/clips/" in source and source.endswith(".mp4"), source  # streamed, not a blob
         await page.screenshot(path=screenshots / "ask.png", full_page=True)
 
         await page.fill("#ask-input", '"parcel was left"')

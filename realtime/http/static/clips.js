@@ -15,7 +15,6 @@ export class ClipPanel {
     this.api = api;
     this.drawBoxes = drawBoxes;
     this.streamId = null;
-    this.urls = []; // object URLs of the clip on show, revoked when another is opened
     this.frames = []; // its frames' objects, by time
     this.size = null; // the video's pixel size the boxes are in
     this.opened = null;
@@ -43,8 +42,6 @@ export class ClipPanel {
     this.el.video.pause();
     this.el.video.removeAttribute("src");
     for (const track of [...this.el.video.querySelectorAll("track")]) track.remove();
-    for (const url of this.urls) URL.revokeObjectURL(url);
-    this.urls = [];
     this.frames = [];
     this.opened = null;
     this.el.box.classList.remove("on");
@@ -81,14 +78,6 @@ export class ClipPanel {
     return li;
   }
 
-  async blobUrl(path) {
-    const response = await this.api(path);
-    if (!response.ok) throw new Error(`HTTP ${response.status}`);
-    const url = URL.createObjectURL(await response.blob());
-    this.urls.push(url);
-    return url;
-  }
-
   async open(clip) {
     this.close();
     this.opened = clip.clip_id;
@@ -112,11 +101,11 @@ export class ClipPanel {
       track.kind = "captions";
       track.label = "Captions";
       track.default = true;
-      track.src = links.play_vtt || (await this.blobUrl(links.vtt));
+      track.src = links.play_vtt;
       this.el.video.append(track);
     }
     this.el.said.replaceChildren(...this.saidItems(said));
-    this.el.video.src = links.play || (await this.blobUrl(links.mp4));
+    this.el.video.src = links.play;
     this.el.box.hidden = false;
     this.el.box.classList.add("on");
     const alerts = clip.alert_ids.length;

@@ -1,6 +1,6 @@
 // The Ask tab: search what every stream said and saw, or ask a question and read the answer as it
-// is written, each claim citing its moments. A hit or a citation opens its clip at that moment (the
-// clip is fetched with the API token, then played from memory), or says that no clip covers it.
+// is written, each claim citing its moments. A hit or a citation opens its clip at that moment
+// (streamed from the clip's signed play link, as the clips card does), or says that no clip covers it.
 // Its own module: it gets the authenticated `api` call from the page instead of importing it.
 
 import { readSse } from "./sse.js";
@@ -29,7 +29,6 @@ export class TimelinePanel {
     this.el = el; // form, input, search, ask, status, answer, list, box, video, info
     this.api = api;
     this.errorText = errorText;
-    this.url = null;
     this.busy = false;
     el.form.addEventListener("submit", (event) => {
       event.preventDefault();
@@ -157,8 +156,6 @@ export class TimelinePanel {
   close() {
     this.el.video.pause();
     this.el.video.removeAttribute("src");
-    if (this.url) URL.revokeObjectURL(this.url);
-    this.url = null;
     this.el.box.hidden = true;
     this.el.box.classList.remove("on");
   }
@@ -172,11 +169,13 @@ export class TimelinePanel {
     }
     this.el.info.textContent = "Loading the clip…";
     try {
-      const response = await this.api(`/api/clips/${hit.clip.clip_id}.mp4`);
+      // The clip's metadata carries a play link a <video src> can open (signed when the API needs a
+      // token), so the browser streams it and seeks by Range instead of downloading it whole first.
+      const response = await this.api(`/api/clips/${hit.clip.clip_id}`);
       if (!response.ok) throw new Error(await this.errorText(response));
-      this.url = URL.createObjectURL(await response.blob());
+      const clip = await response.json();
       const video = this.el.video;
-      video.src = this.url;
+      video.src = clip.links.play;
       this.el.box.hidden = false;
       this.el.box.classList.add("on");
       video.addEventListener("loadedmetadata", () => { video.currentTime = hit.clip.offset_s; }, { once: true });
