@@ -12,6 +12,11 @@ Reading: the API lists this worker's clips and the bucket's together (a bucket o
 local ones listed and says so); a clip only in the bucket is fetched and adopted into the local
 store the first time it is asked for, so it is served with Range, redacted on export and bounded
 exactly like a clip written here. Deleting removes both copies.
+
+Once a clip is in the bucket, the bucket is its source of truth: each worker keeps the ids of its
+local clips the bucket has held (`UPLOADED_FILE` in `clips.dir`, kept across restarts), so a clip
+deleted through another worker, or evicted by the bucket's retention, is neither listed here nor
+uploaded again; the reconcile pass removes the local copy (`withdrawn`).
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engines.media.files import replacing
 from pipelines.capability import Sample
 from pipelines.clips.engine import ClipEngine
-from pipelines.clips.store import ClipInfo, ClipStore, retention
+from pipelines.clips.store import CLIP_ID, ClipInfo, ClipStore, retention
 from pipelines.events import Event, EventKind
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.fleet.clip_bucket import MP4, ClipBucket, ClipBucketError, clip_bucket_name
@@ -39,6 +45,7 @@ log = logging.getLogger(__name__)
 QUEUE_LIMIT = 256  # clips waiting for upload; past it the reconcile pass uploads them
 CACHE_DIR = ".fleet-cache"  # under clips.dir: downloads from the bucket on their way into the store
 CACHE_MAX_BYTES = 1024**3
+UPLOADED_FILE = ".fleet-uploaded"  # under clips.dir: ids of local clips the bucket has held, one per line
 RECONCILE_S = 60.0
 
 
@@ -54,6 +61,7 @@ class FleetClipStats:
     adopted: int = 0  # clips recorded elsewhere, fetched to be served here
     list_failed: int = 0  # listings that fell back to this worker's clips (bucket unreachable)
     evicted_stream: int = 0  # bucket clips removed for their stream's own bounds
+    withdrawn: int = 0  # local copies removed because the fleet deleted the clip (or its bucket evicted it)
 
 
 def open_fleet_clips(fleet: FleetOptions, engine: object, publisher: NatsEventPublisher) -> FleetClips | None:
@@ -76,6 +84,8 @@ class FleetClips:
         self.stats = FleetClipStats()
         self._queue: asyncio.Queue[str] = asyncio.Queue(maxsize=QUEUE_LIMIT)
         self._adopting: dict[str, asyncio.Lock] = {}
+        self._ledger = store.directory / UPLOADED_FILE
+        self._uploaded = self._read_ledger()  # local clips the bucket has held
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -116,8 +126,15 @@ class FleetClips:
             return
         there = {body.get("clip_id") for body in listed}
         for info in self.store.list():
-            if info.id not in there and await self._upload(info):
+            if info.id in there:
+                self._uploaded.add(info.id)
+            elif info.id in self._uploaded:  # the fleet deleted it (or the bucket evicted it)
+                if await asyncio.to_thread(self.store.delete, info.id):
+                    self.stats.withdrawn += 1
+            elif await self._upload(info):
                 self.stats.reconciled += 1
+        self._uploaded &= {c.id for c in self.store.list()}
+        await asyncio.to_thread(self._write_ledger)
         if self.store.streams:
             clips = [c for c in (_info(body) for body in listed) if c is not None]
             for clip_id, _why in retention(clips, self.store.streams, 1 << 62, math.inf, time.time()):
@@ -137,10 +154,34 @@ class FleetClips:
             if extra is not None:
                 files[suffix] = extra
         try:
-            return await self.bucket.put(info.sidecar(), files)
+            done = await self.bucket.put(info.sidecar(), files)
         except ValueError as exc:  # a malformed sidecar: a bug, but never the stream's end
             log.warning("clip not uploaded", extra={"clip_id": info.id, "error": str(exc)})
             return False
+        if done:
+            self._mark_uploaded(info.id)
+        return done
+
+    def _read_ledger(self) -> set[str]:
+        try:
+            return {line for line in self._ledger.read_text().split() if CLIP_ID.match(line)}
+        except OSError:
+            return set()  # none yet, or unreadable: the bucket's listing decides as before
+
+    def _mark_uploaded(self, clip_id: str) -> None:
+        self._uploaded.add(clip_id)
+        try:
+            with self._ledger.open("a") as ledger:  # at once: a restart must not upload it again
+                ledger.write(clip_id + "\n")
+        except OSError as exc:
+            log.warning("clip upload not recorded", extra={"clip_id": clip_id, "error": str(exc)})
+
+    def _write_ledger(self) -> None:
+        try:
+            with replacing(self._ledger) as tmp:
+                tmp.write_text("".join(f"{clip_id}\n" for clip_id in sorted(self._uploaded)))
+        except OSError as exc:
+            log.warning("clip upload ledger not rewritten", extra={"error": str(exc)})
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -152,7 +193,9 @@ class FleetClips:
         except ClipBucketError:
             self.stats.list_failed += 1
             return list(local.values()), False
-        merged = dict(local)
+        held = {body.get("clip_id") for body in remote}
+        # A local copy of a clip the bucket held and no longer does was deleted in the fleet.
+        merged = {clip_id: c for clip_id, c in local.items() if clip_id in held or clip_id not in self._uploaded}
         for body in remote:
             info = _info(body)
             if info is not None and info.id not in merged:
@@ -192,6 +235,7 @@ class FleetClips:
             files[suffix] = path
         try:
             adopted = await asyncio.to_thread(self.store.adopt, info, files)
+            self._mark_uploaded(clip_id)  # the bucket's copy: deleting it in the fleet withdraws this one
         except OSError as exc:
             raise ClipsUnavailable(f"the clip could not be kept on this worker's disk "
                                    f"({exc.strerror or exc})") from None
@@ -201,6 +245,7 @@ class FleetClips:
     async def delete(self, clip_id: str) -> bool:
         """Both copies; True when either existed. ClipsUnavailable when the bucket cannot say."""
         here = await asyncio.to_thread(self.store.delete, clip_id)
+        self._uploaded.discard(clip_id)
         try:
             there = await self.bucket.delete(clip_id)
         except ClipBucketError as exc:
@@ -218,6 +263,8 @@ class FleetClips:
                      stats.list_failed)
         yield Sample("vidsentry_fleet_clips_evicted_stream", "Bucket clips removed for their stream's own bounds",
                      stats.evicted_stream)
+        yield Sample("vidsentry_fleet_clips_withdrawn", "Local copies removed: the fleet deleted the clip",
+                     stats.withdrawn)
         yield from self.bucket.samples()
 
 

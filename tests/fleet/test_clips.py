@@ -120,3 +120,27 @@ async def test_an_outage_leaves_the_local_clips_listed_and_a_remote_one_unavaila
         finally:
             with contextlib.suppress(ConnectionError):  # the server is gone: closing finds the socket dead
                 await client.close()
+
+
+async def test_a_clip_deleted_through_another_worker_is_withdrawn_here_and_never_uploaded_again(
+    nc: NatsClient, packets: list[EncodedPacket], tmp_path: Path
+) -> None:
+    bucket = f"t-{uuid.uuid4().hex[:8]}"
+    recorder, other = worker(tmp_path, nc, bucket, "w0"), worker(tmp_path, nc, bucket, "w1")
+    clip_id = record(recorder, packets)
+    kept = record(recorder, packets)
+    await recorder.reconcile()  # both uploaded
+    assert recorder.stats.reconciled == 2
+    assert await other.delete(clip_id)  # an operator deletes it on the other worker
+    listed, _ = await recorder.list()
+    assert [c.id for c in listed] == [kept]  # gone from the recorder's listing at once
+    await recorder.reconcile()
+    assert recorder.stats.withdrawn == 1 and recorder.store.get(clip_id) is None  # its copy removed
+    assert await recorder.bucket.get(clip_id) is None and recorder.bucket.stats.uploaded == 2  # not re-uploaded
+    # A restart keeps knowing what the bucket held: the next clip deleted elsewhere is withdrawn too.
+    third = record(recorder, packets)
+    await recorder.reconcile()
+    assert await other.delete(third)
+    again = worker(tmp_path, nc, bucket, "w0")
+    await again.reconcile()
+    assert again.stats.withdrawn == 1 and again.stats.reconciled == 0 and [c.id for c in again.store.list()] == [kept]
