@@ -25,6 +25,7 @@ from pipelines.frames import StreamState
 from pipelines.graph import SharedEngines
 from pipelines.mailbox import FrameMailbox
 from realtime.streams.runner import StreamRunner
+from tests.support.rtsp import RtspServer
 from tests.support.sinks import ListSink
 from tests.support.streams import camera_spec
 
@@ -221,3 +222,36 @@ async def test_a_clips_package_holds_the_descriptions_and_alerts_of_its_span(tmp
     assert alert["alert_id"] == "a1" and alert["t"] == -8.0 and alert["evidence"]["reason"] == "a white van at the kerb"
     assert alert["snapshot"] == "snap-1"
     assert stage._events(40.0, 50.0, []) is None
+
+
+async def test_a_camera_read_by_gstreamer_gets_clips_from_its_frames_encoded_here(
+    rtsp_server: RtspServer, fall_batcher: DetectionBatcher, tmp_path: Path
+) -> None:
+    """GStreamer decodes inside its pipeline and hands no packets: the clips stage encodes the
+    frames itself, so such a camera's spans are exported like any other's."""
+    settings = ClipsSettings(enabled=True, dir=tmp_path / "clips")
+    store = ClipStore(settings.dir, settings.max_total_bytes, settings.max_age_s)
+    store.open()
+    spec = camera_spec("gst", rtsp_server.url("/test"), audio=False, ingest="gstreamer")
+    runner = StreamRunner(spec, SharedEngines(fall_batcher, opened={CLIPS.name: ClipEngine(store, settings)}),
+                          ListSink())
+    task = asyncio.create_task(runner.run())
+    try:
+        deadline = time.monotonic() + 60
+        while runner.counters()["clip_frames_encoded"] < 40:
+            assert time.monotonic() < deadline and not task.done(), runner.counters()
+            await asyncio.sleep(0.1)
+        stage = runner.graph.stage("clips") if runner.graph is not None else None
+        assert isinstance(stage, ClipStage) and stage.encoder is not None
+        newest = stage.ring.newest_t
+        assert newest is not None
+        info = await stage.export(max(0.0, newest - 2.0), newest)
+    finally:
+        runner.stop()
+        await asyncio.wait_for(task, 30)
+    path = store.path(info.id)
+    assert path is not None and info.codec == "h264"
+    with av.open(str(path)) as container:
+        frames = list(container.decode(video=0))
+    assert frames[0].key_frame and len(frames) >= 10
+    assert (frames[0].width, frames[0].height) == (info.width, info.height)
