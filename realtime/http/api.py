@@ -64,6 +64,24 @@ def unknown_stream(stream_id: str) -> ApiError:
     return ApiError(404, "unknown stream", {"id": stream_id})
 
 
+def require_local_stream(request: web.Request, stream_id: str, what: str) -> None:
+    """404 for a stream nobody runs; in a fleet, 409 naming the worker that runs it, for what only
+    the worker holding the stream's video can do (`what`)."""
+    if stream_id in context_of(request).registry:
+        return
+    fleet = request.app.get(FLEET)
+    if fleet is not None:
+        try:
+            owner = fleet.view(stream_id).get("owner")
+        except UnknownStream:
+            owner = None
+        else:
+            where = f"worker {owner}" if owner else "no worker yet"
+            raise ApiError(409, f"this stream runs on {where}; {what} is answered by the worker that runs it",
+                           {"id": stream_id, "owner": owner})
+    raise unknown_stream(stream_id)
+
+
 STREAM_EXAMPLE = '{"id": "cam1", "url": "rtsp://..."}'
 
 

@@ -39,7 +39,7 @@ from pipelines.clips.engine import ClipEngine
 from pipelines.clips.stage import STAGE_NAME, ClipStage, ExportRefused, clip_view
 from pipelines.clips.store import CLIP_ID, ClipInfo
 from realtime.fleet.clips import ClipsUnavailable, FleetClips
-from realtime.http.api import read_json_object, stream_id_of, unknown_stream
+from realtime.http.api import read_json_object, require_local_stream, stream_id_of
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
 from realtime.service.registry import StreamRegistry
@@ -100,8 +100,7 @@ class ClipsApi:
     async def export(self, request: web.Request) -> web.Response:
         stream_id = stream_id_of(request)
         registry = context_of(request).registry
-        if stream_id not in registry:
-            raise unknown_stream(stream_id)
+        require_local_stream(request, stream_id, "cutting a clip of it")
         body = await read_json_object(request, what="span", example=SPAN_EXAMPLE)
         start, end = (_seconds(body, key) for key in ("start", "end"))
         stage = clip_stage(registry, stream_id)

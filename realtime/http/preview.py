@@ -24,7 +24,7 @@ from aiohttp import web
 
 from pipelines.clips.stage import ExportRefused
 from pipelines.frames import VideoFrame
-from realtime.http.api import stream_id_of, unknown_stream
+from realtime.http.api import require_local_stream, stream_id_of, unknown_stream
 from realtime.http.clips import clip_stage, query_number
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
@@ -119,8 +119,7 @@ async def frame_at(request: web.Request, stream_id: str) -> web.Response:
     ctx = context_of(request)
     t = query_number(request.query, "pts", "media seconds (as events' pts)")
     assert t is not None  # the caller saw `pts` in the query
-    if stream_id not in ctx.registry:
-        raise unknown_stream(stream_id)
+    require_local_stream(request, stream_id, "a picture from its buffer")
     stage = clip_stage(ctx.registry, stream_id)
     if stage is None:
         raise ApiError(409, "this stream keeps no buffer of its video here (clips.enabled, a source with "

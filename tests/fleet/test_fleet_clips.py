@@ -96,6 +96,14 @@ def test_any_worker_serves_any_clip_and_a_killed_recorder_loses_none_it_had_fini
     status, ranged = get_bytes(f"{other.url}{first['links']['mp4']}", {"Range": "bytes=0-99"})
     assert status == 206 and len(ranged) == 100
 
+    # Cutting a clip, or a picture from the buffer, is for the worker that holds the video: it is named.
+    for path, body in (("/api/streams/cam/clips", {"start": 0, "end": 1}), ("/api/streams/cam/frame.jpg?pts=1", None)):
+        status, refused = http("POST" if body else "GET", f"{other.url}{path}", body)
+        assert status == 409 and refused["detail"]["owner"] == recorder.name, (path, refused)
+        assert f"runs on worker {recorder.name}" in refused["error"]
+    status, _ = http("POST", f"{other.url}/api/streams/nope/clips", {"start": 0, "end": 1})
+    assert status == 404
+
     # Killed in the middle of its next clip (the alert is open, its window is growing).
     before = {c["clip_id"] for c in clips(other)}
     recorder.serve.kill()
