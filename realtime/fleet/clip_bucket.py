@@ -166,6 +166,7 @@ class ClipBucket:
         if max_age_s <= 0 or orphan_age_s < 0 or request_timeout_s <= 0 or fetch_timeout_s <= 0:
             raise ValueError("max_age_s and the timeouts must be > 0, orphan_age_s >= 0")
         self._source = nc_or_publisher
+        self.source = nc_or_publisher  # whose connection other users of the fleet's NATS share
         self.bucket = bucket
         self.max_bytes = max_bytes
         self.max_age_s = float(max_age_s)

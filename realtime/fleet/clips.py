@@ -13,6 +13,11 @@ local ones listed and says so); a clip only in the bucket is fetched and adopted
 store the first time it is asked for, so it is served with Range, redacted on export and bounded
 exactly like a clip written here. Deleting removes both copies.
 
+Cutting a clip on request needs the stream's buffer, which only the worker running it has: any
+other worker forwards the request there over NATS (`_VIDSENTRY.clips.<fleet>.<node>`), and the
+owner cuts it, uploads it and answers with its metadata, so the worker that was asked can serve
+it at once (from the bucket).
+
 Once a clip is in the bucket, the bucket is its source of truth: each worker keeps the ids of its
 local clips the bucket has held (`UPLOADED_FILE` in `clips.dir`, kept across restarts), so a clip
 deleted through another worker, or evicted by the bucket's retention, is neither listed here nor
@@ -23,26 +28,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nats.errors
+from nats.aio.msg import Msg
+
 from engines.media.files import replacing
 from pipelines.capability import Sample
 from pipelines.clips.engine import ClipEngine
+from pipelines.clips.stage import ExportRefused
 from pipelines.clips.store import CLIP_ID, ClipInfo, ClipStore, retention
 from pipelines.events import Event, EventKind
-from realtime.bus.publisher import NatsEventPublisher
+from pipelines.frames import validate_stream_id
+from realtime.bus.publisher import NatsEventPublisher, live_client
 from realtime.fleet.clip_bucket import MP4, ClipBucket, ClipBucketError, clip_bucket_name
 from realtime.fleet.options import FleetOptions
 
 log = logging.getLogger(__name__)
 
 QUEUE_LIMIT = 256  # clips waiting for upload; past it the reconcile pass uploads them
+EXPORT_SUBJECT = "_VIDSENTRY.clips"  # + .<fleet>.<node>: a worker's exports on request
+FORWARD_TIMEOUT_S = 30.0  # a forwarded export: cutting, writing and uploading a clip of up to max_s
+MAX_REQUEST_BYTES = 4096
 CACHE_DIR = ".fleet-cache"  # under clips.dir: downloads from the bucket on their way into the store
 CACHE_MAX_BYTES = 1024**3
 UPLOADED_FILE = ".fleet-uploaded"  # under clips.dir: ids of local clips the bucket has held, one per line
@@ -51,6 +65,17 @@ RECONCILE_S = 60.0
 
 class ClipsUnavailable(Exception):
     """The fleet's bucket cannot be read now; the message says what to do."""
+
+
+class ExportForwardRefused(Exception):
+    """The worker running the stream refused a forwarded export; `status` and the message are its."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+Exporter = Callable[[str, float, float], Awaitable[ClipInfo]]  # (stream id, start, end) on this worker
 
 
 @dataclass(slots=True)
@@ -62,6 +87,8 @@ class FleetClipStats:
     list_failed: int = 0  # listings that fell back to this worker's clips (bucket unreachable)
     evicted_stream: int = 0  # bucket clips removed for their stream's own bounds
     withdrawn: int = 0  # local copies removed because the fleet deleted the clip (or its bucket evicted it)
+    exports_forwarded: int = 0  # exports asked of another worker
+    exports_answered: int = 0  # exports another worker asked of this one
 
 
 def open_fleet_clips(fleet: FleetOptions, engine: object, publisher: NatsEventPublisher) -> FleetClips | None:
@@ -73,13 +100,17 @@ def open_fleet_clips(fleet: FleetOptions, engine: object, publisher: NatsEventPu
                         max_bytes=settings.max_total_bytes,
                         max_age_s=settings.max_age_s, cache_dir=settings.dir / CACHE_DIR,
                         cache_max_bytes=min(CACHE_MAX_BYTES, settings.max_total_bytes))
-    return FleetClips(engine.store, bucket)
+    return FleetClips(engine.store, bucket, fleet=fleet.name, node=fleet.node)
 
 
 class FleetClips:
-    def __init__(self, store: ClipStore, bucket: ClipBucket, *, reconcile_s: float = RECONCILE_S) -> None:
+    def __init__(self, store: ClipStore, bucket: ClipBucket, *, fleet: str = "", node: str = "",
+                 reconcile_s: float = RECONCILE_S) -> None:
         self.store = store
         self.bucket = bucket
+        self.fleet = fleet
+        self.node = node
+        self.exporter: Exporter | None = None  # set by the service: how this worker cuts a clip
         self.reconcile_s = reconcile_s
         self.stats = FleetClipStats()
         self._queue: asyncio.Queue[str] = asyncio.Queue(maxsize=QUEUE_LIMIT)
@@ -100,21 +131,92 @@ class FleetClips:
             self.stats.queue_dropped += 1
 
     async def run(self) -> None:
-        """Upload queued clips; reconcile at start and every `reconcile_s`. Until cancelled."""
+        """Upload queued clips; reconcile at start and every `reconcile_s`; answer the exports other
+        workers forward here. Until cancelled."""
         loop = asyncio.get_running_loop()
         due = loop.time()
-        while True:
-            if loop.time() >= due:
-                await self.reconcile()
-                due = loop.time() + self.reconcile_s
-            try:
-                async with asyncio.timeout(max(0.0, due - loop.time())):
-                    clip_id = await self._queue.get()
-            except TimeoutError:
-                continue
-            info = self.store.get(clip_id)
-            if info is not None:
-                await self._upload(info)
+        responder: Any = None
+        try:
+            while True:
+                if responder is None:
+                    responder = await self._answer_exports()
+                if loop.time() >= due:
+                    await self.reconcile()
+                    due = loop.time() + self.reconcile_s
+                await self._upload_next(max(0.0, due - loop.time()))
+        finally:
+            if responder is not None:
+                with contextlib.suppress(Exception):
+                    await responder.unsubscribe()
+
+    async def _upload_next(self, wait_s: float) -> None:
+        """Upload the next finished clip, waiting at most `wait_s` for one."""
+        try:
+            async with asyncio.timeout(wait_s):
+                clip_id = await self._queue.get()
+        except TimeoutError:
+            return
+        info = self.store.get(clip_id)
+        if info is not None:
+            await self._upload(info)
+
+    # -- exports on request, forwarded to the worker running the stream ------------------------
+
+    def export_subject(self, node: str) -> str:
+        return f"{EXPORT_SUBJECT}.{self.fleet}.{node.encode().hex()}"  # any node name makes a valid token
+
+    async def _answer_exports(self) -> Any:
+        nc = live_client(self.bucket.source)
+        if nc is None or not self.fleet or not self.node:
+            return None
+        try:
+            return await nc.subscribe(self.export_subject(self.node), cb=self._on_export)
+        except nats.errors.Error:
+            return None  # the next round tries again
+
+    async def _on_export(self, msg: Msg) -> None:
+        try:
+            if len(msg.data) > MAX_REQUEST_BYTES or self.exporter is None:
+                raise ExportForwardRefused(409, "this worker cuts no clips")
+            request = json.loads(msg.data)
+            stream_id = validate_stream_id(request.get("stream_id"))
+            start, end = float(request["start"]), float(request["end"])
+            if not (math.isfinite(start) and math.isfinite(end)):
+                raise ExportForwardRefused(400, "start and end must be finite")
+            self.stats.exports_answered += 1
+            info = await self.exporter(stream_id, start, end)
+            await self._upload(info)  # in the bucket before the asking worker serves it
+            reply: dict[str, Any] = {"status": 201, "clip": info.sidecar()}
+        except ExportForwardRefused as exc:
+            reply = {"status": exc.status, "error": str(exc)}
+        except ExportRefused as exc:
+            reply = {"status": 409, "error": str(exc)}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            reply = {"status": 400, "error": "not an export request"}
+        with contextlib.suppress(nats.errors.Error):
+            await msg.respond(json.dumps(reply).encode())
+
+    async def forward_export(self, owner: str, stream_id: str, start: float, end: float) -> ClipInfo:
+        """Have `owner`, the worker running the stream, cut a clip; the clip (in the bucket by then).
+        ExportForwardRefused with its status and reason, ClipsUnavailable when it does not answer."""
+        nc = live_client(self.bucket.source)
+        if nc is None:
+            raise ClipsUnavailable("not connected to NATS; retry shortly")
+        body = json.dumps({"stream_id": stream_id, "start": start, "end": end}).encode()
+        self.stats.exports_forwarded += 1
+        try:
+            msg = await nc.request(self.export_subject(owner), body, timeout=FORWARD_TIMEOUT_S)
+        except nats.errors.NoRespondersError:
+            raise ClipsUnavailable(f"worker {owner} does not answer for clips now; retry shortly") from None
+        except (nats.errors.TimeoutError, TimeoutError):
+            raise ClipsUnavailable(f"worker {owner} did not answer within {FORWARD_TIMEOUT_S:g} s") from None
+        reply = json.loads(msg.data)
+        if reply.get("status") != 201:
+            raise ExportForwardRefused(int(reply.get("status", 502)), str(reply.get("error", "refused")))
+        info = _info(reply["clip"])
+        if info is None:
+            raise ClipsUnavailable(f"worker {owner} answered with something that is not a clip")
+        return info
 
     async def reconcile(self) -> None:
         """Upload the local clips the bucket does not list, apply each stream's bounds and the
@@ -265,6 +367,10 @@ class FleetClips:
                      stats.evicted_stream)
         yield Sample("vidsentry_fleet_clips_withdrawn", "Local copies removed: the fleet deleted the clip",
                      stats.withdrawn)
+        yield Sample("vidsentry_fleet_clips_exports_forwarded", "Exports on request sent to the worker running the "
+                     "stream", stats.exports_forwarded)
+        yield Sample("vidsentry_fleet_clips_exports_answered", "Exports on request other workers sent here",
+                     stats.exports_answered)
         yield from self.bucket.samples()
 
 

@@ -64,22 +64,32 @@ def unknown_stream(stream_id: str) -> ApiError:
     return ApiError(404, "unknown stream", {"id": stream_id})
 
 
-def require_local_stream(request: web.Request, stream_id: str, what: str) -> None:
-    """404 for a stream nobody runs; in a fleet, 409 naming the worker that runs it, for what only
-    the worker holding the stream's video can do (`what`)."""
+def owner_elsewhere(request: web.Request, stream_id: str) -> str | None:
+    """None for a stream this worker runs; in a fleet, the worker that runs it ("" while none
+    does); 404 for a stream that is not known."""
     if stream_id in context_of(request).registry:
-        return
+        return None
     fleet = request.app.get(FLEET)
     if fleet is not None:
         try:
-            owner = fleet.view(stream_id).get("owner")
+            return str(fleet.view(stream_id).get("owner") or "")
         except UnknownStream:
-            owner = None
-        else:
-            where = f"worker {owner}" if owner else "no worker yet"
-            raise ApiError(409, f"this stream runs on {where}; {what} is answered by the worker that runs it",
-                           {"id": stream_id, "owner": owner})
+            pass
     raise unknown_stream(stream_id)
+
+
+def runs_elsewhere(stream_id: str, owner: str, what: str) -> ApiError:
+    """409 for what only the worker holding the stream's video can do (`what`), naming that worker."""
+    where = f"worker {owner}" if owner else "no worker yet"
+    return ApiError(409, f"this stream runs on {where}; {what} is answered by the worker that runs it",
+                    {"id": stream_id, "owner": owner or None})
+
+
+def require_local_stream(request: web.Request, stream_id: str, what: str) -> None:
+    """404 for a stream nobody runs; in a fleet, 409 naming the worker that runs it."""
+    owner = owner_elsewhere(request, stream_id)
+    if owner is not None:
+        raise runs_elsewhere(stream_id, owner, what)
 
 
 STREAM_EXAMPLE = '{"id": "cam1", "url": "rtsp://..."}'

@@ -38,8 +38,8 @@ from aiohttp import web
 from pipelines.clips.engine import ClipEngine
 from pipelines.clips.stage import STAGE_NAME, ClipStage, ExportRefused, clip_view
 from pipelines.clips.store import CLIP_ID, ClipInfo
-from realtime.fleet.clips import ClipsUnavailable, FleetClips
-from realtime.http.api import read_json_object, require_local_stream, stream_id_of
+from realtime.fleet.clips import ClipsUnavailable, ExportForwardRefused, FleetClips
+from realtime.http.api import owner_elsewhere, read_json_object, runs_elsewhere, stream_id_of
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
 from realtime.service.registry import StreamRegistry
@@ -100,19 +100,25 @@ class ClipsApi:
     async def export(self, request: web.Request) -> web.Response:
         stream_id = stream_id_of(request)
         registry = context_of(request).registry
-        require_local_stream(request, stream_id, "cutting a clip of it")
+        owner = owner_elsewhere(request, stream_id)
         body = await read_json_object(request, what="span", example=SPAN_EXAMPLE)
         start, end = (_seconds(body, key) for key in ("start", "end"))
-        stage = clip_stage(registry, stream_id)
         if self.store is None:
             raise ApiError(409, "clips are off on this service (clips.enabled)", {"id": stream_id})
-        if stage is None:
-            raise ApiError(409, "this stream keeps no clip buffer here (not running on this worker, or a source "
-                                "without encoded packets)", {"id": stream_id})
         try:
-            info = await stage.export(start, end)
+            if owner is None:
+                info = await export_here(registry, stream_id, start, end)
+            elif owner and self.fleet is not None:  # its buffer is on the worker running it: asked there
+                info = await self.fleet.forward_export(owner, stream_id, start, end)
+            else:
+                raise runs_elsewhere(stream_id, owner, "cutting a clip of it")
         except ExportRefused as exc:
             raise ApiError(409, str(exc), {"start": start, "end": end}) from None
+        except ExportForwardRefused as exc:
+            status = exc.status if 400 <= exc.status < 500 else 502
+            raise ApiError(status, str(exc), {"start": start, "end": end, "owner": owner}) from None
+        except ClipsUnavailable as exc:
+            raise ApiError(503, str(exc), {"id": stream_id, "owner": owner}, headers={"Retry-After": "5"}) from None
         view = _view(request, info)
         return web.json_response(view, status=201, headers={"Location": view["links"]["self"]})
 
@@ -235,6 +241,14 @@ def query_number(query: Any, key: str, meaning: str = "epoch seconds") -> float 
     return value
 
 
+
+
+async def export_here(registry: StreamRegistry, stream_id: str, start: float, end: float) -> ClipInfo:
+    """A clip of a span of a stream this worker runs; ExportRefused saying why it cannot be cut."""
+    stage = clip_stage(registry, stream_id)
+    if stage is None:
+        raise ExportRefused("this stream keeps no clip buffer here (clips: false on it, or it stopped)")
+    return await stage.export(start, end)
 
 
 def clip_stage(registry: StreamRegistry, stream_id: str) -> ClipStage | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
@@ -147,7 +148,8 @@ class Service:
         compute.add_routes(self.app, batcher.compute)
         description.add_routes(self.app, self.descriptions)
         clips.add_routes(self.app, self.engines.get(CLIPS), self.fleet_clips)  # answers with clips off too
-        if self.fleet_clips is not None:
+        if self.fleet_clips is not None:  # other workers' exports of streams running here
+            self.fleet_clips.exporter = functools.partial(clips.export_here, self.registry)
             self.metrics.registry.register(SampleCollector(self.fleet_clips.samples))
         self.timeline = timeline
         describer = self.engines.get(DESCRIPTIONS)

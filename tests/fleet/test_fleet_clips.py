@@ -96,11 +96,18 @@ def test_any_worker_serves_any_clip_and_a_killed_recorder_loses_none_it_had_fini
     status, ranged = get_bytes(f"{other.url}{first['links']['mp4']}", {"Range": "bytes=0-99"})
     assert status == 206 and len(ranged) == 100
 
-    # Cutting a clip, or a picture from the buffer, is for the worker that holds the video: it is named.
-    for path, body in (("/api/streams/cam/clips", {"start": 0, "end": 1}), ("/api/streams/cam/frame.jpg?pts=1", None)):
-        status, refused = http("POST" if body else "GET", f"{other.url}{path}", body)
-        assert status == 409 and refused["detail"]["owner"] == recorder.name, (path, refused)
-        assert f"runs on worker {recorder.name}" in refused["error"]
+    # A clip cut on request through the worker that does not run the camera: forwarded to the one
+    # that does (its buffer), uploaded, and served at once by the worker that was asked.
+    status, made = http("POST", f"{other.url}/api/streams/cam/clips", {"start": 1.0, "end": 3.0})
+    assert status == 201 and made["start_pts"] <= 1.0 and made["end_pts"] >= 2.9, made
+    frames = download(other, made, tmp_path / "forwarded.mp4")
+    assert frames[0].key_frame and len(frames) >= 15
+    status, refused = http("POST", f"{other.url}/api/streams/cam/clips", {"start": 1000, "end": 1001})
+    assert status == 409 and "not in the stream's buffer" in refused["error"], refused  # the owner's reason
+    # A picture from the buffer is for the worker that holds the video: it is named.
+    status, refused = http("GET", f"{other.url}/api/streams/cam/frame.jpg?pts=1")
+    assert status == 409 and refused["detail"]["owner"] == recorder.name, refused
+    assert f"runs on worker {recorder.name}" in refused["error"]
     status, _ = http("POST", f"{other.url}/api/streams/nope/clips", {"start": 0, "end": 1})
     assert status == 404
 
