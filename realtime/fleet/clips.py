@@ -111,6 +111,7 @@ class FleetClips:
         self.fleet = fleet
         self.node = node
         self.exporter: Exporter | None = None  # set by the service: how this worker cuts a clip
+        self.answering = False  # subscribed to the exports other workers forward here
         self.reconcile_s = reconcile_s
         self.stats = FleetClipStats()
         self._queue: asyncio.Queue[str] = asyncio.Queue(maxsize=QUEUE_LIMIT)
@@ -140,11 +141,13 @@ class FleetClips:
             while True:
                 if responder is None:
                     responder = await self._answer_exports()
+                    self.answering = responder is not None
                 if loop.time() >= due:
                     await self.reconcile()
                     due = loop.time() + self.reconcile_s
                 await self._upload_next(max(0.0, due - loop.time()))
         finally:
+            self.answering = False
             if responder is not None:
                 with contextlib.suppress(Exception):
                     await responder.unsubscribe()

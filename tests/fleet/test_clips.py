@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -21,7 +22,7 @@ from pipelines.clips.stage import clip_event
 from pipelines.clips.store import ClipStore, StreamBounds
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.fleet.clip_bucket import ClipBucket
-from realtime.fleet.clips import FleetClips
+from realtime.fleet.clips import ClipsUnavailable, FleetClips
 from tests.support.waiting import wait_until
 
 MIB = 1024 * 1024
@@ -102,7 +103,6 @@ async def test_what_a_killed_worker_left_unuploaded_is_uploaded_by_the_reconcile
 async def test_an_outage_leaves_the_local_clips_listed_and_a_remote_one_unavailable(
     packets: list[EncodedPacket], tmp_path: Path
 ) -> None:
-    from realtime.fleet.clips import ClipsUnavailable
     from tests.support.nats import running_server
 
     for server in running_server(tmp_path / "nats"):
@@ -144,3 +144,47 @@ async def test_a_clip_deleted_through_another_worker_is_withdrawn_here_and_never
     again = worker(tmp_path, nc, bucket, "w0")
     await again.reconcile()
     assert again.stats.withdrawn == 1 and again.stats.reconciled == 0 and [c.id for c in again.store.list()] == [kept]
+
+
+async def test_a_forwarded_export_is_cut_by_the_worker_running_the_stream_and_garbage_gets_a_reason(
+    nc: NatsClient, packets: list[EncodedPacket], tmp_path: Path
+) -> None:
+    import json
+
+    from pipelines.clips.stage import ExportRefused
+    from realtime.fleet.clips import ExportForwardRefused
+
+    bucket = f"t-{uuid.uuid4().hex[:8]}"
+    owner, asker = worker(tmp_path, nc, bucket, "w0"), worker(tmp_path, nc, bucket, "w1")
+    for fleet_clips, node in ((owner, "w0"), (asker, "w1")):
+        fleet_clips.fleet, fleet_clips.node = bucket, node
+    asked: list[tuple[str, float, float]] = []
+
+    async def export(stream_id: str, start: float, end: float) -> Any:
+        asked.append((stream_id, start, end))
+        if start > 100:
+            raise ExportRefused("that span is not in the stream's buffer (it holds 0.000 to 3.000)")
+        clip_id = record(owner, packets, stream_id)
+        return owner.store.get(clip_id)
+
+    owner.exporter = export
+    task = asyncio.create_task(owner.run())
+    try:
+        await wait_until(lambda: owner.answering, 5, "the owner to answer exports")
+        info = await asker.forward_export("w0", "cam", 0.5, 2.5)
+        assert asked == [("cam", 0.5, 2.5)] and await asker.bucket.get(info.id) is not None  # uploaded first
+        assert (await asker.find(info.id)) is not None  # and so served by the worker that asked
+        with pytest.raises(ExportForwardRefused, match="not in the stream's buffer") as refused:
+            await asker.forward_export("w0", "cam", 1000.0, 1001.0)
+        assert refused.value.status == 409
+        for garbage in (b"{", b'{"stream_id": "../x", "start": 0, "end": 1}', b'{"stream_id": "cam"}',
+                        b'{"stream_id": "cam", "start": "NaN", "end": 1}', b"x" * 5000, b"[]"):
+            reply = json.loads((await nc.request(owner.export_subject("w0"), garbage, timeout=5)).data)
+            assert reply["status"] in (400, 409) and reply["error"], (garbage[:40], reply)
+        with pytest.raises(ClipsUnavailable, match="does not answer"):
+            await asker.forward_export("w9", "cam", 0.0, 1.0)  # no such worker
+        assert owner.stats.exports_answered >= 2 and asker.stats.exports_forwarded == 3
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
