@@ -16,10 +16,11 @@ import logging
 import re
 
 from nats.aio.client import Client as NatsClient
-from nats.js.api import ObjectMeta, ObjectStoreConfig, StorageType
-from nats.js.errors import APIError, BadRequestError, BucketNotFoundError
+from nats.js.api import ObjectMeta, StorageType
+from nats.js.errors import APIError
 from nats.js.object_store import ObjectStore
 
+from realtime.bus.object_buckets import BucketLimitsRefused, open_object_bucket
 from realtime.bus.publisher import NatsEventPublisher, live_client
 
 log = logging.getLogger(__name__)
@@ -130,35 +131,12 @@ class NatsSnapshotStore:
             return self._store[1]
 
     async def _ensure_bucket(self, nc: NatsClient) -> ObjectStore:
-        js = nc.jetstream()
         try:
-            store = await js.object_store(self.bucket)
-        except BucketNotFoundError:
-            config = ObjectStoreConfig(
-                description="vidsentry alert snapshots",
-                ttl=self.ttl_s,
-                max_bytes=self.max_bytes,
-                storage=self.storage,
-            )
-            try:
-                store = await js.create_object_store(self.bucket, config=config)
-                log.info("created snapshot bucket %s max_bytes=%d ttl_s=%g", self.bucket, self.max_bytes, self.ttl_s)
-                return store
-            except BadRequestError:
-                store = await js.object_store(self.bucket)  # another worker created it meanwhile
-        await self._reconcile_limits(nc)
+            store, done = await open_object_bucket(
+                nc.jetstream(), self.bucket, description="vidsentry alert snapshots", max_bytes=self.max_bytes,
+                max_age_s=self.ttl_s, storage=self.storage)
+        except BucketLimitsRefused as exc:
+            raise SnapshotStoreError(f"cannot set limits of snapshot bucket {self.bucket}: {exc}") from None
+        if done != "kept":
+            log.info("%s snapshot bucket %s max_bytes=%d ttl_s=%g", done, self.bucket, self.max_bytes, self.ttl_s)
         return store
-
-    async def _reconcile_limits(self, nc: NatsClient) -> None:
-        """An existing bucket takes this store's limits (the config is the source of truth)."""
-        js = nc.jetstream()
-        stream = f"OBJ_{self.bucket}"
-        info = await js.stream_info(stream)
-        config = info.config
-        if config.max_bytes == self.max_bytes and config.max_age == self.ttl_s:
-            return
-        try:
-            await js.update_stream(config.evolve(max_bytes=self.max_bytes, max_age=self.ttl_s))
-        except BadRequestError as exc:
-            raise SnapshotStoreError(f"cannot set limits of snapshot bucket {self.bucket}: {exc.description}") from None
-        log.info("updated snapshot bucket %s max_bytes=%d ttl_s=%g", self.bucket, self.max_bytes, self.ttl_s)

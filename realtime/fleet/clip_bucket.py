@@ -60,8 +60,8 @@ from typing import Any
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
-from nats.js.api import ObjectInfo, ObjectMeta, ObjectStoreConfig, StorageType
-from nats.js.errors import APIError, BadRequestError, BucketNotFoundError, NotFoundError, ObjectNotFoundError
+from nats.js.api import ObjectInfo, ObjectMeta, StorageType
+from nats.js.errors import APIError, NotFoundError, ObjectNotFoundError
 from nats.js.object_store import (
     OBJ_ALL_CHUNKS_PRE_TEMPLATE,
     OBJ_CHUNKS_PRE_TEMPLATE,
@@ -74,6 +74,7 @@ from nats.js.object_store import (
 from engines.media.files import replacing
 from pipelines.capability import Sample
 from pipelines.clips.store import CLIP_ID, EXTRAS
+from realtime.bus.object_buckets import BucketLimitsRefused, open_object_bucket
 from realtime.bus.publisher import NatsEventPublisher, live_client
 from realtime.fleet.records import check_fleet_name
 
@@ -481,35 +482,18 @@ class ClipBucket:
         return handles[1], handles[2]
 
     async def _ensure_bucket(self, js: JetStreamContext) -> ObjectStore:
+        """The bucket, made or brought to this worker's limits (lowering max_bytes keeps what is
+        stored, and `enforce()` brings it down)."""
         try:
-            store = await js.object_store(self.bucket)
-        except BucketNotFoundError:
-            config = ObjectStoreConfig(
-                description="vidsentry fleet clips", ttl=self.stream_max_age_s, max_bytes=self.max_bytes,
-                storage=self.storage, replicas=self.replicas,
-            )
-            try:
-                store = await js.create_object_store(self.bucket, config=config)
-                log.info("created clip bucket", extra={"bucket": self.bucket, "max_bytes": self.max_bytes,
-                                                       "max_age_s": self.max_age_s})
-                return store
-            except BadRequestError:
-                store = await js.object_store(self.bucket)  # another worker created it meanwhile
-        await self._reconcile_limits(js)
+            store, done = await open_object_bucket(
+                js, self.bucket, description="vidsentry fleet clips", max_bytes=self.max_bytes,
+                max_age_s=self.stream_max_age_s, storage=self.storage, replicas=self.replicas)
+        except BucketLimitsRefused as exc:
+            raise ClipBucketError(f"cannot set limits of clip bucket {self.bucket}: {exc}") from None
+        if done != "kept":
+            log.info("created clip bucket" if done == "created" else "updated clip bucket limits",
+                     extra={"bucket": self.bucket, "max_bytes": self.max_bytes, "max_age_s": self.max_age_s})
         return store
-
-    async def _reconcile_limits(self, js: JetStreamContext) -> None:
-        """An existing bucket takes this worker's limits (the configuration is the source of truth;
-        lowering max_bytes keeps what is stored, and `enforce()` brings it down)."""
-        config = (await js.stream_info(self._stream)).config
-        if config.max_bytes == self.max_bytes and abs((config.max_age or 0.0) - self.stream_max_age_s) < 1e-3:
-            return
-        try:
-            await js.update_stream(config.evolve(max_bytes=self.max_bytes, max_age=self.stream_max_age_s))
-        except BadRequestError as exc:
-            raise ClipBucketError(f"cannot set limits of clip bucket {self.bucket}: {exc.description}") from None
-        log.info("updated clip bucket limits", extra={"bucket": self.bucket, "max_bytes": self.max_bytes,
-                                                      "max_age_s": self.max_age_s})
 
     # -- the cache ------------------------------------------------------------------------------
 
