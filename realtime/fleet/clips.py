@@ -179,7 +179,9 @@ class FleetClips:
 
     async def _on_export(self, msg: Msg) -> None:
         try:
-            if len(msg.data) > MAX_REQUEST_BYTES or self.exporter is None:
+            if len(msg.data) > MAX_REQUEST_BYTES:
+                raise ExportForwardRefused(400, f"an export request is at most {MAX_REQUEST_BYTES} bytes")
+            if self.exporter is None:
                 raise ExportForwardRefused(409, "this worker cuts no clips")
             request = json.loads(msg.data)
             stream_id = validate_stream_id(request.get("stream_id"))

@@ -181,6 +181,8 @@ async def test_a_forwarded_export_is_cut_by_the_worker_running_the_stream_and_ga
                         b'{"stream_id": "cam", "start": "NaN", "end": 1}', b"x" * 5000, b"[]"):
             reply = json.loads((await nc.request(owner.export_subject("w0"), garbage, timeout=5)).data)
             assert reply["status"] in (400, 409) and reply["error"], (garbage[:40], reply)
+            if len(garbage) > 4096:
+                assert reply["status"] == 400 and "at most" in reply["error"], reply
         with pytest.raises(ClipsUnavailable, match="does not answer"):
             await asker.forward_export("w9", "cam", 0.0, 1.0)  # no such worker
         assert owner.stats.exports_answered >= 2 and asker.stats.exports_forwarded == 3
