@@ -150,12 +150,10 @@ class ClipsApi:
     async def _known(self, clip_id: str) -> ClipInfo:
         if self.store is None or not CLIP_ID.match(clip_id):
             raise ApiError(404, "unknown clip", {"id": clip_id[:64]})
-        info = self.store.get(clip_id)
-        if info is None and self.fleet is not None:
-            try:
-                info = await self.fleet.find(clip_id)
-            except ClipsUnavailable as exc:
-                raise ApiError(503, str(exc), {"id": clip_id}, headers={"Retry-After": "5"}) from None
+        try:  # in a fleet, this worker's store first, then the fleet's bucket
+            info = await self.fleet.find(clip_id) if self.fleet is not None else self.store.get(clip_id)
+        except ClipsUnavailable as exc:
+            raise ApiError(503, str(exc), {"id": clip_id}, headers={"Retry-After": "5"}) from None
         if info is None:
             raise ApiError(404, "unknown clip", {"id": clip_id[:64]})
         return info
