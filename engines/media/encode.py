@@ -27,6 +27,7 @@ import numpy as np
 from engines.media.remux import CodecHeader, EncodedPacket
 
 TIME_BASE = Fraction(1, 90_000)  # the RTP video clock: fine enough for any frame rate
+RESTART_S = 0.5  # pts this far back is the source's clock starting again (a reconnect), not jitter
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +53,16 @@ class FrameEncoder:
 
     def encode(self, image: np.ndarray, pts_s: float) -> list[EncodedPacket]:
         """Encode one frame; its packets (one, with zerolatency), the first of each encoder a
-        keyframe. A frame whose pts does not advance is dropped (MP4 needs increasing times)."""
+        keyframe. A frame whose pts does not advance is dropped (MP4 needs increasing times),
+        unless its pts went back by RESTART_S or more: the source reconnected and its clock starts
+        again, so a new encoder (a new header) starts, as a camera's reconnect does."""
         import av
 
         height, width = image.shape[:2]
-        if self._size != (width, height):
-            self._open(width, height)
         pts = round(pts_s / TIME_BASE)
+        restarted = self._last_pts is not None and pts_s <= float(self._last_pts * TIME_BASE) - RESTART_S
+        if self._size != (width, height) or restarted:
+            self._open(width, height)
         if self._last_pts is not None and pts <= self._last_pts:
             return []
         frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")

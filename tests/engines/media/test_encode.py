@@ -57,6 +57,11 @@ def test_a_new_frame_size_starts_a_new_header_and_time_must_advance() -> None:
     resized = encoder.encode(moving(2, (480, 640)), 1.1)
     assert first[0].header is not resized[0].header and resized[0].keyframe
     assert (resized[0].header.width, resized[0].header.height) == (640, 480)
+    # A reconnect: the source's clock starts again near 0. A new encoder (a new header) takes it on.
+    before = resized[0].header
+    again = encoder.encode(moving(3, (480, 640)), 0.2)
+    assert again and again[0].keyframe and again[0].header is not before
+    assert encoder.encode(moving(4, (480, 640)), 0.25)  # and goes on from there
     with pytest.raises(ValueError, match="even dimensions"):
         encoder.encode(np.zeros((241, 320, 3), np.uint8), 2.0)
     encoder.close()
