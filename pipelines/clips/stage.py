@@ -182,7 +182,7 @@ class ClipStage:
     async def _encode(self, frame: VideoFrame) -> None:
         last = self._last_encoded
         if (self.compute is not None and self.compute.short() and last is not None
-                and frame.pts - last < 1.0 / SHORT_FPS):
+                and 0.0 <= frame.pts - last < 1.0 / SHORT_FPS):  # (pts that went back: a reconnect)
             self.skipped += 1
             return
         try:
