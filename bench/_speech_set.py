@@ -18,12 +18,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from engines.asr.vad import VadModel
 from pipelines.captions.engine import CaptionEngine, CaptionPolicy, SpeechBatcher
 from pipelines.captions.stage import CaptionStage
+from pipelines.captions.transcript import kept_text
 from pipelines.events import Event, EventKind
 from pipelines.frames import AudioChunk
 from pipelines.mailbox import AudioBuffer
@@ -77,6 +79,12 @@ def _synthesize(name: str, text: str, voice: str, wpm: int) -> Path:
     return target
 
 
+class Streamed(NamedTuple):
+    text: str  # the finals
+    decodes: int
+    transcript: str  # as read back: each utterance's transcript in place of its finals
+
+
 class _Sink:
     def __init__(self) -> None:
         self.events: list[Event] = []
@@ -93,8 +101,8 @@ async def stream_file(
     *,
     lead_s: float,
     trail_s: float,
-) -> tuple[str, int]:
-    """(the finals' text, decodes) of one clip through the caption stage in file mode."""
+) -> Streamed:
+    """The finals' text, decodes and transcript of one clip through the caption stage in file mode."""
     samples = np.concatenate(
         (np.zeros(int(lead_s * RATE), np.float32), audio, np.zeros(int(trail_s * RATE), np.float32))
     )
@@ -107,4 +115,4 @@ async def stream_file(
     buffer.close()
     await stage.run()
     finals = [str(e.data["text"]) for e in sink.events if e.kind == EventKind.CAPTIONS]
-    return " ".join(finals), stage.stats.decodes
+    return Streamed(" ".join(finals), stage.stats.decodes, kept_text(sink.events))

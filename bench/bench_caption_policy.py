@@ -46,7 +46,7 @@ def settings_from(pairs: list[str]) -> CaptionPolicy:
         key, _, value = pair.partition("=")
         if key not in fields:
             raise SystemExit(f"--set {pair}: CaptionPolicy has no field {key!r} (fields: {', '.join(fields)})")
-        values[key] = float(value) if "." in value else int(value)
+        values[key] = (value == "true") if value in ("true", "false") else float(value) if "." in value else int(value)
     return CaptionPolicy(**values)
 
 
@@ -69,16 +69,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         else:
             streamed = [await feed for feed in feeds]
     rows = []
-    for run, (text, decodes) in zip(runs, streamed, strict=True):
+    for run, out in zip(runs, streamed, strict=True):
         reference = " ".join(s.text for s in run.speech.sentences)
         cut = live.Cut(0.0, run.speech.seconds, reference, len(run.speech.sentences))
         heard = offline.text(run, cut, codec=True)  # type: ignore[arg-type]
-        on, off = 100 * wer(reference, text), 100 * wer(reference, heard)
-        rows.append({"stream": run.speech.name, "words": run.speech.words, "decodes": decodes,
+        on, off = 100 * wer(reference, out.text), 100 * wer(reference, heard)
+        kept = 100 * wer(reference, out.transcript)
+        rows.append({"stream": run.speech.name, "words": run.speech.words, "decodes": out.decodes,
                      "streaming_wer_pct": round(on, 1), "offline_wer_pct": round(off, 1),
-                     "difference_points": round(on - off, 1)})
+                     "difference_points": round(on - off, 1), "transcript_wer_pct": round(kept, 1),
+                     "transcript_difference_points": round(kept - off, 1)})
         if args.show:
-            print(f"{run.speech.name} streamed: {text}\n{run.speech.name} offline:  {heard}\n")
+            print(f"{run.speech.name} streamed: {out.text}\n{run.speech.name} transcript: {out.transcript}\n"
+                  f"{run.speech.name} offline:  {heard}\n")
     offline.close()
     recognizer.close()
     print(table(rows, list(rows[0])))

@@ -580,7 +580,8 @@ LATENCY_COLUMNS = [
     "edit_pct", "erased_per_word", "decodes", "window_mean_s", "call_ms", "detector_fps",
 ]  # fmt: skip
 WER_COLUMNS = ["run", "offline_wer_pct", "streaming_wer_pct", "difference_points", "streaming_vs_offline_pct"]
-WER_SET_COLUMNS = ["clip", "words", "offline_wer_pct", "streaming_wer_pct", "difference_points", "decodes"]
+WER_SET_COLUMNS = ["clip", "words", "offline_wer_pct", "streaming_wer_pct", "difference_points", "transcript_wer_pct",
+                   "transcript_difference_points", "decodes"]
 CPU_COLUMNS = [
     "case", "asr_busy_pct", "asr_cpu_pct", "asr_wait_ms", "det_cpu_pct", "det_wait_ms", "detector_fps",
     "detector_dropped",
@@ -595,30 +596,38 @@ STREAM_COLUMNS = [
 async def part_wer(
     recognizer: SpeechRecognizer, vad: VadModel, clips: Sequence[SpeechClip], offline: dict[str, str]
 ) -> list[dict[str, Any]]:
-    rows, totals = [], {"words": 0, "offline": 0.0, "streaming": 0.0, "decodes": 0}
+    rows, totals = [], {"words": 0, "offline": 0.0, "streaming": 0.0, "transcript": 0.0, "decodes": 0}
     async with SpeechBatcher(recognizer, max_batch=8) as batcher:
         for clip in clips:
-            streamed, decodes = await stream_file(batcher, vad, SETTINGS, clip.audio, lead_s=LEAD_S, trail_s=TRAIL_S)
+            streamed = await stream_file(batcher, vad, SETTINGS, clip.audio, lead_s=LEAD_S, trail_s=TRAIL_S)
             words = len(words_of(clip.text))
-            off, on = wer(clip.text, offline[clip.name]), wer(clip.text, streamed)
-            rows.append(_wer_row(clip.name, words, off * words, on * words, decodes) | {"text": streamed})
+            off, on = wer(clip.text, offline[clip.name]), wer(clip.text, streamed.text)
+            kept = wer(clip.text, streamed.transcript)
+            rows.append(_wer_row(clip.name, words, off * words, on * words, kept * words, decodes=streamed.decodes)
+                        | {"text": streamed.text, "transcript": streamed.transcript})
             totals["words"] += words
             totals["offline"] += off * words
             totals["streaming"] += on * words
-            totals["decodes"] += decodes
+            totals["transcript"] += kept * words
+            totals["decodes"] += streamed.decodes
             print(table([rows[-1]], WER_SET_COLUMNS), flush=True)
-    rows.append(_wer_row("all", int(totals["words"]), totals["offline"], totals["streaming"], int(totals["decodes"])))
+    rows.append(_wer_row("all", int(totals["words"]), totals["offline"], totals["streaming"], totals["transcript"],
+                         decodes=int(totals["decodes"])))
     return rows
 
 
-def _wer_row(name: str, words: int, offline_errors: float, streaming_errors: float, decodes: int) -> dict[str, Any]:
-    off, on = 100 * offline_errors / words, 100 * streaming_errors / words
+def _wer_row(
+    name: str, words: int, offline_errors: float, streaming_errors: float, transcript_errors: float, *, decodes: int
+) -> dict[str, Any]:
+    off, on, kept = (100 * errors / words for errors in (offline_errors, streaming_errors, transcript_errors))
     return {
         "clip": name,
         "words": words,
         "offline_wer_pct": round(off, 1),
         "streaming_wer_pct": round(on, 1),
         "difference_points": round(on - off, 1),
+        "transcript_wer_pct": round(kept, 1),
+        "transcript_difference_points": round(kept - off, 1),
         "decodes": decodes,
     }
 

@@ -184,6 +184,46 @@ def caption_event(
     )
 
 
+def transcript_event(
+    stream_id: str,
+    *,
+    utterance_id: str,
+    replaces: Sequence[str],
+    words: Sequence[tuple[str, float, float, float]],  # (word, start, end, probability), media seconds
+    start: float,
+    end: float,
+    revised: bool,
+    changed: bool,
+    language: str,
+    model: str,
+    captured_at: float,
+) -> Event:
+    """An utterance (or a piece of a long one) as kept: decoded whole once it ended, replacing the
+    caption segments `replaces` wherever captions are read back."""
+    return Event(
+        kind=EventKind.TRANSCRIPT,
+        stream_id=stream_id,
+        pts=start,
+        captured_at=captured_at,
+        data={
+            "utterance_id": utterance_id,
+            "text": "".join(w[0] for w in words).strip(),
+            "start": round(start, 3),
+            "end": round(end, 3),
+            "words": [
+                {"word": w[0].strip(), "start": round(w[1], 3), "end": round(w[2], 3), "probability": round(w[3], 3)}
+                for w in words
+            ],
+            "replaces": list(replaces),
+            "revised": revised,
+            "changed": changed,
+            "language": language,
+            "model": model,
+        },
+        id=f"transcript-{stream_id}-{utterance_id}",
+    )
+
+
 def description_event(
     stream_id: str,
     *,

@@ -15,6 +15,7 @@ class EventKind(StrEnum):
     ALERTS = "alerts"
     PARTIALS = "partials"
     CAPTIONS = "captions"
+    TRANSCRIPT = "transcript"
     DESCRIPTIONS = "descriptions"
     STATUS = "status"
     CLIPS = "clips"
@@ -45,6 +46,7 @@ KINDS: Mapping[EventKind, KindSpec] = {
         KindSpec(EventKind.ALERTS, durable=True, delivery=Delivery.CRITICAL),
         KindSpec(EventKind.PARTIALS, durable=False, delivery=Delivery.LATEST),
         KindSpec(EventKind.CAPTIONS, durable=True, delivery=Delivery.CRITICAL),
+        KindSpec(EventKind.TRANSCRIPT, durable=True, delivery=Delivery.CRITICAL),
         KindSpec(EventKind.DESCRIPTIONS, durable=True, delivery=Delivery.EVERY),
         KindSpec(EventKind.STATUS, durable=True, delivery=Delivery.EVERY),
         KindSpec(EventKind.CLIPS, durable=True, delivery=Delivery.EVERY),

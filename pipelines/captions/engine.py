@@ -48,6 +48,8 @@ class CaptionPolicy:
     max_window_s: float = 28.0  # continuous speech longer than this is cut at its committed words
     max_lag_s: float = 6.0  # audio waiting past this is dropped, oldest first (counted)
     prompt_chars: int = 200  # committed text before the window given to Whisper as context
+    # Decode each utterance whole once it ended and publish it as `transcript` (see transcript.py).
+    transcript: bool = True
     # Guards against Whisper's known failure modes (a result that trips one is not used).
     max_compression_ratio: float = 2.4  # repetition loops compress well
     no_speech_prob: float = 0.6  # with a low avg_logprob: nothing was said

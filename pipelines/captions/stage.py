@@ -7,9 +7,11 @@ the utterance's audio is decoded again every `step_s` of new audio through the s
 turns successive decodes into finals that never change (`captions`) and a tentative tail
 (`partials`, replaced by a higher `revision` of the same `segment_id`, and finally by the
 `captions` event with that id). A pause of `endpoint_s` ends the utterance: one last decode,
-everything pending becomes final. A recognizer with room decodes the whole utterance, so each word
-is heard with the speech before it; continuous speech longer than `max_window_s` is cut at its
-committed words so no decode grows past that. A loaded recognizer gets short windows instead (cut
+everything pending becomes final; then the utterance is decoded once more, whole, as the
+`transcript` that replaces its finals where captions are read back (transcript.py). A recognizer
+with room decodes the whole utterance, so each word is heard with the speech before it;
+continuous speech longer than `max_window_s` is cut at its committed words so no decode grows past
+that. A loaded recognizer gets short windows instead (cut
 after each sentence and mid-sentence, the committed words forced as the decode's prefix). Committed
 text before the window is Whisper's prompt. Decodes that look like Whisper's failure modes (a
 repetition loop, speech-free audio) are not used.
@@ -36,8 +38,9 @@ from pipelines.audio_meter import audio_counters
 from pipelines.captions import policy
 from pipelines.captions.agreement import LocalAgreement, Word, cut_repetition, join_words
 from pipelines.captions.engine import CAPTIONS, CaptionEngine, RecognizerBusy, RecognizerFailed
+from pipelines.captions.transcript import Piece, UtteranceRecorder
 from pipelines.captions.window import AudioWindow
-from pipelines.event_bodies import caption_event, partial_event
+from pipelines.event_bodies import caption_event, partial_event, transcript_event
 from pipelines.events import EventSink
 from pipelines.frames import AudioChunk
 from pipelines.graph import StageContext, counter, register_counters
@@ -65,6 +68,14 @@ register_counters(
         "asr_short_windows": counter(
             "Decodes made with a short window and the committed words forced, the shared recognizer being loaded"
         ),
+        "transcripts": counter("Utterances (or pieces of long ones) published as transcript events"),
+        "transcripts_changed": counter("Transcripts whose words differ from the finals they replace"),
+        "transcripts_kept_finals": counter(
+            "Transcripts that repeat their finals: the whole decode failed or looked like a Whisper failure mode"
+        ),
+        "transcript_unheard_seconds": counter(
+            "Seconds of speech left out of transcripts: nothing was final in more than Whisper's 30 s window"
+        ),
     },
     section="captions",
 )
@@ -80,6 +91,9 @@ class CaptionStats:
     rejected: int = 0
     errors: int = 0
     short_windows: int = 0
+    transcripts: int = 0
+    transcripts_changed: int = 0
+    transcripts_kept_finals: int = 0
 
 
 class CaptionStage:
@@ -114,6 +128,8 @@ class CaptionStage:
         self._vad_time: float | None = None  # media time of the next VAD window's start
         self._wall_offset = 0.0  # captured_at - media time, from the newest chunk
         self._recognizer_gone = False
+        self._utterance = UtteranceRecorder() if self.settings.transcript else None
+        self._pieces = 0
 
     # -- Stage -----------------------------------------------------------------------------------
 
@@ -128,6 +144,7 @@ class CaptionStage:
                 except MailboxClosed:
                     if self._speaking:
                         await self._decode(final=True)
+                        await self._end_transcript()
                     return
                 if self._recognizer_gone:
                     continue  # captions have stopped: the audio is taken and counted, nothing kept
@@ -139,6 +156,7 @@ class CaptionStage:
                     if self._feed(chunk):
                         if self._speaking:
                             await self._decode(final=True)  # a gap: the utterance before it ends here
+                            await self._end_transcript()
                         self._reset(chunk)
                     await self._step(quiet=False)
 
@@ -149,10 +167,14 @@ class CaptionStage:
         silent_for = self.window.end - self._last_voice
         if silent_for >= self.settings.endpoint_s or (quiet and self.window.duration > 0):
             await self._decode(final=True)
+            await self._end_transcript()
             self._end_utterance()
         elif self._decode_due():
             await self._decode(final=False)
             await self._bound_window()
+            if self._utterance is not None:
+                pending = self.agreement.pending
+                await self._transcribe(self._utterance.due(pending[0].start if pending else None))
 
     def _decode_due(self) -> bool:
         return policy.decode_due(grown_s=self.window.end - self._decoded_to, window_s=self.window.duration,
@@ -173,6 +195,10 @@ class CaptionStage:
             "asr_rejected": stats.rejected,
             "asr_errors": stats.errors,
             "asr_short_windows": stats.short_windows,
+            "transcripts": stats.transcripts,
+            "transcripts_changed": stats.transcripts_changed,
+            "transcripts_kept_finals": stats.transcripts_kept_finals,
+            "transcript_unheard_seconds": round(self._utterance.untranscribed_s, 2) if self._utterance else 0.0,
         }
 
     # -- audio in --------------------------------------------------------------------------------
@@ -194,6 +220,8 @@ class CaptionStage:
             self._sentence_cut = float("-inf")
         self._end_utterance()
         self.window.clear()
+        if self._utterance is not None:
+            self._utterance.clear()
         self.vad.reset()
         self._vad_time = None
         self._take(chunk)
@@ -204,6 +232,8 @@ class CaptionStage:
 
     def _take_samples(self, pts: float, samples: np.ndarray) -> None:
         self.window.append(pts, samples)
+        if self._utterance is not None:
+            self._utterance.append(pts, samples)
         if self._vad_time is None:
             self._vad_time = pts
         settings = self.settings
@@ -223,6 +253,8 @@ class CaptionStage:
                 self._decoded_to = self.window.end
         if not self._speaking:
             self.window.keep_last(settings.pre_roll_s)
+            if self._utterance is not None:
+                self._utterance.idle(settings.pre_roll_s)
 
     # -- decoding ----------------------------------------------------------------------------------
 
@@ -270,6 +302,8 @@ class CaptionStage:
             self._recognizer_gone = True
             self._speaking = False
             self.window.clear()
+            if self._utterance is not None:
+                self._utterance.clear()
             log.error(
                 "captions stopped: the speech recognizer failed",
                 extra={"stream_id": self.stream_id, "reason": exc.reason},
@@ -333,6 +367,52 @@ class CaptionStage:
         if cut is not None:
             self.window.trim_before(cut)
 
+    # -- the transcript --------------------------------------------------------------------------
+
+    async def _end_transcript(self) -> None:
+        if self._utterance is not None:
+            await self._transcribe(self._utterance.finish())
+
+    async def _transcribe(self, piece: Piece | None) -> None:
+        """Decode the piece whole and publish it as the transcript of its segments; the finals
+        themselves when that decode cannot be used."""
+        if piece is None or self._utterance is None:
+            return
+        finals = piece.finals
+        words, language = finals, "en"
+        if not self._recognizer_gone and piece.end - piece.start >= policy.MIN_DECODE_S:
+            prompt = self._utterance.text[-self.settings.prompt_chars :]
+            result = await self._recognize(AsrRequest(piece.audio, prompt=prompt))
+            if result is not None:
+                heard = cut_repetition([
+                    Word(w.word, piece.start + w.start, piece.start + w.end, w.probability)
+                    for w in result.words if w.word.strip() and piece.start + (w.start + w.end) / 2 <= piece.end
+                ])
+                if heard:
+                    words, language = heard, result.language
+        revised = words is not finals
+        changed = [w.key for w in words] != [w.key for w in finals]
+        self.stats.transcripts += 1
+        self.stats.transcripts_changed += changed
+        self.stats.transcripts_kept_finals += not revised
+        self._pieces += 1
+        await self.sink.publish(
+            transcript_event(
+                self.stream_id,
+                utterance_id=f"{self._run_id}-u{self._pieces}",
+                replaces=[s.segment_id for s in piece.segments],
+                words=[(w.text, w.start, w.end, w.probability) for w in words],
+                start=min(piece.segments[0].words[0].start, words[0].start),
+                end=max(piece.segments[-1].end, words[-1].end),
+                revised=revised,
+                changed=changed,
+                language=language,
+                model=self.engine.model_name,
+                captured_at=piece.end + self._wall_offset,
+            )
+        )
+        self._utterance.remember(join_words(words))
+
     def _end_utterance(self) -> None:
         self._speaking = False
         self._speech_run = 0
@@ -355,6 +435,8 @@ class CaptionStage:
                 )
             )
             self._committed.extend(committed)
+            if self._utterance is not None:
+                self._utterance.add(segment_id, committed)
             self.stats.captions += 1
             self.stats.words += len(committed)
             self._segment += 1
