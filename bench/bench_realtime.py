@@ -39,6 +39,9 @@ Figures, per stream and configuration, all from that window (events read from NA
   - caption word lag: for every word of every `captions` event whose audio ended inside the
     window, published_at - the word's end in wall time (captured_at is the wall time of the
     last word's end, so a word ends at captured_at - (last.end - word.end)); p50 / p95.
+  - transcript: the same for the words of `transcript` events (each utterance decoded whole once
+    it ended, replacing its finals where captions are read back): `transcript_lag_p50_s` /
+    `p95`, and its WER over the same stretch (`transcript_wer_pct`, `transcript_diff_codec_pts`).
   - audio dropped seconds (counter `audio_dropped_seconds`, window delta and whole run).
   - live WER: the finals' words heard inside the window against the sentences said inside it
     (cut in the pauses between sentences); offline WER: the same stretch through the same model
@@ -536,6 +539,7 @@ class EventLog:
 
     detections: dict[str, list[Detection]] = field(default_factory=lambda: defaultdict(list))
     captions: dict[str, list[Caption]] = field(default_factory=lambda: defaultdict(list))
+    transcripts: dict[str, list[Caption]] = field(default_factory=lambda: defaultdict(list))
     descriptions: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     status: dict[str, list[tuple[float, str]]] = field(default_factory=lambda: defaultdict(list))
     inference_field: bool = False  # some detections body carried `inference`
@@ -545,7 +549,7 @@ class EventLog:
 
     async def on_message(self, msg: Msg) -> None:
         parts = msg.subject.split(".")
-        if len(parts) != 3 or parts[2] not in ("detections", "captions", "descriptions", "status"):
+        if len(parts) != 3 or parts[2] not in ("detections", "captions", "transcript", "descriptions", "status"):
             return
         ce_id = (msg.headers or {}).get("ce-id")
         if ce_id is not None:
@@ -563,10 +567,11 @@ class EventLog:
                 self.detections[stream_id].append(
                     Detection(captured, published, float(body.get("pts") or 0.0), inference in (None, "measured"))
                 )
-            elif kind == "captions":
+            elif kind in ("captions", "transcript"):
                 words = tuple((str(w["word"]), float(w["start"]), float(w["end"])) for w in body.get("words") or [])
                 if words:
-                    self.captions[stream_id].append(Caption(captured, published, words))
+                    log = self.captions if kind == "captions" else self.transcripts
+                    log[stream_id].append(Caption(captured, published, words))
             elif kind == "descriptions":
                 self.descriptions[stream_id].append(time.time())
             else:
@@ -931,8 +936,27 @@ def speech_origin(run: ConfigRun, s: StreamRun) -> float | None:
     return float(np.median([d.captured - d.pts for d in detections])) if detections else None
 
 
-def stream_figures(run: ConfigRun, s: StreamRun) -> tuple[dict[str, Any], Cut | None, str]:
-    """A stream's row (WER columns still empty), its speech cut and the live text inside it."""
+def caption_figures(
+    captions: Sequence[Caption], t0: float, t1: float, origin: float | None, cut: Cut | None
+) -> tuple[list[float], list[str]]:
+    """Word lags of the words that ended inside [t0, t1], and the words said inside the cut."""
+    lags: list[float] = []
+    words: list[str] = []
+    for caption in captions:
+        for word, start, end in caption.words:
+            ended = caption.word_wall(end)
+            if t0 <= ended <= t1:
+                lags.append(caption.published - ended)
+            if cut is not None and origin is not None:
+                middle = caption.word_wall((start + end) / 2) - origin
+                if cut.a <= middle <= cut.b:
+                    words.append(word)
+    return lags, words
+
+
+def stream_figures(run: ConfigRun, s: StreamRun) -> tuple[dict[str, Any], Cut | None, str, str]:
+    """A stream's row (WER columns still empty), its speech cut, and the live finals' and
+    transcripts' text inside it."""
     t0, t1 = run.t0, run.t1
     wall = t1 - t0
     sid = s.stream_id
@@ -943,19 +967,10 @@ def stream_figures(run: ConfigRun, s: StreamRun) -> tuple[dict[str, Any], Cut | 
     measured = sum(d.measured for d in dets)
     c2p = [(d.published - d.captured) * 1000 for d in dets]
     c2p_measured = [(d.published - d.captured) * 1000 for d in dets if d.measured]
-    lags: list[float] = []
-    live_words: list[str] = []
     origin = speech_origin(run, s)
     cut = window_cut(s.speech, t0 - origin, t1 - origin) if origin is not None else None
-    for caption in run.log.captions.get(sid, []):
-        for word, start, end in caption.words:
-            ended = caption.word_wall(end)
-            if t0 <= ended <= t1:
-                lags.append(caption.published - ended)
-            if cut is not None and origin is not None:
-                middle = caption.word_wall((start + end) / 2) - origin
-                if cut.a <= middle <= cut.b:
-                    live_words.append(word)
+    lags, live_words = caption_figures(run.log.captions.get(sid, []), t0, t1, origin, cut)
+    kept_lags, kept_words = caption_figures(run.log.transcripts.get(sid, []), t0, t1, origin, cut)
     states = sorted({state for at, state in run.log.status.get(sid, []) if t0 <= at <= t1})
     row: dict[str, Any] = {
         "round": run.round,
@@ -977,6 +992,9 @@ def stream_figures(run: ConfigRun, s: StreamRun) -> tuple[dict[str, Any], Cut | 
         "lag_p95_s": pct(lags, 95),
         "lag_max_s": pct(lags, 100),
         "words": len(lags),
+        "transcript_lag_p50_s": pct(kept_lags, 50),
+        "transcript_lag_p95_s": pct(kept_lags, 95),
+        "transcript_words": len(kept_lags),
         "audio_dropped_s": round(delta.get("audio_dropped_seconds", 0.0), 2),
         "audio_dropped_run_s": round(s.end.get("audio_dropped_seconds", s.after.get("audio_dropped_seconds", 0.0)), 2),
         "descriptions": sum(t0 <= at <= t1 for at in run.log.descriptions.get(sid, [])),
@@ -984,7 +1002,7 @@ def stream_figures(run: ConfigRun, s: StreamRun) -> tuple[dict[str, Any], Cut | 
         "speech_window_s": [round(t0 - origin, 1), round(t1 - origin, 1)] if origin is not None else None,
         "counters_delta": {k: round(v, 3) for k, v in sorted(delta.items()) if v},
     }
-    return row, cut, " ".join(live_words)
+    return row, cut, " ".join(live_words), " ".join(kept_words)
 
 
 def fair_shares(capacity: float, demands: dict[str, float]) -> dict[str, float]:
@@ -1201,7 +1219,9 @@ def offline_bounds(speech: Speech, cut: Cut) -> list[float]:
     return bounds
 
 
-def add_wer(row: dict[str, Any], cut: Cut | None, live: str, offline: Offline, s: StreamRun) -> None:
+def add_wer(  # noqa: PLR0917
+    row: dict[str, Any], cut: Cut | None, live: str, kept: str, offline: Offline, s: StreamRun
+) -> None:
     if cut is None or not row["words"]:
         row.update(
             wer_words=0,
@@ -1210,11 +1230,14 @@ def add_wer(row: dict[str, Any], cut: Cut | None, live: str, offline: Offline, s
             wer_diff_pts=None,
             wer_offline_codec_pct=None,
             wer_diff_codec_pts=None,
+            transcript_wer_pct=None,
+            transcript_diff_codec_pts=None,
         )
         return
     said, heard = offline.text(s, cut), offline.text(s, cut, codec=True)
     on, off = 100 * wer(cut.reference, live), 100 * wer(cut.reference, said)
     off_codec = 100 * wer(cut.reference, heard)
+    on_kept = 100 * wer(cut.reference, kept) if row["transcript_words"] else None
     row.update(
         wer_words=len(words_of(cut.reference)),
         wer_span_s=[cut.a, cut.b],
@@ -1223,7 +1246,10 @@ def add_wer(row: dict[str, Any], cut: Cut | None, live: str, offline: Offline, s
         wer_diff_pts=round(on - off, 1),
         wer_offline_codec_pct=round(off_codec, 1),
         wer_diff_codec_pts=round(on - off_codec, 1),
+        transcript_wer_pct=None if on_kept is None else round(on_kept, 1),
+        transcript_diff_codec_pts=None if on_kept is None else round(on_kept - off_codec, 1),
         live_text=live,
+        transcript_text=kept,
         offline_text=said,
         offline_codec_text=heard,
     )
@@ -1260,6 +1286,15 @@ def verdicts(config_rows: list[dict[str, Any]], rows: list[dict[str, Any]], capt
                         None if diff_codec is None else diff_codec <= WER_POINTS,
                     ),
                 ]
+                kept_diff = r.get("transcript_diff_codec_pts")
+                reference.append(
+                    _check(
+                        f"(transcript, read back) WER {r.get('transcript_wer_pct')} %: {kept_diff} <= "
+                        f"+{WER_POINTS:g} points; word lag p50 {r.get('transcript_lag_p50_s')} s, "
+                        f"p95 {r.get('transcript_lag_p95_s')} s",
+                        None if kept_diff is None else kept_diff <= WER_POINTS,
+                    )
+                )
                 reference.append(
                     _check(
                         f"(reference, clean audio) WER {r.get('wer_live_pct')} % vs offline "
@@ -1286,7 +1321,8 @@ STREAM_COLUMNS = [
     "round", "config", "stream", "in_fps", "boxes_per_frame", "measured_fps", "predicted_fps", "predicted_share",
     "frames_predicted", "fair_fps",
     "c2p_p50_ms", "c2p_p95_ms", "c2p_measured_p50_ms", "lag_p50_s", "lag_p95_s", "words", "audio_dropped_s",
-    "wer_live_pct", "wer_offline_pct", "wer_diff_pts", "wer_offline_codec_pct", "wer_diff_codec_pts", "descriptions",
+    "wer_live_pct", "wer_offline_pct", "wer_diff_pts", "wer_offline_codec_pct", "wer_diff_codec_pts",
+    "transcript_lag_p50_s", "transcript_lag_p95_s", "transcript_wer_pct", "transcript_diff_codec_pts", "descriptions",
 ]  # fmt: skip
 CONFIG_COLUMNS = [
     "round", "config", "set", "detector", "bare_fps", "asr_busy", "det_busy", "captions_share", "det_share_gauge",
@@ -1376,9 +1412,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             summary = metrics_summary(run)
             config_rows.append({**config_row(run, bare, summary), **summary})
             for s in run.streams:
-                row, cut, live = stream_figures(run, s)
+                row, cut, live, kept = stream_figures(run, s)
                 if captions:
-                    add_wer(row, cut, live, offline, s)
+                    add_wer(row, cut, live, kept, offline, s)
                 rows.append(row)
     finally:
         offline.close()

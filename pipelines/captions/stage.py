@@ -408,7 +408,7 @@ class CaptionStage:
                 changed=changed,
                 language=language,
                 model=self.engine.model_name,
-                captured_at=piece.end + self._wall_offset,
+                captured_at=words[-1].end + self._wall_offset,  # as a final's: when its last word was heard
             )
         )
         self._utterance.remember(join_words(words))
