@@ -152,6 +152,10 @@ def partial_event(
     )
 
 
+def caption_event_id(stream_id: str, segment_id: str) -> str:
+    return f"caption-{stream_id}-{segment_id}"
+
+
 def caption_event(
     stream_id: str,
     *,
@@ -180,7 +184,7 @@ def caption_event(
             "language": language,
             "model": model,
         },
-        id=f"caption-{stream_id}-{segment_id}",
+        id=caption_event_id(stream_id, segment_id),
     )
 
 

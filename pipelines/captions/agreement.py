@@ -5,7 +5,8 @@ never changed) once two decodes in a row agree on it and on every word before it
 latest decode says after that is tentative (a partial). Words carry media times, so the words
 already committed are recognised in a new hypothesis by time (a word whose middle lies before the
 end of the last committed word) and, where Whisper shifts its times a little, by text (the first
-few words repeating the committed tail are dropped). At a pause the pending words are committed
+few words repeating the committed tail are dropped, as is a start that says the committed text's
+last sentence again: `repeated_start`). At a pause the pending words are committed
 as they are (`flush`): nothing more will be said to confirm them.
 """
 
@@ -16,8 +17,16 @@ import unicodedata
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 
 MAX_NGRAM = 5  # committed words a new hypothesis may repeat at its start
+# A hypothesis that begins by saying the committed text's last sentence again, nearly word for
+# word, is Whisper repeating its prompt (words committed with times too early leave their sound
+# in the window, and the decoder hears the sentence once more, timed after them).
+MIN_REPEAT_WORDS = 6
+MAX_REPEAT_WORDS = 40
+REPEAT_SIMILARITY = 0.75  # of a repeat of 10 words or more; a shorter one must match more closely
+SHORT_REPEAT_SIMILARITY = 0.85
 _NON_WORD = re.compile(r"[^\w']+")
 
 
@@ -45,6 +54,21 @@ def join_words(words: Sequence[Word]) -> str:
 MAX_LOOP_NGRAM = 8
 
 
+def repeated_start(keys: Sequence[str], before: Sequence[str]) -> int:
+    """How many words at the start of `keys` say the end of `before` again (0 when they do not):
+    the run of MIN_REPEAT_WORDS or more that matches the same number of last words of `before`
+    most closely, nearly all of them (Whisper hears a few of them differently the second time). Real speech
+    seldom says its last six words or more again straight after them; Whisper repeating its
+    prompt does."""
+    best, best_ratio = 0, 0.0
+    for n in range(MIN_REPEAT_WORDS, min(MAX_REPEAT_WORDS, len(keys), len(before)) + 1):
+        ratio = SequenceMatcher(None, list(keys[:n]), list(before[-n:]), autojunk=False).ratio()
+        # The closest match, not the longest: one more word on each side may still pass.
+        if ratio >= (REPEAT_SIMILARITY if n >= 10 else SHORT_REPEAT_SIMILARITY) and ratio >= best_ratio:
+            best, best_ratio = n, ratio
+    return best
+
+
 def cut_repetition(words: Sequence[Word]) -> list[Word]:
     """The words before a repetition loop: where a run of 2 to 8 words is immediately said again
     (or one word a third time), Whisper has started looping at the edge of its window; what
@@ -62,7 +86,8 @@ def cut_repetition(words: Sequence[Word]) -> list[Word]:
 class LocalAgreement:
     def __init__(self) -> None:
         self.committed_end = float("-inf")  # media end of the last committed word
-        self._tail: deque[str] = deque(maxlen=MAX_NGRAM)  # keys of the last committed words
+        self._tail: deque[str] = deque(maxlen=MAX_REPEAT_WORDS)  # keys of the last committed words
+        self.repeats_dropped = 0  # words of hypotheses that said committed words again
         self._previous: list[Word] = []  # the last hypothesis, past what is committed
 
     @property
@@ -105,6 +130,10 @@ class LocalAgreement:
         if not fresh or not self._tail:
             return fresh
         tail = list(self._tail)
+        repeated = repeated_start([w.key for w in fresh], tail)
+        if repeated:
+            self.repeats_dropped += repeated
+            return fresh[repeated:]
         for n in range(min(MAX_NGRAM, len(tail), len(fresh)), 0, -1):
             if [w.key for w in fresh[:n]] == tail[-n:]:
                 return fresh[n:]

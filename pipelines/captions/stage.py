@@ -36,7 +36,7 @@ from engines.asr.types import AsrRequest, AsrResult
 from engines.asr.vad import StreamVad
 from pipelines.audio_meter import audio_counters
 from pipelines.captions import policy
-from pipelines.captions.agreement import LocalAgreement, Word, cut_repetition, join_words
+from pipelines.captions.agreement import LocalAgreement, Word, cut_repetition, join_words, repeated_start
 from pipelines.captions.engine import CAPTIONS, CaptionEngine, RecognizerBusy, RecognizerFailed
 from pipelines.captions.transcript import Piece, UtteranceRecorder
 from pipelines.captions.window import AudioWindow
@@ -388,6 +388,9 @@ class CaptionStage:
                     Word(w.word, piece.start + w.start, piece.start + w.end, w.probability)
                     for w in result.words if w.word.strip() and piece.start + (w.start + w.end) / 2 <= piece.end
                 ])
+                # The piece's audio starts after the transcript before it: a start saying that
+                # transcript's end again is Whisper repeating its prompt.
+                heard = heard[repeated_start([w.key for w in heard], self._utterance.keys()) :]
                 if heard:
                     words, language = heard, result.language
         revised = words is not finals

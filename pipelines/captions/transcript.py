@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.captions.agreement import Word
+from pipelines.captions.agreement import MAX_REPEAT_WORDS, Word, normalise
 from pipelines.captions.policy import SENTENCE_END
 from pipelines.captions.window import AudioWindow
 from pipelines.events import Event, EventKind
@@ -116,6 +116,10 @@ class UtteranceRecorder:
 
     def remember(self, text: str) -> None:
         self.text = f"{self.text} {text}".strip()[-PROMPT_KEPT:]
+
+    def keys(self) -> list[str]:
+        """The transcript's last words, compared as LocalAgreement compares them."""
+        return [k for k in (normalise(w) for w in self.text.split()[-MAX_REPEAT_WORDS:]) if k]
 
 
 def piece_cut(segments: Sequence[Segment], start: float, *, pending_start: float | None) -> tuple[int, float] | None:

@@ -1,19 +1,24 @@
-"""The recent final captions of every stream, for `GET /api/streams/{id}/captions.vtt`.
+"""The recent captions of every stream, for `GET /api/streams/{id}/captions.vtt`.
 
-Fed with every `captions` event the streams publish (a tap on the fan-out), kept per stream for
-`max_age_s` of media time and at most `max_cues` cues, and dropped with the stream. Finals never
-change, so a cue is written once and only ever falls off the old end.
+Fed with every `captions` and `transcript` event the streams publish (a tap on the fan-out), kept
+per stream for `max_age_s` of media time and at most `max_cues` cues, and dropped with the stream.
+A final is a cue as it arrives; once its utterance's transcript (the utterance decoded whole)
+arrives, the transcript's sentences take the place of the finals it replaces.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from pipelines.captions.utterances import SENTENCE_STOPS
 from pipelines.events import Event, EventKind
 
 DEFAULT_MAX_AGE_S = 600.0  # the last ten minutes of speech
 DEFAULT_MAX_CUES = 2000
+CUE_MAX_WORDS = 16  # a transcript is cut into cues at sentence ends and at most this many words
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +26,7 @@ class Cue:
     start: float  # media seconds
     end: float
     text: str
+    segment_id: str | None = None  # the final's; None for a transcript's cue
 
 
 class TranscriptStore:
@@ -30,16 +36,26 @@ class TranscriptStore:
         self._cues: dict[str, deque[Cue]] = {}
 
     def tap(self, event: Event) -> None:
-        if event.kind is not EventKind.CAPTIONS:
+        if event.kind not in (EventKind.CAPTIONS, EventKind.TRANSCRIPT):
             return
         data = event.data
         try:
-            cue = Cue(float(data["start"]), float(data["end"]), str(data["text"]))
+            if event.kind is EventKind.CAPTIONS:
+                new = [Cue(float(data["start"]), float(data["end"]), str(data["text"]), str(data["segment_id"]))]
+                replaced: set[str] = set()
+            else:
+                new = transcript_cues(data["words"])
+                replaced = {str(r) for r in data["replaces"]}
         except (KeyError, TypeError, ValueError):
             return
         cues = self._cues.setdefault(event.stream_id, deque(maxlen=self.max_cues))
-        cues.append(cue)
-        while cues and cues[0].end < cue.end - self.max_age_s:
+        if replaced:
+            kept = [c for c in cues if c.segment_id not in replaced]
+            cues.clear()
+            cues.extend(kept)
+        cues.extend(new)
+        newest = max((c.end for c in cues), default=0.0)
+        while cues and cues[0].end < newest - self.max_age_s:
             cues.popleft()
 
     def cues(self, stream_id: str) -> list[Cue]:
@@ -47,6 +63,20 @@ class TranscriptStore:
 
     def forget(self, stream_id: str) -> None:
         self._cues.pop(stream_id, None)
+
+
+def transcript_cues(words: Sequence[Mapping[str, Any]]) -> list[Cue]:
+    """A transcript's words as cues: a sentence each, at most CUE_MAX_WORDS words."""
+    cues: list[Cue] = []
+    line: list[tuple[str, float, float]] = []
+    for w in words:
+        line.append((str(w["word"]), float(w["start"]), float(w["end"])))
+        if len(line) >= CUE_MAX_WORDS or line[-1][0].endswith(SENTENCE_STOPS):
+            cues.append(Cue(line[0][1], line[-1][2], " ".join(t for t, _, _ in line)))
+            line = []
+    if line:
+        cues.append(Cue(line[0][1], line[-1][2], " ".join(t for t, _, _ in line)))
+    return cues
 
 
 def vtt_time(seconds: float) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pipelines.event_bodies import caption_event_id
 from pipelines.events import EventKind
 
 INDEXED_KINDS: tuple[EventKind, ...] = (
@@ -25,6 +26,9 @@ INDEXED_KINDS: tuple[EventKind, ...] = (
     EventKind.TRACKS,
     EventKind.CLIPS,
 )
+# Read as well: an utterance's transcript replaces the entries of the captions it names, as a
+# captions entry (kind filters and links are the same).
+CONSUMED_KINDS: tuple[EventKind, ...] = (*INDEXED_KINDS, EventKind.TRANSCRIPT)
 MAX_TEXT_CHARS = 8192  # one entry's searchable text; a longer description is cut, not refused
 MAX_WORDS = 2000
 
@@ -39,6 +43,7 @@ class Entry:
     wall: float  # epoch seconds the media reached the service
     text: str
     extra: Mapping[str, Any]  # per kind: `times` (captions' words), `clip_id` (clips), `alert_id`, ...
+    replaces: tuple[str, ...] = ()  # a transcript's: the event ids of the captions it replaces
 
 
 class NotIndexed(Exception):
@@ -60,12 +65,13 @@ def entry_of(event_id: str, kind: str, body: Mapping[str, Any]) -> Entry:
         wall = _epoch(body["captured_at"])
         pts = _number(body.get("pts"))
         text, start, end, extra = build(body, pts)
+        replaces = _replaced(stream_id, body) if kind_ is EventKind.TRANSCRIPT else ()
     except (KeyError, TypeError, ValueError) as exc:
         raise NotIndexed(f"{kind} event {event_id}: unreadable body ({exc.__class__.__name__}: {exc})") from None
     text = " ".join(text.split())[:MAX_TEXT_CHARS]
     if not text:
         raise NotIndexed(f"{kind} event {event_id}: no text")
-    return Entry(event_id, stream_id, kind_, start, end, wall, text, extra)
+    return Entry(event_id, stream_id, _ENTRY_KINDS.get(kind_, kind_), start, end, wall, text, extra, replaces)
 
 
 Built = tuple[str, float | None, float | None, dict[str, Any]]
@@ -81,6 +87,15 @@ def _caption(body: Mapping[str, Any], pts: float | None) -> Built:
     text = " ".join(w[0] for w in words) if words else str(body["text"])
     times = [[round(start, 3), round(end, 3)] for _, start, end in words]
     return text, _number(body.get("start")), _number(body.get("end")), {"times": times}
+
+
+def _transcript(body: Mapping[str, Any], pts: float | None) -> Built:
+    text, start, end, extra = _caption(body, pts)
+    return text, start, end, extra | {"transcript": True}
+
+
+def _replaced(stream_id: str, body: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(caption_event_id(stream_id, str(s)) for s in list(body.get("replaces") or ())[:MAX_WORDS])
 
 
 def _description(body: Mapping[str, Any], pts: float | None) -> Built:
@@ -131,6 +146,7 @@ def _clip(body: Mapping[str, Any], pts: float | None) -> Built:
 
 _BUILDERS = {
     EventKind.CAPTIONS: _caption,
+    EventKind.TRANSCRIPT: _transcript,
     EventKind.DESCRIPTIONS: _description,
     EventKind.ALERTS: _alert,
     EventKind.TRACKS: _track,
@@ -143,6 +159,8 @@ def _number(value: Any) -> float | None:
         return None
     number = float(value)
     return number if math.isfinite(number) else None
+
+_ENTRY_KINDS = {EventKind.TRANSCRIPT: EventKind.CAPTIONS}
 
 
 def _epoch(value: Any) -> float:

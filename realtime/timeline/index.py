@@ -110,6 +110,7 @@ class IndexStats:
     indexed: int = 0  # since start
     duplicates: int = 0  # events already kept (a replay)
     pruned: int = 0  # deleted for age or count
+    replaced: int = 0  # caption entries a transcript replaced
     queries: int = 0
     refused: int = 0  # too broad, or the syntax
 
@@ -184,7 +185,9 @@ class TimelineIndex:
                 if db.execute("SELECT 1 FROM events WHERE event_id = ?", (e.event_id,)).fetchone() is not None:
                     self.stats.duplicates += 1  # a replay of an event already kept
                     continue
-                entry_id = self._continue_utterance(e) if e.kind is EventKind.CAPTIONS else None
+                if e.replaces:
+                    self._withdraw(e.replaces)
+                entry_id = self._continue_utterance(e) if e.kind is EventKind.CAPTIONS and not e.replaces else None
                 if entry_id is None:
                     entry_id = db.execute(
                         "INSERT INTO entries(event_id, seq, stream, kind, pts, end_pts, wall, text, extra) "
@@ -200,12 +203,29 @@ class TimelineIndex:
                                    (entry_id, self._max_wall))
                     self._last_id = entry_id or self._last_id
                 db.execute("INSERT INTO events(event_id, entry) VALUES (?, ?)", (e.event_id, entry_id))
+                # The replaced captions stay known, so a replay of them is skipped as a duplicate.
+                db.executemany("INSERT OR REPLACE INTO events(event_id, entry) VALUES (?, ?)",
+                               [(replaced, entry_id) for replaced in e.replaces])
             self._set_meta("position", str(position))
             db.commit()
             self.stats.indexed += added
             self.stats.entries += added
             self._prune(time.time() if now is None else now)
         return added
+
+    def _withdraw(self, caption_ids: Sequence[str]) -> None:
+        """Delete the entries made of these captions: a transcript of their utterance replaces them.
+        Captions join only within their utterance (a transcript entry is never continued), so such an
+        entry holds no one else's words, except the head of a long utterance's next piece, whose own
+        transcript brings those back."""
+        marks = ",".join("?" * len(caption_ids))
+        rows = self._db.execute(f"SELECT DISTINCT entry FROM events WHERE event_id IN ({marks})",
+                                list(caption_ids)).fetchall()
+        withdrawn = 0
+        for (entry_id,) in rows:
+            withdrawn += self._db.execute("DELETE FROM entries WHERE id = ?", (entry_id,)).rowcount
+        self.stats.entries -= withdrawn
+        self.stats.replaced += withdrawn
 
     def _continue_utterance(self, e: Entry) -> int | None:
         """Finals come in pieces of a few words: one that follows its stream's last caption within a
@@ -217,6 +237,8 @@ class TimelineIndex:
             return None
         entry_id, end, text, extra_json = row
         extra = json.loads(extra_json)
+        if extra.get("transcript"):  # an utterance transcribed whole has ended: nothing joins it
+            return None
         words = extra.get("times") or []
         new_words = list(e.extra.get("times") or ())
         if (not 0.0 <= e.pts - end < UTTERANCE_PAUSE_S or text.endswith(SENTENCE_STOPS)

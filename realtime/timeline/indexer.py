@@ -32,7 +32,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from realtime.bus.cloudevents import SUBJECT_PREFIX, decode
 from realtime.bus.jetstream import STREAM_NAME
-from realtime.timeline.entries import INDEXED_KINDS, Entry, NotIndexed, entry_of
+from realtime.timeline.entries import CONSUMED_KINDS, Entry, NotIndexed, entry_of
 from realtime.timeline.index import TimelineIndex
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 INACTIVE_THRESHOLD_S = 24 * 3600.0
 RETRY_S = (0.5, 1.0, 2.0, 5.0)
 LAG_SAMPLES = 1024
-FILTER_SUBJECTS = [f"{SUBJECT_PREFIX}.*.{kind.value}" for kind in INDEXED_KINDS]
+FILTER_SUBJECTS = [f"{SUBJECT_PREFIX}.*.{kind.value}" for kind in CONSUMED_KINDS]
 
 
 def consumer_name(node: str) -> str:
@@ -155,8 +155,10 @@ class TimelineIndexer:
             consumer = await js.consumer_info(STREAM_NAME, self.durable)
             floor = consumer.ack_floor.stream_seq if consumer.ack_floor is not None else 0
             delivered = consumer.delivered.stream_seq if consumer.delivered is not None else 0
-            # Its ack floor is where the index stands, and nothing past it is out unacked: use it as it is.
-            if floor == position and delivered <= position:
+            # Its ack floor is where the index stands, and nothing past it is out unacked: use it as it
+            # is, unless it reads other subjects (a version that indexed other kinds made it).
+            same_subjects = sorted(consumer.config.filter_subjects or []) == sorted(FILTER_SUBJECTS)
+            if floor == position and delivered <= position and same_subjects:
                 return
             await js.delete_consumer(STREAM_NAME, self.durable)
             self.stats.rebuilds += 1

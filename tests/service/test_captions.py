@@ -40,23 +40,38 @@ async def svc(
 
 
 class Finals:
-    """Every `captions` event on NATS for one stream."""
+    """Every `captions` and `transcript` event on NATS for one stream."""
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
+        self.transcripts: list[dict[str, Any]] = []
 
     async def start(self, url: str, stream_id: str) -> nats.NATS:
         nc = await nats.connect(url)
 
         async def on_message(msg: Any) -> None:
-            self.bodies.append(json.loads(msg.data))
+            kept = self.bodies if msg.subject.endswith(".captions") else self.transcripts
+            kept.append(json.loads(msg.data))
 
         await nc.subscribe(f"vidsentry.{stream_id}.captions", cb=on_message)
+        await nc.subscribe(f"vidsentry.{stream_id}.transcript", cb=on_message)
         return nc
 
     @property
     def text(self) -> str:
         return " ".join(b["text"] for b in self.bodies)
+
+    def read_back(self) -> str:
+        """The finals in order, each transcript's text in place of the finals it names."""
+        replaced = {r: t for t in self.transcripts for r in t["replaces"]}
+        parts = []
+        for body in self.bodies:
+            transcript = replaced.get(body["segment_id"])
+            if transcript is None:
+                parts.append(body["text"])
+            elif transcript["replaces"][0] == body["segment_id"]:
+                parts.append(transcript["text"])
+        return " ".join(parts)
 
 
 def assert_finals_are_final(bodies: list[dict[str, Any]], *, within: tuple[float, float]) -> None:
@@ -71,7 +86,7 @@ def assert_finals_are_final(bodies: list[dict[str, Any]], *, within: tuple[float
             assert 0.0 <= word["probability"] <= 1.0
 
 
-def assert_valid_webvtt(text: str, finals: int) -> None:
+def assert_valid_webvtt(text: str, words: list[str]) -> None:
     blocks = text.strip("\n").split("\n\n")
     assert blocks[0] == "WEBVTT"
     previous = -1.0
@@ -84,7 +99,7 @@ def assert_valid_webvtt(text: str, finals: int) -> None:
         start, end = h1 * 3600 + m1 * 60 + s1 + ms1 / 1000, h2 * 3600 + m2 * 60 + s2 + ms2 / 1000
         assert previous <= start < end
         previous = start
-    assert len(blocks) - 1 == finals
+    assert words_of(" ".join(block.split("\n")[2] for block in blocks[1:])) == words
 
 
 async def test_a_browser_sessions_speech_is_captioned_on_the_channel_and_nats(
@@ -98,6 +113,10 @@ async def test_a_browser_sessions_speech_is_captioned_on_the_channel_and_nats(
     try:
         await peer.wait_for(lambda: len(peer.of_kind("captions")) >= 3, 40, "three finals on the DataChannel")
         await wait_until(lambda: len(finals.bodies) >= 3, 10, "three finals on NATS")
+        # The speech ends after 10 s: its last utterance is transcribed whole, on both paths.
+        await peer.wait_for(lambda: bool(peer.of_kind("transcript")), 40, "a transcript on the DataChannel")
+        await wait_until(lambda: bool(finals.transcripts), 10, "a transcript on NATS")
+        await asyncio.sleep(1.0)  # nothing more is said: the last events settle
         channel_finals = [m["body"] for m in peer.of_kind("captions")]
         assert [b["segment_id"] for b in channel_finals][:3] == [b["segment_id"] for b in finals.bodies][:3]
         assert peer.of_kind("partials"), "partials come before finals"
@@ -106,7 +125,12 @@ async def test_a_browser_sessions_speech_is_captioned_on_the_channel_and_nats(
         assert words_of(finals.text)[:4] == ["good", "morning", "this", "is"] or script_prefix_wer(finals.text) <= 0.3
         reply = await svc.call("GET", f"/api/streams/{peer.stream_id}/captions.vtt")
         assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/vtt")
-        assert_valid_webvtt(reply.body, len(finals.bodies))
+        # The WebVTT reads what was kept: each transcript in place of the finals it replaces.
+        segments = [b["segment_id"] for b in finals.bodies]
+        for transcript in finals.transcripts:
+            assert transcript["replaces"] and set(transcript["replaces"]) <= set(segments)
+            assert transcript["model"] and transcript["words"] and transcript["revised"] in (True, False)
+        assert_valid_webvtt(reply.body, words_of(finals.read_back()))
         metrics = (await svc.call("GET", "/metrics")).body
         decodes = re.search(r"^vidsentry_asr_decodes_total ([0-9.e+]+)$", metrics, re.M)
         assert decodes and float(decodes.group(1)) > 0 and "vidsentry_asr_alive 1.0" in metrics

@@ -1,5 +1,6 @@
 // Live captions as the server transcribes the session's speech: settled words, and the tentative
-// words after them that a later decode may still change or withdraw.
+// words after them that a later decode may still change or withdraw. Once an utterance ends, its
+// transcript (decoded whole) replaces its settled words.
 
 const KEEP_CAPTION_LINES = 200;
 
@@ -37,6 +38,21 @@ export class CaptionPanel {
     span.dataset.final = "1";
     span.textContent = body.text;
     if (SENTENCE_END.test(body.text)) this.breakAfter(span);
+  }
+
+  // An utterance decoded whole once it ended: its text takes the place of the finals it names
+  // (in the first of them; the others go), so what stays on screen is what is kept.
+  transcript(body) {
+    const spans = (body.replaces || []).map((id) => this.spans.get(String(id))).filter(Boolean);
+    if (!spans.length) return; // those finals have scrolled away
+    const [first, ...rest] = spans;
+    for (const span of rest) this.drop(span.dataset.segment, span);
+    first.className = "caption final transcript";
+    first.textContent = body.text;
+    if (body.changed) first.title = "corrected once the utterance ended";
+    for (const line of [...this.list.children]) {
+      if (line !== this.line && !line.firstElementChild) line.remove(); // emptied by the replacement
+    }
   }
 
   add(key, final) {

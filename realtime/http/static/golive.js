@@ -298,6 +298,9 @@ export class LivePanel {
       case "captions":
         this.captions.final(body);
         break;
+      case "transcript":
+        this.captions.transcript(body);
+        break;
       case "descriptions":
         this.scene.show(body);
         break;

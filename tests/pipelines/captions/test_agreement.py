@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipelines.captions.agreement import LocalAgreement, Word, normalise
+from pipelines.captions.agreement import LocalAgreement, Word, normalise, repeated_start
 from pipelines.captions.window import AudioWindow
 
 
@@ -84,3 +84,29 @@ def test_a_repetition_loop_is_cut_at_its_second_copy() -> None:
     honest = words("the north entrance camera of the city library plaza")
     assert cut_repetition(honest) == honest
     assert texts(cut_repetition(words("it is very very cold"))) == ["it", "is", "very", "very", "cold"]
+
+
+def keys(text: str) -> list[str]:
+    return [normalise(w) for w in text.split()]
+
+
+def test_a_hypothesis_saying_the_last_committed_sentence_again_is_cut_to_what_follows() -> None:
+    # Seen live: the sentence committed with times too early, its sound still in the window, and
+    # the next decode hearing it once more (a little differently) before the new words.
+    committed = keys("by courier rather than by post. We are open on week, during office hours and somewhere "
+                     "in always at the front desk.")
+    again = keys("We are open on weekends during office hours and someone is always at the front desk. You can")
+    assert repeated_start(again, committed) == 16
+    agreement = LocalAgreement()
+    agreement.flush([Word(f" {k}", i * 0.3, i * 0.3 + 0.2, 0.9) for i, k in enumerate(committed)])
+    hypothesis = [Word(f" {k}", 20 + i * 0.3, 20 + i * 0.3 + 0.2, 0.9) for i, k in enumerate(again)]
+    agreement.update(hypothesis)
+    assert [w.key for w in agreement.pending] == ["you", "can"] and agreement.repeats_dropped == 16
+
+
+def test_speech_that_only_shares_a_few_words_with_what_came_before_is_kept() -> None:
+    before = keys("and the man is standing by the gate")
+    assert repeated_start(keys("and the dog is barking at the gate"), before) == 0  # 6 of 8 alike: too few
+    assert repeated_start(keys("the gate is open"), before) == 0  # shorter than a repeat
+    assert repeated_start(keys("is standing by the gate now"), keys("the man is standing by the gate")) == 0
+    assert repeated_start(keys("a b c d e f"), keys("x a b c d e f")) == 6  # six words said again exactly

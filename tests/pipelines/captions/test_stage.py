@@ -15,6 +15,7 @@ from engines.asr.types import AsrRequest, AsrResult, SpeechRecognizer
 from engines.asr.vad import VadModel
 from pipelines.captions.engine import CaptionEngine, CaptionPolicy, SpeechBatcher
 from pipelines.captions.stage import CaptionStage
+from pipelines.captions.transcript import kept_text
 from pipelines.events import Event, EventKind
 from pipelines.frames import AudioChunk
 from pipelines.mailbox import AudioBuffer
@@ -95,6 +96,17 @@ async def test_finals_transcribe_the_narration_and_never_change(engine: CaptionE
     counters = sink.stage.counters()  # type: ignore[attr-defined]
     assert counters["captions"] == len(finals) and counters["asr_decodes"] > len(finals)
     assert counters["speech_seconds"] > 10
+    # Each utterance, once ended, is transcribed whole: every final is replaced once, in order.
+    transcripts = sink.of(EventKind.TRANSCRIPT)
+    assert transcripts and [r for t in transcripts for r in t["replaces"]] == ids  # type: ignore[attr-defined]
+    for t in transcripts:
+        words = t["words"]
+        assert isinstance(words, list) and words and t["text"] and t["model"] == finals[0]["model"]
+        assert t["start"] <= words[0]["start"] and words[-1]["end"] <= t["end"]
+        assert t["start"] >= 100.0 and t["end"] <= 100.0 + narration.shape[0] / 16_000 + 0.1
+    assert script_prefix_wer(kept_text(sink.events)) <= 0.25, kept_text(sink.events)
+    assert counters["transcripts"] == len(transcripts) and counters["transcript_unheard_seconds"] == 0
+    assert counters["transcripts_kept_finals"] < len(transcripts)  # the whole decodes were used
 
 
 async def test_silence_and_noise_make_no_captions(engine: CaptionEngine) -> None:
@@ -156,7 +168,9 @@ async def test_a_loaded_recognizer_gets_shorter_windows_and_fewer_decodes(
     for load in (0.0, 0.9):
         recording = Recording(recognizer)
         async with Loaded(recording, load) as batcher:
-            sink = await caption(CaptionEngine(batcher, vad, CaptionPolicy()), narration)
+            # The streaming window's policy alone: an utterance's transcript is one whole decode.
+            sink = await caption(CaptionEngine(batcher, vad, CaptionPolicy(transcript=False)), narration)
+            assert sink.of(EventKind.TRANSCRIPT) == []
         text = " ".join(str(f["text"]) for f in sink.of(EventKind.CAPTIONS))
         runs[load] = (float(np.mean(recording.seconds)), len(recording.seconds), script_prefix_wer(text))
         longest[load], prefixed[load] = max(recording.seconds), recording.prefixed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipelines.event_bodies import caption_event, description_event
+from pipelines.event_bodies import caption_event, description_event, transcript_event
 from pipelines.events import Event, EventKind
 from realtime.bus.cloudevents import encode
 
@@ -19,6 +19,13 @@ def wire(event: Event, *, published_at: float | None = None) -> tuple[str, str, 
 def caption(stream: str, segment: str, text: str, start: float, *, at: float, step: float = 0.4) -> Event:
     words = [(f" {w}", start + i * step, start + i * step + step * 0.8, 0.9) for i, w in enumerate(text.split())]
     return caption_event(stream, segment_id=segment, words=words, language="en", model="tiny.en", captured_at=at)
+
+
+def transcript(stream: str, utterance: str, replaces: list[str], text: str, start: float, *, at: float) -> Event:
+    words = [(f" {w}", start + i * 0.4, start + i * 0.4 + 0.32, 0.9) for i, w in enumerate(text.split())]
+    return transcript_event(stream, utterance_id=utterance, replaces=replaces, words=words, start=start,
+                            end=words[-1][2], revised=True, changed=True, language="en", model="tiny.en",
+                            captured_at=at)
 
 
 def description(stream: str, text: str, start: float, end: float, *, at: float) -> Event:

@@ -13,7 +13,7 @@ from realtime.timeline.entries import Entry, NotIndexed, entry_of
 from realtime.timeline.errors import QueryTooBroad, TimelineIndexError
 from realtime.timeline.index import Filters, TimelineIndex
 from realtime.timeline.query import parse
-from tests.realtime.timeline.bodies import caption, clip, description, wire
+from tests.realtime.timeline.bodies import caption, clip, description, transcript, wire
 
 NOW = time.time()
 
@@ -93,6 +93,30 @@ def test_finals_said_in_one_breath_are_one_entry(tmp_path: Path) -> None:
     assert {h.event_id for h in search(idx, "dog OR far")} == {"caption-cam-c", "caption-cam-d"}
     assert idx.add(entries(caption("cam", "b", "walking across the plaza.", 11.5, at=NOW + 1.5)), 6, now=NOW) == 0
     assert idx.stats.duplicates == 1  # a joined piece, read again, is still known
+
+
+def test_a_transcript_replaces_its_utterances_finals_and_nothing_joins_it(tmp_path: Path) -> None:
+    idx = TimelineIndex(tmp_path / "r.db", max_entries=1000, max_age_s=86400)
+    idx.add(entries(
+        caption("cam", "z", "unrelated words", 2.0, at=NOW - 8),  # an utterance before
+        caption("cam", "a", "the gate has worked", 10.0, at=NOW),
+        caption("cam", "b", "since man", 11.6, at=NOW + 1.6),  # the same breath: one entry with "a"
+    ), 3, now=NOW)
+    assert idx.stats.entries == 2 and search(idx, "man")
+    idx.add(entries(transcript("cam", "u1", ["a", "b"], "the gate has worked since then.", 10.0, at=NOW)), 4, now=NOW)
+    assert search(idx, "man") == [] and idx.stats.entries == 2 and idx.stats.replaced == 1
+    [hit] = search(idx, '"since then"')
+    assert (hit.kind, hit.event_id) == ("captions", "transcript-cam-u1")
+    assert hit.pts == pytest.approx(10.0 + 4 * 0.4)  # the matched word's own time
+    assert [h.event_id for h in search(idx, "unrelated")] == ["caption-cam-z"]  # another utterance stays
+    # The next final, though said within a breath of it, is not joined to a transcribed utterance.
+    idx.add(entries(caption("cam", "c", "please log it", 12.5, at=NOW + 3)), 5, now=NOW)
+    assert [h.event_id for h in search(idx, "log")] == ["caption-cam-c"]
+    # A replay of the replaced finals (or of the transcript) adds nothing back.
+    replay = entries(caption("cam", "a", "the gate has worked", 10.0, at=NOW),
+                     caption("cam", "b", "since man", 11.6, at=NOW + 1.6),
+                     transcript("cam", "u1", ["a", "b"], "the gate has worked since then.", 10.0, at=NOW))
+    assert idx.add(replay, 8, now=NOW) == 0 and search(idx, "man") == []
 
 
 def test_old_and_surplus_entries_are_pruned_and_counted(tmp_path: Path) -> None:
