@@ -83,6 +83,26 @@ def cut_repetition(words: Sequence[Word]) -> list[Word]:
     return list(words)
 
 
+def drop_repeated_sentences(words: Sequence[Word]) -> list[Word]:
+    """`words` without the second copy of any run of MIN_REPEAT_WORDS or more said twice in a row,
+    word for word (seen live in a whole-utterance decode: a sentence, then the same sentence
+    again, then the speech that followed). What comes after the copy is kept: unlike a loop at the
+    window's edge, the decoder went on with the speech."""
+    keys = [w.key for w in words]
+    kept: list[Word] = []
+    i = 0
+    while i < len(words):
+        for n in range(min(MAX_REPEAT_WORDS, (len(keys) - i) // 2), MIN_REPEAT_WORDS - 1, -1):
+            if keys[i : i + n] == keys[i + n : i + 2 * n]:
+                kept += words[i : i + n]
+                i += 2 * n
+                break
+        else:
+            kept.append(words[i])
+            i += 1
+    return kept
+
+
 class LocalAgreement:
     def __init__(self) -> None:
         self.committed_end = float("-inf")  # media end of the last committed word

@@ -36,7 +36,14 @@ from engines.asr.types import AsrRequest, AsrResult
 from engines.asr.vad import StreamVad
 from pipelines.audio_meter import audio_counters
 from pipelines.captions import policy
-from pipelines.captions.agreement import LocalAgreement, Word, cut_repetition, join_words, repeated_start
+from pipelines.captions.agreement import (
+    LocalAgreement,
+    Word,
+    cut_repetition,
+    drop_repeated_sentences,
+    join_words,
+    repeated_start,
+)
 from pipelines.captions.engine import CAPTIONS, CaptionEngine, RecognizerBusy, RecognizerFailed
 from pipelines.captions.transcript import Piece, UtteranceRecorder
 from pipelines.captions.window import AudioWindow
@@ -384,10 +391,10 @@ class CaptionStage:
             prompt = self._utterance.text[-self.settings.prompt_chars :]
             result = await self._recognize(AsrRequest(piece.audio, prompt=prompt))
             if result is not None:
-                heard = cut_repetition([
+                heard = drop_repeated_sentences(cut_repetition([
                     Word(w.word, piece.start + w.start, piece.start + w.end, w.probability)
                     for w in result.words if w.word.strip() and piece.start + (w.start + w.end) / 2 <= piece.end
-                ])
+                ]))
                 # The piece's audio starts after the transcript before it: a start saying that
                 # transcript's end again is Whisper repeating its prompt.
                 heard = heard[repeated_start([w.key for w in heard], self._utterance.keys()) :]

@@ -1,5 +1,6 @@
 """Live captions from a real headless Chromium: its fake microphone (espeak-ng speech, looped)
-reaches the service over WebRTC, and the page shows the partials and finals that also go to NATS."""
+reaches the service over WebRTC, and the page shows the partials and finals that also go to NATS,
+each utterance's transcript in place of its finals once it arrives."""
 
 from __future__ import annotations
 
@@ -34,12 +35,14 @@ async def test_the_page_shows_live_captions_of_the_microphone(
     svc: LiveService, chromium: Browser, shared_nats_server: EmbeddedNatsServer, screenshots: Path
 ) -> None:
     finals: list[dict[str, Any]] = []
+    transcripts: list[dict[str, Any]] = []
     nc = await nats.connect(shared_nats_server.url)
 
     async def on_final(msg: Any) -> None:
-        finals.append(json.loads(msg.data))
+        (finals if msg.subject.endswith(".captions") else transcripts).append(json.loads(msg.data))
 
     await nc.subscribe("vidsentry.*.captions", cb=on_final)
+    await nc.subscribe("vidsentry.*.transcript", cb=on_final)
     try:
         async with open_page(chromium, viewport=WIDE) as watched:
             page = watched.page
@@ -50,8 +53,17 @@ async def test_the_page_shows_live_captions_of_the_microphone(
             assert {f["stream_id"] for f in finals} == {stream_id}
             heard = " ".join(f["text"] for f in finals)
             assert looped_wer(heard, SPEECH) <= 0.30, heard
-            shown = " ".join(await page.locator("#captions .caption.final").all_text_contents())
-            assert words_of(shown)[:8] == words_of(heard)[:8]  # the page shows what NATS carried
+            # The phrase ends in a second of silence: each loop's utterance is transcribed whole, and
+            # the page puts the transcript where its finals were.
+            await page.wait_for_selector("#captions .caption.transcript", timeout=30_000)
+            await wait_until(lambda: bool(transcripts), 10, "a transcript on NATS")
+            first = transcripts[0]
+            assert set(first["replaces"]) <= {f["segment_id"] for f in finals}
+            assert await page.locator("#captions .caption.transcript").first.text_content() == first["text"]
+            for segment_id in first["replaces"][1:]:
+                assert await page.locator(f'#captions [data-segment="{segment_id}"]').count() == 0
+            kept = " ".join(t["text"] for t in transcripts)
+            assert looped_wer(kept, SPEECH) <= 0.30, kept
             await page.screenshot(path=screenshots / "go-live-captions.png")
             assert await watched.problems() == []
             await page.click("#stop")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipelines.captions.agreement import LocalAgreement, Word, normalise, repeated_start
+from pipelines.captions.agreement import LocalAgreement, Word, drop_repeated_sentences, normalise, repeated_start
 from pipelines.captions.window import AudioWindow
 
 
@@ -110,3 +110,14 @@ def test_speech_that_only_shares_a_few_words_with_what_came_before_is_kept() -> 
     assert repeated_start(keys("the gate is open"), before) == 0  # shorter than a repeat
     assert repeated_start(keys("is standing by the gate now"), keys("the man is standing by the gate")) == 0
     assert repeated_start(keys("a b c d e f"), keys("x a b c d e f")) == 6  # six words said again exactly
+
+
+def test_a_sentence_said_twice_in_a_row_keeps_one_copy_and_what_follows() -> None:
+    text = ("the order contains pair batteries. we are open on weekends during office hours. "
+            "we are open on weekends during office hours. you can reach me by email.")
+    words = [Word(f" {w}", i * 0.3, i * 0.3 + 0.2, 0.9) for i, w in enumerate(text.split())]
+    kept = " ".join(w.key for w in drop_repeated_sentences(words))
+    assert kept == ("the order contains pair batteries we are open on weekends during office hours "
+                    "you can reach me by email")
+    short = [Word(f" {w}", 0, 0, 0.9) for w in ["no", "no", "we", "said", "no", "no"]]
+    assert drop_repeated_sentences(short) == short  # short repeats are speech (or the loop guard's)
