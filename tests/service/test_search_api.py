@@ -49,12 +49,14 @@ async def test_a_spoken_phrase_and_a_description_are_found_at_their_moment(
     svc: LiveService, nats_server: EmbeddedNatsServer, sample_clip: Path, tmp_path: Path
 ) -> None:
     finals: list[dict[str, Any]] = []
+    transcripts: list[dict[str, Any]] = []
     nc = await nats.connect(nats_server.url)
 
     async def on_final(msg: Any) -> None:
-        finals.append(json.loads(msg.data))
+        (finals if msg.subject.endswith(".captions") else transcripts).append(json.loads(msg.data))
 
     await nc.subscribe("vidsentry.cam.captions", cb=on_final)
+    await nc.subscribe("vidsentry.cam.transcript", cb=on_final)
     rtsp = RtspServer(clip=sample_clip, log_path=tmp_path / "rtsp.log").start()
     try:
         reply = await svc.call("POST", "/api/streams", json_body={"id": "cam", "url": rtsp.url("/vtest")})
@@ -64,9 +66,13 @@ async def test_a_spoken_phrase_and_a_description_are_found_at_their_moment(
         await wait_until(lambda: svc.service.registry.running_count == 0, 15, "the stream to stop")
         timeline = svc.service.timeline
         assert timeline is not None
-        ids = [f"caption-cam-{f['segment_id']}" for f in finals]
+        # The stream's end ends its last utterance: every final is then replaced by a transcript.
+        await wait_until(lambda: {r for t in transcripts for r in t["replaces"]} == {f["segment_id"] for f in finals},
+                         10, "transcripts of every final")
+        ids = [f"transcript-cam-{t['utterance_id']}" for t in transcripts]
         await wait_until(lambda: len(timeline.index.known(ids)) == len(ids) and timeline.index.stats.entries > 1, 10,
-                         lambda: f"finals indexed: {len(timeline.index.known(ids))} of {len(ids)}")
+                         lambda: f"transcripts indexed: {len(timeline.index.known(ids))} of {len(ids)}")
+        assert len(timeline.index.known([f"caption-cam-{f['segment_id']}" for f in finals])) == len(finals)
         for _ in range(100):  # a description is asked for every 1-2 s
             described = await svc.call("GET", "/api/search?q=walking+parking&kind=descriptions")
             assert described.status == 200, described
@@ -77,14 +83,15 @@ async def test_a_spoken_phrase_and_a_description_are_found_at_their_moment(
         await nc.close()
         rtsp.close()
 
-    # Two words said one after the other, as a phrase: the hit is that caption, at the first word's start.
-    final = max(finals, key=lambda f: len(f["words"]))
+    # Two words said one after the other, as a phrase: the hit is the utterance's transcript (which
+    # replaced its finals in the index), at the first word's start.
+    final = max(transcripts, key=lambda f: len(f["words"]))
     words = [w for w in final["words"] if len(w["word"].strip(".,?!")) > 2]
     first, second = final["words"].index(words[0]), final["words"].index(words[0]) + 1
     phrase = " ".join(re.sub(r"[^\w ]", "", w["word"]) for w in final["words"][first:second + 1]).lower()
     reply = await svc.call("GET", f"/api/search?q={quote(chr(34) + phrase + chr(34))}&stream=cam&kind=captions")
     assert reply.status == 200, reply
-    # Finals said in one breath are one entry: the hit is the one holding this final, at the word's start.
+    # An utterance is one entry: the hit is the one holding this transcript, at the word's start.
     said_at = final["words"][first]["start"]
     hit = next(h for h in reply.body["hits"] if h["pts"] == pytest.approx(said_at, abs=0.002))
     assert hit["pts"] <= final["start"] + 30 and hit["end_pts"] >= final["end"]
