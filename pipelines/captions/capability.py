@@ -75,7 +75,7 @@ CAPABILITY: Capability[CaptionEngine, CaptionsSettings] = Capability(
     settings=CaptionsSettings,
     open=open_captions,
     build=stage.build,
-    kinds=(EventKind.PARTIALS, EventKind.CAPTIONS),
+    kinds=(EventKind.PARTIALS, EventKind.CAPTIONS, EventKind.TRANSCRIPT),
     shares_cpu=lambda settings: settings.enabled and settings.device != "cuda",
     samples=recognizer_samples,
 )

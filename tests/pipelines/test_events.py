@@ -10,11 +10,12 @@ from realtime.webrtc.channel import CRITICAL, LATEST_ONLY
 def test_every_kind_is_declared_once_and_the_bus_and_channel_follow_the_declarations() -> None:
     assert set(KINDS) == set(EventKind)
     assert all(spec.kind is kind for kind, spec in KINDS.items())
-    # The contract (DESIGN.md §2): these kinds are durable, the rest are best-effort.
-    durable = ("tracks", "alerts", "captions", "descriptions", "status", "clips")
+    # The contract (DESIGN.md §2, and the transcript of captions.md): these kinds are durable, the
+    # rest are best-effort.
+    durable = ("tracks", "alerts", "captions", "transcript", "descriptions", "status", "clips")
     assert {k.value for k in DURABLE_KINDS} == set(durable)
     assert tuple(f"vidsentry.*.{k}" for k in durable) == DURABLE_SUBJECTS
     assert {k.value for k in LATEST_ONLY} == {"detections", "partials"}
-    assert {k.value for k in CRITICAL} == {"alerts", "captions"}
+    assert {k.value for k in CRITICAL} == {"alerts", "captions", "transcript"}
     assert kinds_where(durable=False, delivery=Delivery.LATEST) == LATEST_ONLY
     assert not (LATEST_ONLY & DURABLE_KINDS)  # a durable kind is never skipped for a newer one
