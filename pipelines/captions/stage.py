@@ -334,13 +334,8 @@ class CaptionStage:
         return result
 
     def _prompt(self, window_start: float) -> str:
-        """What was said before the window: the transcript as far as it goes (read more accurately
-        than the finals it replaced), then the finals after it."""
-        utterance = self._utterance
-        since = utterance.transcribed_to if utterance is not None and utterance.text else float("-inf")
-        before = join_words([w for w in self._committed if since < w.end <= window_start])
-        text = f"{utterance.text} {before}" if since > float("-inf") and utterance is not None else before
-        return text.strip()[-self.settings.prompt_chars :]
+        before = [w for w in self._committed if w.end <= window_start]
+        return join_words(before)[-self.settings.prompt_chars :]
 
     def _loaded(self) -> bool:
         return policy.short_windows(live=self.live, load=self.engine.batcher.load())
@@ -426,7 +421,7 @@ class CaptionStage:
                 captured_at=words[-1].end + self._wall_offset,  # as a final's: when its last word was heard
             )
         )
-        self._utterance.remember(join_words(words), piece.end)
+        self._utterance.remember(join_words(words))
 
     def _end_utterance(self) -> None:
         self._speaking = False

@@ -69,7 +69,6 @@ class UtteranceRecorder:
         self.segments: list[Segment] = []
         self.text = ""  # the transcript so far (its tail), the next piece's prompt
         self.untranscribed_s = 0.0  # audio dropped from a piece that outgrew Whisper's window
-        self.transcribed_to = float("-inf")  # media time the transcript reaches
 
     def append(self, pts: float, samples: np.ndarray) -> None:
         self.audio.append(pts, samples)
@@ -115,9 +114,8 @@ class UtteranceRecorder:
         audio.trim_before(cut)
         return piece
 
-    def remember(self, text: str, end: float) -> None:
+    def remember(self, text: str) -> None:
         self.text = f"{self.text} {text}".strip()[-PROMPT_KEPT:]
-        self.transcribed_to = end
 
     def keys(self) -> list[str]:
         """The transcript's last words, compared as LocalAgreement compares them."""

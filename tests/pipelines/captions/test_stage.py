@@ -138,12 +138,10 @@ class Recording:
     def __init__(self, inner: SpeechRecognizer) -> None:
         self.inner, self.info, self.workers = inner, inner.info, inner.workers
         self.seconds: list[float] = []
-        self.prompts: list[str] = []
         self.prefixed = 0  # requests whose decode was forced to begin with committed words
 
     def transcribe_batch(self, requests: Sequence[AsrRequest]) -> list[AsrResult]:
         self.seconds += [r.audio.shape[0] / 16_000 for r in requests]
-        self.prompts += [r.prompt for r in requests]
         self.prefixed += sum(1 for r in requests if r.prefix)
         return self.inner.transcribe_batch(requests)
 
@@ -183,21 +181,3 @@ async def test_a_loaded_recognizer_gets_shorter_windows_and_fewer_decodes(
     assert busy_s < 0.8 * idle_s, runs  # committed speech is cut out of the window mid-sentence
     assert busy_decodes < 0.85 * idle_decodes, runs  # each stream waits for a longer step
     assert idle_wer <= 0.25 and busy_wer <= 0.3, runs
-
-
-async def test_decodes_after_a_transcript_are_prompted_with_it(
-    caption_models: tuple[SpeechRecognizer, VadModel], narration: np.ndarray
-) -> None:
-    recognizer, vad = caption_models
-    recording = Recording(recognizer)
-    # The first sentence, a pause (it ends the utterance), and the narration again.
-    pause = np.zeros(16_000, np.float32)
-    samples = np.concatenate((narration[: 16_000 * 5], pause, narration[: 16_000 * 5]))
-    async with SpeechBatcher(recording) as batcher:
-        sink = await caption(CaptionEngine(batcher, vad, CaptionPolicy()), samples, speed=8.0)
-    transcripts = sink.of(EventKind.TRANSCRIPT)
-    assert len(transcripts) >= 2, transcripts
-    first = str(transcripts[0]["text"])
-    # Every decode of the second utterance has the first one's transcript as its context.
-    later = [p for p in recording.prompts if first in p]
-    assert later, (first, recording.prompts)
