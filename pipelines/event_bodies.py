@@ -156,11 +156,27 @@ def caption_event_id(stream_id: str, segment_id: str) -> str:
     return f"caption-{stream_id}-{segment_id}"
 
 
+TimedWords = Sequence[tuple[str, float, float, float]]  # (word, start, end, probability), media seconds
+
+
+def _spoken(words: TimedWords, start: float, end: float) -> dict[str, Any]:
+    """The fields captions and transcripts share: the text, its span and each word's times."""
+    return {
+        "text": "".join(w[0] for w in words).strip(),
+        "start": round(start, 3),
+        "end": round(end, 3),
+        "words": [
+            {"word": w[0].strip(), "start": round(w[1], 3), "end": round(w[2], 3), "probability": round(w[3], 3)}
+            for w in words
+        ],
+    }
+
+
 def caption_event(
     stream_id: str,
     *,
     segment_id: str,
-    words: Sequence[tuple[str, float, float, float]],  # (word, start, end, probability), media seconds
+    words: TimedWords,
     language: str,
     model: str,
     captured_at: float,
@@ -174,13 +190,7 @@ def caption_event(
         captured_at=captured_at,
         data={
             "segment_id": segment_id,
-            "text": "".join(w[0] for w in words).strip(),
-            "start": round(start, 3),
-            "end": round(end, 3),
-            "words": [
-                {"word": w[0].strip(), "start": round(w[1], 3), "end": round(w[2], 3), "probability": round(w[3], 3)}
-                for w in words
-            ],
+            **_spoken(words, start, end),
             "language": language,
             "model": model,
         },
@@ -193,7 +203,7 @@ def transcript_event(
     *,
     utterance_id: str,
     replaces: Sequence[str],
-    words: Sequence[tuple[str, float, float, float]],  # (word, start, end, probability), media seconds
+    words: TimedWords,
     start: float,
     end: float,
     revised: bool,
@@ -211,13 +221,7 @@ def transcript_event(
         captured_at=captured_at,
         data={
             "utterance_id": utterance_id,
-            "text": "".join(w[0] for w in words).strip(),
-            "start": round(start, 3),
-            "end": round(end, 3),
-            "words": [
-                {"word": w[0].strip(), "start": round(w[1], 3), "end": round(w[2], 3), "probability": round(w[3], 3)}
-                for w in words
-            ],
+            **_spoken(words, start, end),
             "replaces": list(replaces),
             "revised": revised,
             "changed": changed,
