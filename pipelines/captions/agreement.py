@@ -57,9 +57,9 @@ MAX_LOOP_NGRAM = 8
 def repeated_start(keys: Sequence[str], before: Sequence[str]) -> int:
     """How many words at the start of `keys` say the end of `before` again (0 when they do not):
     the run of MIN_REPEAT_WORDS or more that matches the same number of last words of `before`
-    most closely, nearly all of them (Whisper hears a few of them differently the second time). Real speech
-    seldom says its last six words or more again straight after them; Whisper repeating its
-    prompt does."""
+    most closely, nearly all of them (Whisper hears a few of them differently the second time).
+    Real speech seldom says its last six words or more again straight after them; Whisper
+    repeating its prompt does."""
     best, best_ratio = 0, 0.0
     for n in range(MIN_REPEAT_WORDS, min(MAX_REPEAT_WORDS, len(keys), len(before)) + 1):
         ratio = SequenceMatcher(None, list(keys[:n]), list(before[-n:]), autojunk=False).ratio()

@@ -35,12 +35,12 @@ class CaptionsSettings(Section):
     # Continuous speech decoded as one window: longer reads more accurately (each word heard with the
     # speech before it) and costs more per decode. Whisper hears at most 30 s.
     max_window_s: float = Field(_captions("max_window_s"), ge=3.0, le=28.0)
-    # Under the compute budget (`compute:`), the most of the recent CPU time the recognizer takes
-    # first while detection waits (None: compute.captions_max_share).
     # Once an utterance ends, decode it whole and publish it as a `transcript` event that replaces
     # its finals where captions are read back (captions.vtt, search, the page): one more decode
-    # per utterance, read back with offline accuracy.
+    # per utterance, read back more accurately than the finals.
     transcript: bool = _captions("transcript")
+    # Under the compute budget (`compute:`), the most of the recent CPU time the recognizer takes
+    # first while detection waits (None: compute.captions_max_share).
     cpu_share: float | None = Field(None, gt=0.0, le=1.0)
     max_lag_s: float = Field(_captions("max_lag_s"), ge=1.0, le=120.0)  # audio waiting longer is dropped, oldest first
     max_batch: int = Field(8, ge=1, le=64)  # streams decoded in one recognizer call

@@ -11,8 +11,8 @@ everything pending becomes final; then the utterance is decoded once more, whole
 `transcript` that replaces its finals where captions are read back (transcript.py). A recognizer
 with room decodes the whole utterance, so each word is heard with the speech before it;
 continuous speech longer than `max_window_s` is cut at its committed words so no decode grows past
-that. A loaded recognizer gets short windows instead (cut
-after each sentence and mid-sentence, the committed words forced as the decode's prefix). Committed
+that. A loaded recognizer gets short windows instead (cut after each sentence and mid-sentence,
+the committed words forced as the decode's prefix). Committed
 text before the window is Whisper's prompt. Decodes that look like Whisper's failure modes (a
 repetition loop, speech-free audio) are not used.
 
@@ -75,6 +75,10 @@ register_counters(
         "asr_short_windows": counter(
             "Decodes made with a short window and the committed words forced, the shared recognizer being loaded"
         ),
+        "asr_repeated_words": counter(
+            "Words of decodes dropped for saying the words before them again (Whisper repeating its prompt,"
+            " or a sentence said twice in one decode)"
+        ),
         "transcripts": counter("Utterances (or pieces of long ones) published as transcript events"),
         "transcripts_changed": counter("Transcripts whose words differ from the finals they replace"),
         "transcripts_kept_finals": counter(
@@ -98,6 +102,7 @@ class CaptionStats:
     rejected: int = 0
     errors: int = 0
     short_windows: int = 0
+    repeated_words: int = 0  # dropped by the transcript's guards (the agreement counts its own)
     transcripts: int = 0
     transcripts_changed: int = 0
     transcripts_kept_finals: int = 0
@@ -136,7 +141,6 @@ class CaptionStage:
         self._wall_offset = 0.0  # captured_at - media time, from the newest chunk
         self._recognizer_gone = False
         self._utterance = UtteranceRecorder() if self.settings.transcript else None
-        self._pieces = 0
 
     # -- Stage -----------------------------------------------------------------------------------
 
@@ -202,6 +206,7 @@ class CaptionStage:
             "asr_rejected": stats.rejected,
             "asr_errors": stats.errors,
             "asr_short_windows": stats.short_windows,
+            "asr_repeated_words": stats.repeated_words + self.agreement.repeats_dropped,
             "transcripts": stats.transcripts,
             "transcripts_changed": stats.transcripts_changed,
             "transcripts_kept_finals": stats.transcripts_kept_finals,
@@ -223,6 +228,7 @@ class CaptionStage:
 
     def _reset(self, chunk: AudioChunk) -> None:
         if chunk.pts < self.window.end:  # the media clock went back: what was committed is in its future
+            self.stats.repeated_words += self.agreement.repeats_dropped
             self.agreement = LocalAgreement()
             self._sentence_cut = float("-inf")
         self._end_utterance()
@@ -391,13 +397,15 @@ class CaptionStage:
             prompt = self._utterance.text[-self.settings.prompt_chars :]
             result = await self._recognize(AsrRequest(piece.audio, prompt=prompt))
             if result is not None:
-                heard = drop_repeated_sentences(cut_repetition([
+                decoded = cut_repetition([
                     Word(w.word, piece.start + w.start, piece.start + w.end, w.probability)
                     for w in result.words if w.word.strip() and piece.start + (w.start + w.end) / 2 <= piece.end
-                ]))
+                ])
+                heard = drop_repeated_sentences(decoded)
                 # The piece's audio starts after the transcript before it: a start saying that
                 # transcript's end again is Whisper repeating its prompt.
                 heard = heard[repeated_start([w.key for w in heard], self._utterance.keys()) :]
+                self.stats.repeated_words += len(decoded) - len(heard)
                 if heard:
                     words, language = heard, result.language
         revised = words is not finals
@@ -405,11 +413,10 @@ class CaptionStage:
         self.stats.transcripts += 1
         self.stats.transcripts_changed += changed
         self.stats.transcripts_kept_finals += not revised
-        self._pieces += 1
         await self.sink.publish(
             transcript_event(
                 self.stream_id,
-                utterance_id=f"{self._run_id}-u{self._pieces}",
+                utterance_id=f"{self._run_id}-u{self.stats.transcripts}",
                 replaces=[s.segment_id for s in piece.segments],
                 words=[(w.text, w.start, w.end, w.probability) for w in words],
                 start=min(piece.segments[0].words[0].start, words[0].start),

@@ -69,13 +69,11 @@ def transcript_cues(words: Sequence[Mapping[str, Any]]) -> list[Cue]:
     """A transcript's words as cues: a sentence each, at most CUE_MAX_WORDS words."""
     cues: list[Cue] = []
     line: list[tuple[str, float, float]] = []
-    for w in words:
+    for i, w in enumerate(words):
         line.append((str(w["word"]), float(w["start"]), float(w["end"])))
-        if len(line) >= CUE_MAX_WORDS or line[-1][0].endswith(SENTENCE_STOPS):
+        if len(line) >= CUE_MAX_WORDS or line[-1][0].endswith(SENTENCE_STOPS) or i == len(words) - 1:
             cues.append(Cue(line[0][1], line[-1][2], " ".join(t for t, _, _ in line)))
             line = []
-    if line:
-        cues.append(Cue(line[0][1], line[-1][2], " ".join(t for t, _, _ in line)))
     return cues
 
 
