@@ -30,7 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import pct, table, write_results
 
+from engines.types import Detections
+from pipelines import event_bodies
 from pipelines.events import Event, EventKind
+from pipelines.frames import FrameResult
+from pipelines.tracker import LifecycleKind, TrackEvent
 from realtime.bus.cloudevents import encode, subject_for
 from realtime.bus.delivery import WireMessage
 from realtime.bus.embedded import EmbeddedNatsServer
@@ -54,22 +58,20 @@ class AckDelays:
         self.undeliverable += 1
 
 
+NAMES = {0: "person"}
+
+
 def track_event(i: int, stream_id: str) -> Event:
     box = np.array([10 + i % 50, 20, 110, 220], dtype=np.float32)
-    data = {"track_id": i % 40, "phase": "update", "label": "person", "box": box, "score": np.float32(0.87)}
-    return Event(EventKind.TRACKS, stream_id, i / 25, time.time(), data)
+    change = TrackEvent(LifecycleKind.UPDATE, i % 40, 0, 0.87, box, first_seen_pts=0.0, last_seen_pts=i / 25, hits=i)
+    return event_bodies.track_event(stream_id, change, NAMES, pts=i / 25, captured_at=time.time())
 
 
 def detection_event(i: int, stream_id: str) -> Event:
     boxes = np.tile(np.array([[10, 20, 110, 220]], dtype=np.float32), (5, 1)) + i % 7
-    data = {
-        "frame_seq": i,
-        "boxes": boxes,
-        "scores": np.full(5, 0.8, np.float32),
-        "labels": ["person"] * 5,
-        "track_ids": list(range(5)),
-    }
-    return Event(EventKind.DETECTIONS, stream_id, i / 25, time.time(), data)
+    detections = Detections(boxes, np.full(5, 0.8, np.float32), np.zeros(5, np.int32))
+    result = FrameResult(i, stream_id, i / 25, i / 25, time.time(), 640, 480, detections, inference_ms=20.0)
+    return event_bodies.detections_event(result, list(range(5)), NAMES, model="bench", backend="cpu", batch_size=1)
 
 
 async def stored_count(url: str) -> int:

@@ -1,23 +1,92 @@
-"""Per-kind JSON bodies (the `data` of an Event). Field names are part of the contract."""
+"""Per-kind event bodies: typed between stages, JSON at the bus edge (`Event.data`).
+
+Each body is a frozen dataclass holding the values as they go on the wire (rounded once, here),
+and `fields()` lays them out as the contract names and orders them (DESIGN.md; the CloudEvents
+contract tests compare bytes). Optional fields that are absent on the wire are None or empty here.
+The builders below make bodies from what the stages hold (a frame's result, a track's change, an
+alert's change, timed words).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 from engines.types import Detections
-from pipelines.events import Event, EventKind
+from pipelines.events import Event, EventBody, EventKind
 from pipelines.frames import FrameResult, StatusChange
 from pipelines.rules.types import AlertChange
 from pipelines.tracker import TrackEvent
 
+Box = tuple[float, float, float, float]  # x1, y1, x2, y2 in source pixels, to 0.1 px
 
-def _box(values: Any) -> list[float]:
-    return [round(float(v), 1) for v in values]
+
+def _box(values: Any) -> Box:
+    x1, y1, x2, y2 = (round(float(v), 1) for v in values)
+    return (x1, y1, x2, y2)
+
+
+def _pts(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def class_name(names: Mapping[int, str], class_id: int) -> str:
     return names.get(class_id, str(class_id))
+
+
+@dataclass(frozen=True, slots=True)
+class DetectedObject:
+    class_name: str
+    class_id: int
+    score: float
+    box: Box
+    track_id: int | None
+    predicted: bool = False  # the tracker's prediction on a frame the model skipped
+    mask: Mapping[str, Any] | None = None  # COCO RLE of the object's track (pipelines.segment)
+    mask_frame_seq: int | None = None  # the frame that mask was computed on
+
+    def fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "class": self.class_name,
+            "class_id": self.class_id,
+            "score": self.score,
+            "box": list(self.box),
+            "track_id": self.track_id,
+        }
+        if self.predicted:
+            out["predicted"] = True
+        if self.mask is not None:
+            out["mask"] = self.mask
+            out["mask_frame_seq"] = self.mask_frame_seq
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class DetectionsBody(EventBody):
+    kind: ClassVar[EventKind] = EventKind.DETECTIONS
+    frame_seq: int
+    width: int
+    height: int
+    model: str
+    backend: str
+    inference_ms: float
+    batch_size: int
+    inference: Literal["measured", "predicted"]
+    objects: tuple[DetectedObject, ...]
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "frame_seq": self.frame_seq,
+            "width": self.width,
+            "height": self.height,
+            "model": self.model,
+            "backend": self.backend,
+            "inference_ms": self.inference_ms,
+            "batch_size": self.batch_size,
+            "inference": self.inference,
+            "objects": [obj.fields() for obj in self.objects],
+        }
 
 
 def detections_event(
@@ -30,75 +99,154 @@ def detections_event(
     batch_size: int,
 ) -> Event:
     dets: Detections = result.detections
-    objects: list[dict[str, Any]] = [
-        {
-            "class": class_name(names, int(dets.class_ids[i])),
-            "class_id": int(dets.class_ids[i]),
-            "score": round(float(dets.scores[i]), 4),
-            "box": _box(dets.boxes[i]),
-            "track_id": track_ids[i],
-        }
+    objects = tuple(
+        DetectedObject(
+            class_name=class_name(names, int(dets.class_ids[i])),
+            class_id=int(dets.class_ids[i]),
+            score=round(float(dets.scores[i]), 4),
+            box=_box(dets.boxes[i]),
+            track_id=track_ids[i],
+            predicted=result.predicted,  # a frame the model skipped: every box is the tracker's prediction
+        )
         for i in range(len(dets))
-    ]
-    if result.predicted:  # a frame the model skipped: every box is the tracker's prediction
-        for obj in objects:
-            obj["predicted"] = True
-    return Event(
-        kind=EventKind.DETECTIONS,
-        stream_id=result.stream_id,
-        pts=result.pts,
-        captured_at=result.captured_at,
-        data={
-            "frame_seq": result.frame_seq,
-            "width": result.width,
-            "height": result.height,
-            "model": model,
-            "backend": backend,
-            "inference_ms": round(result.inference_ms, 2),
-            "batch_size": batch_size,
-            "inference": "predicted" if result.predicted else "measured",
-            "objects": objects,
-        },
     )
+    body = DetectionsBody(
+        frame_seq=result.frame_seq,
+        width=result.width,
+        height=result.height,
+        model=model,
+        backend=backend,
+        inference_ms=round(result.inference_ms, 2),
+        batch_size=batch_size,
+        inference="predicted" if result.predicted else "measured",
+        objects=objects,
+    )
+    return Event(stream_id=result.stream_id, pts=result.pts, captured_at=result.captured_at, body=body)
+
+
+@dataclass(frozen=True, slots=True)
+class TrackBody(EventBody):
+    kind: ClassVar[EventKind] = EventKind.TRACKS
+    event: str  # new | update | end (pipelines.tracker.LifecycleKind)
+    track_id: int
+    class_name: str
+    class_id: int
+    score: float
+    box: Box
+    first_seen_pts: float
+    last_seen_pts: float
+    duration_s: float
+    hits: int
+    changed: tuple[str, ...] = ()  # an update: what changed
+    reason: str | None = None  # an end: why
+
+    def fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "event": self.event,
+            "track_id": self.track_id,
+            "class": self.class_name,
+            "class_id": self.class_id,
+            "score": self.score,
+            "box": list(self.box),
+            "first_seen_pts": self.first_seen_pts,
+            "last_seen_pts": self.last_seen_pts,
+            "duration_s": self.duration_s,
+            "hits": self.hits,
+        }
+        if self.changed:
+            out["changed"] = list(self.changed)
+        if self.reason:
+            out["reason"] = self.reason
+        return out
 
 
 def track_event(
     stream_id: str, change: TrackEvent, names: Mapping[int, str], *, pts: float, captured_at: float
 ) -> Event:
-    data: dict[str, Any] = {
-        "event": change.kind.value,
-        "track_id": change.track_id,
-        "class": class_name(names, change.class_id),
-        "class_id": change.class_id,
-        "score": round(change.score, 4),
-        "box": _box(change.box),
-        "first_seen_pts": round(change.first_seen_pts, 3),
-        "last_seen_pts": round(change.last_seen_pts, 3),
-        "duration_s": round(change.last_seen_pts - change.first_seen_pts, 3),
-        "hits": change.hits,
-    }
-    if change.changed:
-        data["changed"] = list(change.changed)
-    if change.reason:
-        data["reason"] = change.reason
-    return Event(kind=EventKind.TRACKS, stream_id=stream_id, pts=pts, captured_at=captured_at, data=data)
+    body = TrackBody(
+        event=change.kind.value,
+        track_id=change.track_id,
+        class_name=class_name(names, change.class_id),
+        class_id=change.class_id,
+        score=round(change.score, 4),
+        box=_box(change.box),
+        first_seen_pts=round(change.first_seen_pts, 3),
+        last_seen_pts=round(change.last_seen_pts, 3),
+        duration_s=round(change.last_seen_pts - change.first_seen_pts, 3),
+        hits=change.hits,
+        changed=tuple(change.changed),
+        reason=change.reason,
+    )
+    return Event(stream_id=stream_id, pts=pts, captured_at=captured_at, body=body)
+
+
+@dataclass(frozen=True, slots=True)
+class StatusBody(EventBody):
+    kind: ClassVar[EventKind] = EventKind.STATUS
+    state: str
+    previous: str | None
+    reason: str | None
+    attempt: int
+    retry_in: float | None
+    source: str
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "previous": self.previous,
+            "reason": self.reason,
+            "attempt": self.attempt,
+            "retry_in": self.retry_in,
+            "source": self.source,
+        }
 
 
 def status_event(change: StatusChange, *, source: str) -> Event:
-    return Event(
-        kind=EventKind.STATUS,
-        stream_id=change.stream_id,
-        pts=None,
-        captured_at=change.at,
-        data={
-            "state": change.state.value,
-            "previous": change.previous.value if change.previous else None,
-            "reason": change.reason,
-            "attempt": change.attempt,
-            "retry_in": change.retry_in,
-            "source": source,
-        },
+    body = StatusBody(
+        state=change.state.value,
+        previous=change.previous.value if change.previous else None,
+        reason=change.reason,
+        attempt=change.attempt,
+        retry_in=change.retry_in,
+        source=source,
     )
+    return Event(stream_id=change.stream_id, pts=None, captured_at=change.at, body=body)
+
+
+@dataclass(frozen=True, slots=True)
+class AlertBody(EventBody):
+    kind: ClassVar[EventKind] = EventKind.ALERTS
+    alert_id: str
+    rule_id: str
+    rule_type: str
+    event: str  # start | end
+    severity: str
+    track_ids: tuple[int, ...]
+    class_name: str | None
+    evidence: Mapping[str, Any]
+    started_pts: float
+    ended_pts: float | None  # an end only
+    duration_s: float | None  # an end only
+    snapshot: str | None  # the snapshot's reference, when the rule asked for one and it was stored
+
+    def fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "alert_id": self.alert_id,
+            "rule_id": self.rule_id,
+            "rule_type": self.rule_type,
+            "event": self.event,
+            "severity": self.severity,
+            "track_ids": list(self.track_ids),
+            "class": self.class_name,
+            "evidence": dict(self.evidence),
+            "started_pts": self.started_pts,
+        }
+        if self.ended_pts is not None:
+            out["ended_pts"] = self.ended_pts
+        if self.duration_s is not None:
+            out["duration_s"] = self.duration_s
+        out["snapshot"] = self.snapshot
+        return out
 
 
 def alert_event(stream_id: str, change: AlertChange, *, captured_at: float, snapshot: str | None) -> Event:
@@ -107,49 +255,50 @@ def alert_event(stream_id: str, change: AlertChange, *, captured_at: float, snap
     The event id is derived from the alert id, so a start or end published twice (a retry,
     a replay) is dropped by JetStream's duplicate window instead of reaching subscribers twice.
     """
-    data: dict[str, Any] = {
-        "alert_id": change.alert_id,
-        "rule_id": change.rule_id,
-        "rule_type": change.rule_type,
-        "event": change.kind.value,
-        "severity": change.severity,
-        "track_ids": list(change.track_ids),
-        "class": change.class_name,
-        "evidence": dict(change.evidence),
-        "started_pts": round(change.started_pts, 3),
-    }
-    if change.ended_pts is not None:
-        data["ended_pts"] = round(change.ended_pts, 3)
-    if change.duration_s is not None:
-        data["duration_s"] = change.duration_s
-    data["snapshot"] = snapshot
+    body = AlertBody(
+        alert_id=change.alert_id,
+        rule_id=change.rule_id,
+        rule_type=change.rule_type,
+        event=change.kind.value,
+        severity=change.severity,
+        track_ids=tuple(change.track_ids),
+        class_name=change.class_name,
+        evidence=dict(change.evidence),
+        started_pts=round(change.started_pts, 3),
+        ended_pts=_pts(change.ended_pts),
+        duration_s=change.duration_s,
+        snapshot=snapshot,
+    )
     return Event(
-        kind=EventKind.ALERTS,
         stream_id=stream_id,
         pts=change.pts,
         captured_at=captured_at,
-        data=data,
+        body=body,
         id=f"alert-{change.alert_id}-{change.kind.value}",
     )
+
+
+@dataclass(frozen=True, slots=True)
+class PartialBody(EventBody):
+    """Tentative text of the caption segment `segment_id`; a higher `revision` replaces it."""
+
+    kind: ClassVar[EventKind] = EventKind.PARTIALS
+    segment_id: str
+    text: str
+    start: float
+    end: float
+    revision: int
+
+    def fields(self) -> dict[str, Any]:
+        return {"segment_id": self.segment_id, "text": self.text, "start": self.start, "end": self.end,
+                "revision": self.revision}
 
 
 def partial_event(
     stream_id: str, *, segment_id: str, text: str, start: float, end: float, revision: int, captured_at: float
 ) -> Event:
-    """Tentative text of the caption segment `segment_id`; a higher `revision` replaces it."""
-    return Event(
-        kind=EventKind.PARTIALS,
-        stream_id=stream_id,
-        pts=start,
-        captured_at=captured_at,
-        data={
-            "segment_id": segment_id,
-            "text": text,
-            "start": round(start, 3),
-            "end": round(end, 3),
-            "revision": revision,
-        },
-    )
+    body = PartialBody(segment_id=segment_id, text=text, start=round(start, 3), end=round(end, 3), revision=revision)
+    return Event(stream_id=stream_id, pts=start, captured_at=captured_at, body=body)
 
 
 def caption_event_id(stream_id: str, segment_id: str) -> str:
@@ -159,17 +308,55 @@ def caption_event_id(stream_id: str, segment_id: str) -> str:
 TimedWords = Sequence[tuple[str, float, float, float]]  # (word, start, end, probability), media seconds
 
 
-def _spoken(words: TimedWords, start: float, end: float) -> dict[str, Any]:
-    """The fields captions and transcripts share: the text, its span and each word's times."""
-    return {
-        "text": "".join(w[0] for w in words).strip(),
-        "start": round(start, 3),
-        "end": round(end, 3),
-        "words": [
-            {"word": w[0].strip(), "start": round(w[1], 3), "end": round(w[2], 3), "probability": round(w[3], 3)}
-            for w in words
-        ],
-    }
+@dataclass(frozen=True, slots=True)
+class Word:
+    word: str  # without the leading space the recognizer gives it
+    start: float
+    end: float
+    probability: float
+
+    def fields(self) -> dict[str, Any]:
+        return {"word": self.word, "start": self.start, "end": self.end, "probability": self.probability}
+
+
+@dataclass(frozen=True, slots=True)
+class Spoken:
+    """What captions and transcripts share: the text, its span and each word's times."""
+
+    text: str
+    start: float
+    end: float
+    words: tuple[Word, ...]
+
+    @classmethod
+    def of(cls, words: TimedWords, start: float, end: float) -> Spoken:
+        return cls(
+            text="".join(w[0] for w in words).strip(),
+            start=round(start, 3),
+            end=round(end, 3),
+            words=tuple(Word(w[0].strip(), round(w[1], 3), round(w[2], 3), round(w[3], 3)) for w in words),
+        )
+
+    def fields(self) -> dict[str, Any]:
+        return {"text": self.text, "start": self.start, "end": self.end, "words": [w.fields() for w in self.words]}
+
+
+@dataclass(frozen=True, slots=True)
+class CaptionBody(EventBody):
+    """Final text of the caption segment `segment_id`: never changed afterwards."""
+
+    kind: ClassVar[EventKind] = EventKind.CAPTIONS
+    segment_id: str
+    spoken: Spoken
+    language: str
+    model: str
+
+    @property
+    def text(self) -> str:
+        return self.spoken.text
+
+    def fields(self) -> dict[str, Any]:
+        return {"segment_id": self.segment_id, **self.spoken.fields(), "language": self.language, "model": self.model}
 
 
 def caption_event(
@@ -181,21 +368,40 @@ def caption_event(
     model: str,
     captured_at: float,
 ) -> Event:
-    """Final text of the caption segment `segment_id`: never changed afterwards."""
     start, end = words[0][1], words[-1][2]
-    return Event(
-        kind=EventKind.CAPTIONS,
-        stream_id=stream_id,
-        pts=start,
-        captured_at=captured_at,
-        data={
-            "segment_id": segment_id,
-            **_spoken(words, start, end),
-            "language": language,
-            "model": model,
-        },
-        id=caption_event_id(stream_id, segment_id),
-    )
+    body = CaptionBody(segment_id=segment_id, spoken=Spoken.of(words, start, end), language=language, model=model)
+    return Event(stream_id=stream_id, pts=start, captured_at=captured_at, body=body,
+                 id=caption_event_id(stream_id, segment_id))
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptBody(EventBody):
+    """An utterance (or a piece of a long one) as kept: decoded whole once it ended, replacing the
+    caption segments `replaces` wherever captions are read back."""
+
+    kind: ClassVar[EventKind] = EventKind.TRANSCRIPT
+    utterance_id: str
+    spoken: Spoken
+    replaces: tuple[str, ...]
+    revised: bool  # False: the whole decode failed or looked wrong, and the finals' words are repeated
+    changed: bool  # its words differ from the finals'
+    language: str
+    model: str
+
+    @property
+    def text(self) -> str:
+        return self.spoken.text
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "utterance_id": self.utterance_id,
+            **self.spoken.fields(),
+            "replaces": list(self.replaces),
+            "revised": self.revised,
+            "changed": self.changed,
+            "language": self.language,
+            "model": self.model,
+        }
 
 
 def transcript_event(
@@ -212,24 +418,48 @@ def transcript_event(
     model: str,
     captured_at: float,
 ) -> Event:
-    """An utterance (or a piece of a long one) as kept: decoded whole once it ended, replacing the
-    caption segments `replaces` wherever captions are read back."""
-    return Event(
-        kind=EventKind.TRANSCRIPT,
-        stream_id=stream_id,
-        pts=start,
-        captured_at=captured_at,
-        data={
-            "utterance_id": utterance_id,
-            **_spoken(words, start, end),
-            "replaces": list(replaces),
-            "revised": revised,
-            "changed": changed,
-            "language": language,
-            "model": model,
-        },
-        id=f"transcript-{stream_id}-{utterance_id}",
+    body = TranscriptBody(
+        utterance_id=utterance_id,
+        spoken=Spoken.of(words, start, end),
+        replaces=tuple(replaces),
+        revised=revised,
+        changed=changed,
+        language=language,
+        model=model,
     )
+    return Event(stream_id=stream_id, pts=start, captured_at=captured_at, body=body,
+                 id=f"transcript-{stream_id}-{utterance_id}")
+
+
+@dataclass(frozen=True, slots=True)
+class DescriptionBody(EventBody):
+    """A scene description of the stream's recent frames (and what was said), from the VLM."""
+
+    kind: ClassVar[EventKind] = EventKind.DESCRIPTIONS
+    text: str
+    structured: Mapping[str, Any] | None  # the VLM's `fields` answer, when a schema asked for one
+    window_start_pts: float | None
+    window_end_pts: float | None
+    frames: int
+    epoch: int
+    prompt_tokens: int
+    cached_tokens: int | None  # None: the server does not report it
+    latency_ms: float
+    model: str
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "fields": dict(self.structured) if self.structured is not None else None,
+            "window_start_pts": self.window_start_pts,
+            "window_end_pts": self.window_end_pts,
+            "frames": self.frames,
+            "epoch": self.epoch,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "latency_ms": self.latency_ms,
+            "model": self.model,
+        }
 
 
 def description_event(
@@ -247,28 +477,17 @@ def description_event(
     model: str,
     captured_at: float,
 ) -> Event:
-    """A scene description of the stream's recent frames (and what was said), from the VLM.
-    `captured_at` is that of the newest frame it saw; `cached_tokens` is None when the server
-    does not report it."""
-
-    def rounded(pts: float | None) -> float | None:
-        return None if pts is None else round(pts, 3)
-
-    return Event(
-        kind=EventKind.DESCRIPTIONS,
-        stream_id=stream_id,
-        pts=rounded(window_end_pts),
-        captured_at=captured_at,
-        data={
-            "text": text,
-            "fields": dict(fields) if fields is not None else None,
-            "window_start_pts": rounded(window_start_pts),
-            "window_end_pts": rounded(window_end_pts),
-            "frames": frames,
-            "epoch": epoch,
-            "prompt_tokens": prompt_tokens,
-            "cached_tokens": cached_tokens,
-            "latency_ms": round(latency_ms, 1),
-            "model": model,
-        },
+    """`captured_at` is that of the newest frame the description saw."""
+    body = DescriptionBody(
+        text=text,
+        structured=dict(fields) if fields is not None else None,
+        window_start_pts=_pts(window_start_pts),
+        window_end_pts=_pts(window_end_pts),
+        frames=frames,
+        epoch=epoch,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+        latency_ms=round(latency_ms, 1),
+        model=model,
     )
+    return Event(stream_id=stream_id, pts=_pts(window_end_pts), captured_at=captured_at, body=body)

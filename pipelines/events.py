@@ -1,4 +1,10 @@
-"""Events as the pipelines produce them, before the bus wraps them in CloudEvents."""
+"""Events as the pipelines produce them, before the bus wraps them in CloudEvents.
+
+Between stages an event's body is typed (one dataclass per kind, `pipelines.event_bodies`): a
+stage reads `event.body` narrowed with `isinstance`, never a dict whose keys it must remember.
+The JSON object is made once, at the bus edge (`realtime.bus.cloudevents.encode`), from
+`Event.data`; field names and their order there are the wire contract (DESIGN.md).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 
 class EventKind(StrEnum):
@@ -64,22 +70,49 @@ def kinds_where(*, durable: bool | None = None, delivery: Delivery | None = None
 DURABLE_KINDS: frozenset[EventKind] = kinds_where(durable=True)
 
 
+# In a fleet, events carry the revision at which their worker took the stream's lease; larger is newer.
+LEASE_FIELD = "lease_revision"
+
+
 def new_event_id() -> str:
     return uuid.uuid4().hex
 
 
+class EventBody:
+    """One kind's body. Subclasses are frozen dataclasses whose fields are what stages read;
+    `fields()` is the JSON object on the wire, in the contract's order."""
+
+    __slots__ = ()
+    kind: ClassVar[EventKind]
+
+    def fields(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
-    kind: EventKind
     stream_id: str
     pts: float | None  # media seconds; None for events not tied to media (e.g. status)
     captured_at: float  # wall-clock epoch seconds the underlying media reached the service
-    data: Mapping[str, Any]  # per-kind body fields (JSON-serialisable)
+    body: EventBody
     id: str = field(default_factory=new_event_id)
+    lease: int | None = None  # a fleet stream's fencing token (realtime.fleet), set as it goes out
+
+    @property
+    def kind(self) -> EventKind:
+        return self.body.kind
 
     @property
     def durable(self) -> bool:
         return self.kind in DURABLE_KINDS
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The body as the JSON object on the wire (made on each call: the bus edge reads it once)."""
+        fields = self.body.fields()
+        if self.lease is not None:
+            fields[LEASE_FIELD] = self.lease
+        return fields
 
 
 class EventSink(Protocol):

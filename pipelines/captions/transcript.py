@@ -26,7 +26,8 @@ import numpy as np
 from pipelines.captions.agreement import MAX_REPEAT_WORDS, Word, normalise
 from pipelines.captions.policy import SENTENCE_END
 from pipelines.captions.window import AudioWindow
-from pipelines.events import Event, EventKind
+from pipelines.event_bodies import CaptionBody, TranscriptBody
+from pipelines.events import Event
 
 PIECE_MAX_S = 25.0  # a piece of continuous speech transcribed once it is this long
 MIN_PIECE_S = 5.0  # a long piece is cut after a sentence at least this far into it
@@ -143,13 +144,12 @@ def kept_text(events: Iterable[Event]) -> str:
     replaced by its transcript once that arrived."""
     pieces: dict[str, str] = {}  # segment id, or the transcript's first replaced id -> text
     for event in events:
-        data = event.data
-        if event.kind is EventKind.CAPTIONS:
-            pieces[str(data["segment_id"])] = str(data["text"])
-        elif event.kind is EventKind.TRANSCRIPT:
-            replaced = [str(r) for r in data["replaces"]]
-            for segment_id in replaced[1:]:
+        body = event.body
+        if isinstance(body, CaptionBody):
+            pieces[body.segment_id] = body.text
+        elif isinstance(body, TranscriptBody):
+            for segment_id in body.replaces[1:]:
                 pieces.pop(segment_id, None)
-            if replaced:
-                pieces[replaced[0]] = str(data["text"])
+            if body.replaces:
+                pieces[body.replaces[0]] = body.text
     return " ".join(text for text in pieces.values() if text)

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import cv2
 
@@ -34,7 +34,8 @@ from pipelines.clips.engine import CLIPS, ClipEngine
 from pipelines.clips.ring import PacketRing
 from pipelines.clips.store import ClipInfo
 from pipelines.compute import ComputeBudget, ModelClaim, Priority
-from pipelines.events import Event, EventKind, EventSink
+from pipelines.event_bodies import AlertBody, CaptionBody, DescriptionBody, DetectionsBody
+from pipelines.events import Event, EventBody, EventKind, EventSink
 from pipelines.frames import VideoFrame
 from pipelines.graph import StageContext, counter, gauge, register_counters
 from pipelines.graph.counters import Counters
@@ -98,7 +99,7 @@ class ClipStage:
         # What each clip's span showed and said, for its extras: every frame's objects (measured or
         # predicted) and the final captions, kept as long as the packets (bounded by count too).
         limit = int(engine.settings.buffer_s * MAX_FPS)
-        self.boxes: deque[tuple[float, dict[str, Any]]] = deque(maxlen=limit)
+        self.boxes: deque[tuple[float, DetectionsBody]] = deque(maxlen=limit)
         self.captions: deque[tuple[float, float, str]] = deque(maxlen=limit)
         # And what was said of it: the descriptions (with the VLM's fields) and the alerts' starts
         # and ends (their evidence, a `vlm` check's reason, the snapshot), for the clip's package.
@@ -121,27 +122,29 @@ class ClipStage:
         self._decoding = asyncio.Lock()  # one still decoded at a time per stream (a GOP of CPU each)
 
     def observe(self, event: Event) -> None:
-        data = event.data
-        if event.kind is EventKind.DETECTIONS and event.pts is not None:
-            self.boxes.append((event.pts, {"frame_seq": data.get("frame_seq"), "objects": data.get("objects", [])}))
+        body = event.body
+        if isinstance(body, DetectionsBody) and event.pts is not None:
+            self.boxes.append((event.pts, body))
             return
-        if event.kind is EventKind.CAPTIONS:
-            self.captions.append((float(data["start"]), float(data["end"]), str(data["text"])))
+        if isinstance(body, CaptionBody):
+            self.captions.append((body.spoken.start, body.spoken.end, body.text))
             return
-        if event.kind is EventKind.DESCRIPTIONS:
-            end = data.get("window_end_pts", event.pts)
-            if isinstance(end, int | float):
-                self.descriptions.append({"start_pts": data.get("window_start_pts"), "end_pts": end,
-                                          "text": data.get("text"), "fields": data.get("fields"),
-                                          "model": data.get("model")})
+        if isinstance(body, DescriptionBody):
+            end = body.window_end_pts if body.window_end_pts is not None else event.pts
+            if end is not None:
+                self.descriptions.append({"start_pts": body.window_start_pts, "end_pts": end,
+                                          "text": body.text,
+                                          "fields": None if body.structured is None else dict(body.structured),
+                                          "model": body.model})
             return
-        if event.kind is not EventKind.ALERTS:
+        if not isinstance(body, AlertBody):
             return
+        data = body.fields()
         self.alert_events.append({"pts": event.pts, **{k: data[k] for k in ALERT_FIELDS if k in data}})
-        alert_id = str(data.get("alert_id"))
+        alert_id = body.alert_id
         settings = self.engine.settings
-        if data.get("event") == "start":
-            start = float(data.get("started_pts", event.pts or 0.0)) - settings.pre_s
+        if body.event == "start":
+            start = body.started_pts - settings.pre_s
             window = self.windows[-1] if self.windows else None
             if window is None or (window.end is not None and start > window.end):
                 window = Window(start, None)
@@ -150,15 +153,15 @@ class ClipStage:
             window.alert_ids.append(alert_id)
             window.open_alerts.add(alert_id)
             self._alerts_ended.clear()
-            window.tracks.update(int(t) for t in data.get("track_ids", ()) if isinstance(t, int))
-        elif data.get("event") == "end":
+            window.tracks.update(body.track_ids)
+        elif body.event == "end":
             for window in self.windows:
                 if alert_id in window.open_alerts:
                     window.open_alerts.discard(alert_id)
                     if not any(w.open_alerts for w in self.windows):
                         self._alerts_ended.set()
                     if not window.open_alerts:
-                        ended = float(data.get("ended_pts", event.pts or 0.0))
+                        ended = body.ended_pts if body.ended_pts is not None else event.pts or 0.0
                         window.end = ended + settings.post_s
 
     async def run(self) -> None:
@@ -284,7 +287,8 @@ class ClipStage:
         return info
 
     def _boxes(self, origin: float, end: float) -> bytes:
-        frames = [{"t": round(pts - origin, 3), "pts": round(pts, 3), **body}
+        frames = [{"t": round(pts - origin, 3), "pts": round(pts, 3), "frame_seq": body.frame_seq,
+                   "objects": [obj.fields() for obj in body.objects]}
                   for pts, body in self.boxes if origin <= pts <= end + 1e-6]
         return json.dumps({"stream_id": self.stream_id, "frames": frames}, separators=(",", ":")).encode()
 
@@ -349,12 +353,21 @@ def clip_view(info: ClipInfo) -> dict[str, Any]:
     return {**info.to_json(), "links": links}
 
 
-def clip_event(info: ClipInfo, *, captured_at: float) -> Event:
+@dataclass(frozen=True, slots=True)
+class ClipBody(EventBody):
     """A finished clip: where it is and what it covers (DESIGN.md: id, span, bytes, codec, alert ids, links)."""
-    body = clip_view(info)
-    del body["stream_id"]  # the envelope's
-    return Event(kind=EventKind.CLIPS, stream_id=info.stream_id, pts=round(info.end_pts, 3),
-                 captured_at=captured_at, data=body)
+
+    kind: ClassVar[EventKind] = EventKind.CLIPS
+    info: ClipInfo
+
+    def fields(self) -> dict[str, Any]:
+        body = clip_view(self.info)
+        del body["stream_id"]  # the envelope's
+        return body
+
+
+def clip_event(info: ClipInfo, *, captured_at: float) -> Event:
+    return Event(stream_id=info.stream_id, pts=round(info.end_pts, 3), captured_at=captured_at, body=ClipBody(info))
 
 
 def _still_jpeg(packets: list[EncodedPacket], offset_s: float) -> tuple[bytes, float]:

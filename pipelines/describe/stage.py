@@ -42,8 +42,8 @@ from pipelines.describe.checks import VlmChecks, parse_verdict
 from pipelines.describe.sampler import FrameSampler
 from pipelines.describe.settings import CHECK_SCHEMA, DESCRIPTION_SCHEMA, DESCRIPTIONS, DescribeEngine
 from pipelines.describe.window import DescribeWindow, WindowFrame, WindowRequest, text_tokens
-from pipelines.event_bodies import description_event
-from pipelines.events import Event, EventKind, EventSink
+from pipelines.event_bodies import AlertBody, CaptionBody, TrackBody, description_event
+from pipelines.events import Event, EventSink
 from pipelines.frames import VideoFrame
 from pipelines.graph import StageContext, counter, register_counters
 from pipelines.graph.counters import Counters, summed
@@ -197,15 +197,16 @@ class DescribeStage:
     def observe(self, event: Event) -> None:
         if event.stream_id != self.stream_id:
             return
-        track_came_or_went = event.kind is EventKind.TRACKS and event.data.get("event") in ("new", "end")
-        other_alert = event.kind is EventKind.ALERTS and event.data.get("rule_type") != "vlm"
+        body = event.body
+        track_came_or_went = isinstance(body, TrackBody) and body.event in ("new", "end")
+        other_alert = isinstance(body, AlertBody) and body.rule_type != "vlm"
         if track_came_or_went or other_alert:
             self.sampler.note_activity()
-        elif event.kind is EventKind.CAPTIONS and event.pts is not None:
+        elif isinstance(body, CaptionBody) and event.pts is not None:
             self.sampler.note_activity()  # someone spoke: a frame to go with it
             now = self._now
             offset = now.t - now.pts if now is not None else 0.0  # media time → stream time
-            self.window.add_speech(event.pts + offset, str(event.data.get("text", "")))
+            self.window.add_speech(event.pts + offset, body.text)
 
     # -- frames in -------------------------------------------------------------------------------------
 

@@ -18,9 +18,10 @@ import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from pipelines.events import Event, EventKind
+from pipelines.event_bodies import DetectedObject, DetectionsBody, TrackBody
+from pipelines.events import Event
 from pipelines.frames import VideoFrame
 from pipelines.graph import StageContext, StageFailed, counter, register_counters
 from pipelines.graph.counters import Counters
@@ -82,33 +83,33 @@ class SegmentStage:
         left as it is); a track's end forgets its mask. Every other event passes unchanged."""
         if event.stream_id != self.stream_id:
             return event
-        if event.kind is EventKind.DETECTIONS:
-            return self._on_detections(event)
-        if event.kind is EventKind.TRACKS and event.data.get("event") == "end":
-            self.cadence.forget(int(event.data["track_id"]))
+        body = event.body
+        if isinstance(body, DetectionsBody):
+            return self._on_detections(event, body)
+        if isinstance(body, TrackBody) and body.event == "end":
+            self.cadence.forget(body.track_id)
         return event
 
-    def _on_detections(self, event: Event) -> Event:
-        data = event.data
+    def _on_detections(self, event: Event, body: DetectionsBody) -> Event:
         tracked: list[TrackedBox] = []
-        objects: list[Any] = []
+        objects: list[DetectedObject] = []
         masked = False
-        for obj in data.get("objects", ()):
-            track_id = obj.get("track_id")
-            known = self.cadence.mask_of(int(track_id)) if track_id is not None else None
+        for obj in body.objects:
+            track_id = obj.track_id
+            known = self.cadence.mask_of(track_id) if track_id is not None else None
             if track_id is not None:
-                tracked.append(TrackedBox(int(track_id), str(obj["class"]), tuple(obj["box"])))
+                tracked.append(TrackedBox(track_id, obj.class_name, obj.box))
             if known is not None and known.rle is not None:
-                objects.append({**obj, "mask": known.rle, "mask_frame_seq": known.frame_seq})
+                objects.append(dataclasses.replace(obj, mask=known.rle, mask_frame_seq=known.frame_seq))
                 masked = True
             else:
                 objects.append(obj)
         if masked:
-            event = dataclasses.replace(event, data={**data, "objects": objects})
-        self._schedule(tracked, data.get("frame_seq"))
+            event = dataclasses.replace(event, body=dataclasses.replace(body, objects=tuple(objects)))
+        self._schedule(tracked, body.frame_seq)
         return event
 
-    def _schedule(self, tracked: list[TrackedBox], frame_seq: Any) -> None:
+    def _schedule(self, tracked: list[TrackedBox], frame_seq: int) -> None:
         chosen = self.cadence.choose(tracked)
         if not chosen:
             return

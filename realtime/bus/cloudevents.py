@@ -25,8 +25,6 @@ SUBJECT_PREFIX = "vidsentry"
 CONTENT_TYPE = "application/json"
 MSG_ID_HEADER = "Nats-Msg-Id"  # JetStream drops a second message with the same id inside the window
 ENVELOPE_FIELDS = ("stream_id", "pts", "captured_at", "published_at")
-# In a fleet, events carry the revision at which their worker took the stream's lease; larger is newer.
-LEASE_FIELD = "lease_revision"
 LEASE_HEADER = "ce-leaserev"  # the same value as a CloudEvents extension attribute
 # Printable ASCII without spaces: ids travel in headers and in JetStream's dedup table.
 _EVENT_ID_PATTERN = re.compile(r"[!-~]{1,256}")
@@ -73,14 +71,14 @@ def encode(event: Event, node: str, published_at: float) -> tuple[bytes, dict[st
     kind = EventKind(event.kind)
     if not isinstance(event.id, str) or not _EVENT_ID_PATTERN.fullmatch(event.id):
         raise EventEncodingError(f"event id must be 1-256 printable ASCII characters without spaces: {event.id!r}")
-    clash = [name for name in ENVELOPE_FIELDS if name in event.data]
+    body: dict[str, Any] = event.data  # the JSON object, made here once
+    clash = [name for name in ENVELOPE_FIELDS if name in body]
     if clash:
         raise EventEncodingError(f"{kind.value} event data must not set envelope fields {clash}")
     if event.pts is not None and not math.isfinite(event.pts):
         raise EventEncodingError(f"pts must be finite or None, got {event.pts!r}")
 
     captured = rfc3339(event.captured_at)
-    body: dict[str, Any] = dict(event.data)
     body.update(
         stream_id=stream_id,
         pts=None if event.pts is None else float(event.pts),
@@ -103,9 +101,8 @@ def encode(event: Event, node: str, published_at: float) -> tuple[bytes, dict[st
         "content-type": CONTENT_TYPE,
         MSG_ID_HEADER: event.id,
     }
-    lease = event.data.get(LEASE_FIELD)
-    if isinstance(lease, int) and not isinstance(lease, bool):
-        headers[LEASE_HEADER] = str(lease)  # a fleet-owned stream's fencing token (realtime.fleet)
+    if event.lease is not None:
+        headers[LEASE_HEADER] = str(event.lease)  # a fleet-owned stream's fencing token (realtime.fleet)
     return payload, headers
 
 

@@ -45,6 +45,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
+from pipelines.event_bodies import AlertBody
 from pipelines.events import Event, EventKind
 from pipelines.tasks import TaskOwner, describe_error
 from realtime.bus import cloudevents
@@ -398,7 +399,7 @@ class NatsEventPublisher:
         created = time.monotonic()
         payload, headers = cloudevents.encode(event, self.node, time.time())
         kind = EventKind(event.kind)
-        severity = event.data.get("severity") if kind is EventKind.ALERTS else None
+        severity = event.body.severity if isinstance(event.body, AlertBody) else None
         msg = WireMessage(
             event.id,
             kind,

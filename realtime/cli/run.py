@@ -18,7 +18,8 @@ from pipelines.captions.engine import CAPTIONS
 from pipelines.captions.utterances import SENTENCE_STOPS, UTTERANCE_PAUSE_S
 from pipelines.compute import ComputeBudget
 from pipelines.detect import DetectionBatcher
-from pipelines.events import DURABLE_KINDS, Event, EventKind, EventSink
+from pipelines.event_bodies import CaptionBody, DescriptionBody
+from pipelines.events import DURABLE_KINDS, Event, EventSink
 from pipelines.frames import StatusChange, StreamState
 from pipelines.graph import SharedEngines
 from pipelines.graph.counters import summary_lines
@@ -114,27 +115,28 @@ class CaptionPrinter:
 
     async def publish(self, event: Event) -> None:
         await self._sink.publish(event)
-        data = event.data
-        if event.kind is EventKind.CAPTIONS:
+        body = event.body
+        if isinstance(body, CaptionBody):
             self.captions += 1
-            self._caption(event.stream_id, data)
-        elif event.kind is EventKind.DESCRIPTIONS:
+            self._caption(event.stream_id, body)
+        elif isinstance(body, DescriptionBody):
             self.descriptions += 1
             if not self._quiet:
-                print(f"[{event.stream_id} {event.pts or 0.0:7.1f}s] (scene) {data['text']}", flush=True)
+                print(f"[{event.stream_id} {event.pts or 0.0:7.1f}s] (scene) {body.text}", flush=True)
 
-    def _caption(self, stream_id: str, data: Any) -> None:
+    def _caption(self, stream_id: str, body: CaptionBody) -> None:
         if self._quiet:
             return
-        text = str(data["text"]).strip()
+        text = body.text.strip()
         if not text:
             return
-        if self._line and (stream_id != self._line_stream or data["start"] - self._line_end >= UTTERANCE_PAUSE_S):
+        start = body.spoken.start
+        if self._line and (stream_id != self._line_stream or start - self._line_end >= UTTERANCE_PAUSE_S):
             self.flush()
         if not self._line:
-            self._line_start, self._line_stream = data["start"], stream_id
+            self._line_start, self._line_stream = start, stream_id
         self._line.append(text)
-        self._line_end = data["end"]
+        self._line_end = body.spoken.end
         if text.endswith(SENTENCE_STOPS) or sum(len(t.split()) for t in self._line) >= LINE_MAX_WORDS:
             self.flush()
 

@@ -43,9 +43,9 @@ from nats.aio.msg import Msg
 from engines.media.files import replacing
 from pipelines.capability import Sample
 from pipelines.clips.engine import ClipEngine
-from pipelines.clips.stage import ExportRefused
+from pipelines.clips.stage import ClipBody, ExportRefused
 from pipelines.clips.store import CLIP_ID, ClipInfo, ClipStore, retention
-from pipelines.events import Event, EventKind
+from pipelines.events import Event
 from pipelines.frames import validate_stream_id
 from realtime.bus.publisher import NatsEventPublisher, live_client
 from realtime.fleet.clip_bucket import MP4, ClipBucket, ClipBucketError, clip_bucket_name
@@ -123,10 +123,10 @@ class FleetClips:
 
     def tap(self, event: Event) -> None:
         """A fanout tap: queue each clip this worker finished for upload (never blocks)."""
-        if event.kind is not EventKind.CLIPS:
+        if not isinstance(event.body, ClipBody):
             return
         try:
-            self._queue.put_nowait(str(event.data.get("clip_id")))
+            self._queue.put_nowait(event.body.info.id)
             self.stats.queued += 1
         except asyncio.QueueFull:
             self.stats.queue_dropped += 1

@@ -12,7 +12,6 @@ import dataclasses
 from collections.abc import Callable
 
 from pipelines.events import Event, EventSink
-from realtime.bus.cloudevents import LEASE_FIELD  # mirrored there as the `ce-leaserev` header
 
 
 class FencedSink:
@@ -30,4 +29,5 @@ class FencedSink:
         if token is None or token != self._bound:
             self._on_fenced()
             return
-        await self._sink.publish(dataclasses.replace(event, data={**event.data, LEASE_FIELD: token}))
+        # On the wire as the body's `lease_revision` and the `ce-leaserev` header (realtime.bus.cloudevents).
+        await self._sink.publish(dataclasses.replace(event, lease=token))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.events import Event, EventKind
+from pipelines.event_bodies import DescriptionBody
+from pipelines.events import Event
 
 
 class LatestDescriptions:
@@ -17,7 +18,7 @@ class LatestDescriptions:
         self._latest: dict[str, dict[str, Any]] = {}
 
     def tap(self, event: Event) -> None:
-        if event.kind is EventKind.DESCRIPTIONS:
+        if isinstance(event.body, DescriptionBody):  # as the API shows it: the wire's fields
             self._latest[event.stream_id] = {**event.data, "pts": event.pts, "captured_at": event.captured_at}
 
     def get(self, stream_id: str) -> dict[str, Any] | None:

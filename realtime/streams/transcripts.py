@@ -9,12 +9,12 @@ arrives, the transcript's sentences take the place of the finals it replaces.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pipelines.captions.utterances import SENTENCE_STOPS
-from pipelines.events import Event, EventKind
+from pipelines.event_bodies import CaptionBody, TranscriptBody, Word
+from pipelines.events import Event
 
 DEFAULT_MAX_AGE_S = 600.0  # the last ten minutes of speech
 DEFAULT_MAX_CUES = 2000
@@ -36,17 +36,14 @@ class TranscriptStore:
         self._cues: dict[str, deque[Cue]] = {}
 
     def tap(self, event: Event) -> None:
-        if event.kind not in (EventKind.CAPTIONS, EventKind.TRANSCRIPT):
-            return
-        data = event.data
-        try:
-            if event.kind is EventKind.CAPTIONS:
-                new = [Cue(float(data["start"]), float(data["end"]), str(data["text"]), str(data["segment_id"]))]
-                replaced: set[str] = set()
-            else:
-                new = transcript_cues(data["words"])
-                replaced = {str(r) for r in data["replaces"]}
-        except (KeyError, TypeError, ValueError):
+        body = event.body
+        if isinstance(body, CaptionBody):
+            new = [Cue(body.spoken.start, body.spoken.end, body.text, body.segment_id)]
+            replaced: set[str] = set()
+        elif isinstance(body, TranscriptBody):
+            new = transcript_cues(body.spoken.words)
+            replaced = set(body.replaces)
+        else:
             return
         cues = self._cues.setdefault(event.stream_id, deque(maxlen=self.max_cues))
         if replaced:
@@ -65,14 +62,14 @@ class TranscriptStore:
         self._cues.pop(stream_id, None)
 
 
-def transcript_cues(words: Sequence[Mapping[str, Any]]) -> list[Cue]:
+def transcript_cues(words: Sequence[Word]) -> list[Cue]:
     """A transcript's words as cues: a sentence each, at most CUE_MAX_WORDS words."""
     cues: list[Cue] = []
-    line: list[tuple[str, float, float]] = []
+    line: list[Word] = []
     for i, w in enumerate(words):
-        line.append((str(w["word"]), float(w["start"]), float(w["end"])))
-        if len(line) >= CUE_MAX_WORDS or line[-1][0].endswith(SENTENCE_STOPS) or i == len(words) - 1:
-            cues.append(Cue(line[0][1], line[-1][2], " ".join(t for t, _, _ in line)))
+        line.append(w)
+        if len(line) >= CUE_MAX_WORDS or w.word.endswith(SENTENCE_STOPS) or i == len(words) - 1:
+            cues.append(Cue(line[0].start, line[-1].end, " ".join(x.word for x in line)))
             line = []
     return cues
 

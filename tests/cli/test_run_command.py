@@ -13,6 +13,7 @@ import nats
 import pytest
 
 from realtime.bus.embedded import EmbeddedNatsServer
+from tests.support.bodies import any_event
 from tests.support.cli import ROOT, vidsentry
 
 
@@ -161,7 +162,7 @@ def test_doctor_lists_engines() -> None:
 
 
 async def test_subscribe_prints_json_lines(nats_server: EmbeddedNatsServer) -> None:
-    from pipelines.events import Event, EventKind
+    from pipelines.events import EventKind
     from realtime.bus.publisher import NatsEventPublisher
 
     proc = await asyncio.create_subprocess_exec(
@@ -172,7 +173,8 @@ async def test_subscribe_prints_json_lines(nats_server: EmbeddedNatsServer) -> N
     async with NatsEventPublisher(nats_server.url, node="t") as publisher:
         # Keep publishing until the subscriber (a separate process) has seen two events.
         for i in range(200):
-            await publisher.publish(Event(EventKind.DETECTIONS, "door", float(i), 1.7e9, {"objects": []}))
+            event = any_event(EventKind.DETECTIONS, "door", {"objects": []}, pts=float(i), captured_at=1.7e9)
+            await publisher.publish(event)
             await publisher.flush(timeout=2)
             if proc.returncode is not None:
                 break

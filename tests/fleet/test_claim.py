@@ -9,6 +9,7 @@ from realtime.bus import cloudevents
 from realtime.fleet.claim import NodeLoad, fair_share, plan
 from realtime.fleet.fence import FencedSink
 from realtime.fleet.records import NodeRecord, node_key
+from tests.support.bodies import any_event
 
 IDS = [f"s{i}" for i in range(6)]
 
@@ -64,7 +65,7 @@ def test_the_fence_passes_events_with_the_lease_token_and_drops_them_once_it_is_
 
     token: list[int | None] = [41]
     sink = FencedSink(Sink(), lambda: token[0], lambda: fenced.append(1))
-    event = Event(EventKind.STATUS, "cam", None, 1.7e9, {"state": "live"})
+    event = any_event(EventKind.STATUS, "cam", {"state": "live"}, pts=None, captured_at=1.7e9)
     asyncio.run(sink.publish(event))
     token[0] = None  # validity ran out
     asyncio.run(sink.publish(event))

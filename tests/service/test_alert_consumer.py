@@ -6,7 +6,6 @@ import asyncio
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 
 import nats
@@ -14,13 +13,14 @@ import nats
 from pipelines.events import Event, EventKind
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
+from tests.support.bodies import any_event
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "samples" / "alert_consumer.py"
 
 
 def alert(stream_id: str, rule: str) -> Event:
-    return Event(EventKind.ALERTS, stream_id, pts=1.0, captured_at=time.time(), data={"rule": rule, "event": "start"})
+    return any_event(EventKind.ALERTS, stream_id, {"rule": rule, "event": "start"})
 
 
 async def publish(url: str, *events: Event) -> None:

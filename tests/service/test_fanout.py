@@ -18,11 +18,12 @@ from realtime.streams.fanout import (
     ViewerClosed,
     ViewerLimitReached,
 )
+from tests.support.bodies import any_event
 from tests.support.sinks import ListSink
 
 
 def event(stream_id: str, n: int, kind: EventKind = EventKind.DETECTIONS) -> Event:
-    return Event(kind, stream_id, pts=n / 10, captured_at=1_800_000_000.0 + n, data={"frame_seq": n})
+    return any_event(kind, stream_id, {"frame_seq": n}, pts=n / 10, captured_at=1_800_000_000.0 + n)
 
 
 def test_sse_message_wire_format() -> None:

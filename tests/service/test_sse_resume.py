@@ -7,16 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 
 from engines.detector import Detector
-from pipelines.events import Event, EventKind
+from pipelines.events import EventKind
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.service.conftest import LiveService, live_service, make_config
+from tests.support.bodies import any_event
 from tests.support.waiting import wait_until
 
 UNREACHABLE = "rtsp://127.0.0.1:1/cam"  # the stream exists and keeps retrying; only its events matter
@@ -67,7 +67,7 @@ async def watching(svc: LiveService, stream_id: str, last_id: str | None = None)
 async def publish(svc: LiveService, stream_id: str, kind: EventKind, seqs: range) -> None:
     for seq in seqs:
         data = {"rule": "r", "event": "start", "seq": seq}
-        await svc.service.fanout.publish(Event(kind, stream_id, pts=None, captured_at=time.time(), data=data))
+        await svc.service.fanout.publish(any_event(kind, stream_id, data, pts=None))
 
 
 async def add_stream(svc: LiveService, stream_id: str) -> None:

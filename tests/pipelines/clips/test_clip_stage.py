@@ -19,11 +19,12 @@ from pipelines.clips.ring import PacketRing
 from pipelines.clips.stage import ClipStage, webvtt
 from pipelines.clips.store import ClipStore, StreamBounds
 from pipelines.detect import DetectionBatcher
-from pipelines.event_bodies import description_event
+from pipelines.event_bodies import alert_event, description_event
 from pipelines.events import Event, EventKind
 from pipelines.frames import StreamState
 from pipelines.graph import SharedEngines
 from pipelines.mailbox import FrameMailbox
+from pipelines.rules.types import AlertChange, AlertEventKind
 from realtime.streams.runner import StreamRunner
 from tests.support.rtsp import RtspServer
 from tests.support.sinks import ListSink
@@ -208,11 +209,14 @@ async def test_a_clips_package_holds_the_descriptions_and_alerts_of_its_span(tmp
         stage.observe(description_event("cam", text=text, fields={"people": 1}, window_start_pts=start,
                                         window_end_pts=end, frames=4, epoch=1, prompt_tokens=10, cached_tokens=5,
                                         latency_ms=1.0, model="sim", captured_at=time.time()))
-    long_ago = Event(EventKind.ALERTS, "cam", 2.0, time.time(), {
-        "alert_id": "a1", "rule_id": "van", "rule_type": "vlm", "event": "start", "class": None,
-        "evidence": {"trigger": "vlm", "question": "Is a van parked?", "reason": "a white van at the kerb"},
-        "snapshot": "snap-1", "started_pts": 2.0})
-    other = Event(EventKind.ALERTS, "cam", 30.0, time.time(), {"alert_id": "a2", "event": "start", "rule_id": "x"})
+    def started(alert_id: str, rule_type: str, pts: float, evidence: dict[str, str], snapshot: str | None) -> Event:
+        change = AlertChange(AlertEventKind.START, alert_id, f"rule-{alert_id}", rule_type, "warning", (), None,
+                             evidence, started_pts=pts, pts=pts)
+        return alert_event("cam", change, captured_at=time.time(), snapshot=snapshot)
+
+    long_ago = started("a1", "vlm", 2.0, {"trigger": "vlm", "question": "Is a van parked?",
+                                          "reason": "a white van at the kerb"}, "snap-1")
+    other = started("a2", "zone", 30.0, {}, None)
     stage.observe(long_ago)
     stage.observe(other)
     said = json.loads(stage._events(10.0, 20.0, ["a1"]) or b"{}")

@@ -19,13 +19,14 @@ from realtime.bus.cloudevents import (
     rfc3339,
     subject_for,
 )
+from tests.support.bodies import any_event
 
 CAPTURED = 1_777_777_777.123456  # 2026-05-03T03:09:37.123Z
 PUBLISHED = CAPTURED + 0.25
 
 
 def make_event(kind: EventKind = EventKind.TRACKS, stream_id: str = "cam-1_a", **data: object) -> Event:
-    return Event(kind=kind, stream_id=stream_id, pts=12.5, captured_at=CAPTURED, data=data or {"n": 1})
+    return any_event(kind, stream_id, dict(data) or {"n": 1}, pts=12.5, captured_at=CAPTURED)
 
 
 def test_rfc3339_is_utc_with_milliseconds_and_z() -> None:
@@ -67,7 +68,7 @@ def test_body_carries_data_and_envelope_fields_compactly() -> None:
 
 
 def test_pts_none_is_null() -> None:
-    event = Event(EventKind.STATUS, "cam1", None, CAPTURED, {"state": "live"})
+    event = any_event(EventKind.STATUS, "cam1", {"state": "live"}, pts=None, captured_at=CAPTURED)
     assert json.loads(encode(event, "n", PUBLISHED)[0])["pts"] is None
 
 
@@ -101,11 +102,11 @@ def test_numpy_values_become_plain_json() -> None:
 )
 def test_values_json_cannot_carry_are_rejected(data: dict[str, object]) -> None:
     with pytest.raises(EventEncodingError, match="not JSON-serialisable"):
-        encode(Event(EventKind.TRACKS, "cam1", 1.0, CAPTURED, data), "n", PUBLISHED)
+        encode(any_event(EventKind.TRACKS, "cam1", data, captured_at=CAPTURED), "n", PUBLISHED)
 
 
 def test_nan_pts_rejected() -> None:
-    event = Event(EventKind.TRACKS, "cam1", math.nan, CAPTURED, {})
+    event = any_event(EventKind.TRACKS, "cam1", pts=math.nan, captured_at=CAPTURED)
     with pytest.raises(EventEncodingError, match="pts"):
         encode(event, "n", PUBLISHED)
 
@@ -125,7 +126,7 @@ def test_envelope_fields_in_data_rejected() -> None:
 
 
 def test_bad_event_id_rejected() -> None:
-    event = Event(EventKind.TRACKS, "cam1", 1.0, CAPTURED, {}, id="has space\r\n")
+    event = any_event(EventKind.TRACKS, "cam1", captured_at=CAPTURED, id="has space\r\n")
     with pytest.raises(EventEncodingError, match="event id"):
         encode(event, "n", PUBLISHED)
 

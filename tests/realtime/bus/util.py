@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -18,11 +17,12 @@ from nats.js.errors import NotFoundError
 
 from pipelines.events import Event, EventKind, EventSink
 from realtime.bus.jetstream import STREAM_NAME
+from tests.support.bodies import any_event
 
 
 def event(kind: EventKind, stream_id: str = "cam1", **data: object) -> Event:
     pts = None if kind is EventKind.STATUS else 1.25
-    return Event(kind=kind, stream_id=stream_id, pts=pts, captured_at=time.time(), data=data or {"n": 1})
+    return any_event(kind, stream_id, dict(data) or {"n": 1}, pts=pts)
 
 
 @dataclass

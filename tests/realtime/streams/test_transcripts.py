@@ -6,6 +6,7 @@ from __future__ import annotations
 from pipelines.event_bodies import caption_event, transcript_event
 from pipelines.events import Event
 from realtime.streams.transcripts import CUE_MAX_WORDS, TranscriptStore, to_webvtt
+from tests.support.bodies import any_event
 
 
 def said(text: str, start: float, step: float = 0.5) -> list[tuple[str, float, float, float]]:
@@ -50,7 +51,7 @@ def test_cues_older_than_the_age_bound_fall_off_and_unreadable_events_are_ignore
     store.tap(final("cam", "a", "old words", 0.0))
     store.tap(final("cam", "b", "new words", 20.0))
     broken = transcript("cam", ["a"], "x", 0.0)
-    store.tap(Event(kind=broken.kind, stream_id="cam", pts=0.0, captured_at=0.0, data={"words": "nonsense"}))
+    store.tap(any_event(broken.kind, "cam", {"words": "nonsense"}, pts=0.0, captured_at=0.0))  # not a transcript body
     assert [c.text for c in store.cues("cam")] == ["new words"]
     store.forget("cam")
     assert store.cues("cam") == []

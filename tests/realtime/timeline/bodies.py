@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pipelines.clips.stage import clip_event
+from pipelines.clips.store import ClipInfo
 from pipelines.event_bodies import caption_event, description_event, transcript_event
-from pipelines.events import Event, EventKind
+from pipelines.events import Event
 from realtime.bus.cloudevents import encode
 
 
@@ -35,7 +37,5 @@ def description(stream: str, text: str, start: float, end: float, *, at: float) 
 
 
 def clip(stream: str, clip_id: str, start: float, end: float, *, at: float) -> Event:
-    body = {"clip_id": clip_id, "start_pts": start, "end_pts": end, "duration_s": end - start, "bytes": 1000,
-            "codec": "h264", "width": 640, "height": 480, "alert_ids": ["a1"], "alert_tracks": [],
-            "created_at": at, "redacted": None, "links": {}}
-    return Event(kind=EventKind.CLIPS, stream_id=stream, pts=end, captured_at=at, data=body)
+    info = ClipInfo(clip_id, stream, start, end, end - start, 1000, "h264", 640, 480, ("a1",), at)
+    return clip_event(info, captured_at=at)

@@ -13,6 +13,7 @@ from pyee.asyncio import AsyncIOEventEmitter
 from pipelines.events import Event, EventKind
 from realtime.streams.fanout import EventFanout
 from realtime.webrtc.channel import EventChannel
+from tests.support.bodies import any_event
 
 
 class FakeDataChannel(AsyncIOEventEmitter):
@@ -45,7 +46,7 @@ class NullSink:
 
 
 def event(kind: EventKind, n: int, captured_at: float | None = None) -> Event:
-    return Event(kind=kind, stream_id="s1", pts=n / 10, captured_at=captured_at or time.time(), data={"n": n})
+    return any_event(kind, "s1", {"n": n}, pts=n / 10, captured_at=captured_at or time.time())
 
 
 async def offer_all(channel: EventChannel, events: list[Event]) -> None:

@@ -1,0 +1,38 @@
+"""Events with free-form bodies, for tests of what carries events (the bus, fan-out, DataChannel),
+where the body's kind matters and its fields do not. Stages and their tests use the typed bodies
+of `pipelines.event_bodies`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipelines.events import Event, EventBody, EventKind, new_event_id
+
+
+@dataclass(frozen=True, slots=True)
+class AnyBody(EventBody):
+    kind: EventKind  # type: ignore[misc]  # an instance's kind, where real bodies fix it per class
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def fields(self) -> dict[str, Any]:
+        return dict(self.values)
+
+
+def any_event(
+    kind: EventKind,
+    stream_id: str = "cam1",
+    data: dict[str, Any] | None = None,
+    *,
+    pts: float | None = 1.0,
+    captured_at: float | None = None,
+    id: str | None = None,
+) -> Event:
+    return Event(
+        stream_id=stream_id,
+        pts=pts,
+        captured_at=time.time() if captured_at is None else captured_at,
+        body=AnyBody(kind, dict(data or {})),
+        id=id or new_event_id(),
+    )
