@@ -23,6 +23,17 @@ CAPABILITIES: tuple[Capability[Any, Any], ...] = (
 )
 
 
+def hearing() -> list[str]:
+    """The capabilities that need the streams' audio (off when a command decodes none)."""
+    return [c.name for c in CAPABILITIES if c.hears]
+
+
+def critical_share(section: Callable[[str], Any], *, off: Collection[str] = ()) -> float | None:
+    """The most of the cores a latency-critical model takes first, as its section says (None: none says)."""
+    shares = (c.critical_share(section(c.section)) for c in CAPABILITIES if c.name not in off)
+    return next((share for share in shares if share is not None), None)
+
+
 def shares_cpu(section: Callable[[str], Any], *, off: Collection[str] = ()) -> list[str]:
     """The capabilities whose models, as configured, run on the CPU beside the detector."""
     return [c.name for c in CAPABILITIES if c.name not in off and c.shares_cpu(section(c.section))]

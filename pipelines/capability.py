@@ -1,11 +1,13 @@
 """What a capability declares about itself, so that nothing outside its package names it.
 
 A capability (captions, descriptions, segmentation, ...) is one package under `pipelines/` with a
-`capability.py` that builds one `Capability`: the config section it owns and its model, the
-engine every stream shares (opened once for the process, with its health and its metrics), the
-stage each stream gets, the event kinds it publishes, and whether its model shares the
-detector's CPU (then the compute budget is on). `pipelines.capabilities` lists them;
-`serve`, `run`, the service, the engines bundle and `/metrics` iterate that list.
+`capability.py` that builds one `Capability`: the config section it owns and its model (the
+config schema takes every section from the registry), the engine every stream shares (opened
+once for the process, with its health and its metrics), the stage each stream gets and the
+per-stream switch that turns it off, the event kinds it publishes, and whether its model shares
+the detector's CPU (then the compute budget is on) and how much of it its model may take first.
+`pipelines.capabilities` lists them; the config, `serve`, `run`, the service, the engines bundle
+and `/metrics` iterate that list.
 
 An opener raises `CapabilityError` for what the user must fix (a missing model, a bad endpoint);
 the command turns it into its usage error, with the message as written here.
@@ -54,8 +56,20 @@ class OpenContext:
 NO_BUDGET = OpenContext()  # every model uses the cores as it likes
 
 
+@dataclass(frozen=True, slots=True)
+class StreamSwitch:
+    """A per-stream setting (true by default) that turns the capability's stage off for one stream."""
+
+    name: str  # the stream setting's key: the stage's name, which the graph reads
+    help: str  # what it turns off, for the config schema and the docs
+
+
 def _never(_settings: Any) -> bool:
     return False
+
+
+def _no_share(_settings: Any) -> float | None:
+    return None
 
 
 def _no_samples(_engine: Any) -> Iterable[Sample]:
@@ -71,6 +85,11 @@ class Capability(Generic[E, S]):
     build: StageFactory  # each stream's stage (None where the stream or the service has it off)
     kinds: tuple[EventKind, ...] = ()  # the event kinds its stage publishes
     shares_cpu: Callable[[S], bool] = _never  # as configured, its model runs on the CPU beside the detector
+    # Its model is latency-critical: the most of the cores' recent time it takes first under the
+    # compute budget, as configured (None: the compute section's bound).
+    critical_share: Callable[[S], float | None] = _no_share
+    switch: StreamSwitch | None = None  # its per-stream switch; None: on wherever the service has it on
+    hears: bool = False  # its stage reads the stream's audio: where none is decoded it is not opened
     samples: Callable[[E], Iterable[Sample]] = _no_samples  # its engine's figures for /metrics
 
     @property

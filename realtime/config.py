@@ -1,5 +1,10 @@
-"""The YAML configuration, validated by pydantic: every section's model (a capability's own section
-comes from its package), the whole `Config`, and `load_config`.
+"""The YAML configuration, validated by pydantic: every section's model, the whole `Config`, and
+`load_config`.
+
+A capability's section and its per-stream switch come from its package, through the registry
+(pipelines.capabilities): `Config` is the service's own sections plus one per capability, and a
+stream's settings have one switch per capability that declares one. Code outside a capability
+reads its section by name (`config.section("captions")`), so this module names none of them.
 
 Unknown keys and bad values are errors that name the key (`streams.0.url: ...`). Infinity and NaN
 are refused everywhere. A config with no streams is valid. Every number has a range with a reason:
@@ -14,9 +19,9 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -27,18 +32,17 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic.json_schema import JsonDict
 
-from pipelines.captions.config import CaptionsSettings
-from pipelines.clips.config import ClipsSettings
-from pipelines.describe.config import VlmConfig
+from pipelines.capabilities import CAPABILITIES
+from pipelines.capability import Capability
 from pipelines.frames import StreamId
 from pipelines.rules.specs import RuleList
 from pipelines.sections import MAX_THREADS, MAX_TIMEOUT_S, Section, default_of
-from pipelines.segment.config import SegmentationSettings
 from pipelines.tracker import TrackerConfig
 from realtime.config_env import ENV_PREFIX, env_overrides, merge, name_variables
 from realtime.config_yaml import (
@@ -161,15 +165,9 @@ class SupervisorSettings(Section):
 _STAGE_SWITCH: JsonDict = {"stage_switch": True}
 
 
-class _StreamBase(Section):
+class _StreamCore(Section):
     id: StreamId
     audio: bool = True
-    # live captions of the audio (when `captions.enabled` and audio is on)
-    captions: bool = Field(True, json_schema_extra=_STAGE_SWITCH)
-    # rolling scene descriptions (when `vlm.endpoints` are set); vlm rules run either way
-    describe: bool = Field(True, json_schema_extra=_STAGE_SWITCH)
-    # the video around its alerts (when `clips.enabled`)
-    clips: bool = Field(True, json_schema_extra=_STAGE_SWITCH)
     detect_fps: float | None = Field(None, gt=0, le=MAX_FPS)
     rules: RuleList = []
 
@@ -180,6 +178,21 @@ class _StreamBase(Section):
             name for name, info in type(self).model_fields.items()
             if info.json_schema_extra == _STAGE_SWITCH and getattr(self, name) is False
         )
+
+
+if TYPE_CHECKING:  # the switches are read by stage name (stages_off), never as attributes
+    class _StreamBase(_StreamCore):
+        pass
+else:
+    _StreamBase = create_model(
+        "_StreamBase",
+        __base__=_StreamCore,
+        __module__=__name__,
+        **{
+            c.switch.name: (bool, Field(True, description=c.switch.help, json_schema_extra=_STAGE_SWITCH))
+            for c in CAPABILITIES if c.switch is not None
+        },
+    )
 
 
 class CameraStreamSettings(_StreamBase):
@@ -362,7 +375,9 @@ class ComputeSettings(Section):
     captions_reserve_s: float = Field(0.0, ge=0.0, le=10.0)
 
 
-class Config(Section):
+class _ServiceConfig(Section):
+    """The service's own sections; `Config` adds the capabilities'."""
+
     node: str = Field(default_factory=socket.gethostname)
     fleet: FleetSettings = FleetSettings()
     nats: NatsSettings = NatsSettings()
@@ -372,11 +387,7 @@ class Config(Section):
     supervisor: SupervisorSettings = SupervisorSettings()
     sources: SourceSettings = SourceSettings()
     webrtc: WebRtcSettings = WebRtcSettings()
-    captions: CaptionsSettings = CaptionsSettings()
     compute: ComputeSettings = ComputeSettings()
-    vlm: VlmConfig = VlmConfig()
-    segmentation: SegmentationSettings = SegmentationSettings()
-    clips: ClipsSettings = ClipsSettings()
     timeline: TimelineSettings = TimelineSettings()
     streams: list[StreamSettings] = []
 
@@ -405,7 +416,7 @@ class Config(Section):
         return streams
 
     @model_validator(mode="after")
-    def _unique_ids(self) -> Config:
+    def _unique_ids(self) -> _ServiceConfig:
         seen: set[str] = set()
         for stream in self.streams:
             if stream.id in seen:
@@ -416,6 +427,30 @@ class Config(Section):
                 f"{len(self.streams)} streams configured, more than http.max_streams ({self.http.max_streams})"
             )
         return self
+
+    def section(self, name: str) -> Any:
+        """A section by its key: how code outside a capability reads the capability's own."""
+        if name not in type(self).model_fields:
+            raise KeyError(f"no config section {name!r}")
+        return getattr(self, name)
+
+
+def config_model(capabilities: Iterable[Capability[Any, Any]]) -> type[_ServiceConfig]:
+    """The whole configuration's model: the service's sections and each capability's, by its key."""
+    sections: dict[str, Any] = {c.section: (c.settings, c.settings()) for c in capabilities}
+    return create_model(
+        "Config",
+        __base__=_ServiceConfig,
+        __module__=__name__,
+        __doc__="The whole configuration: the service's sections and each capability's (by its section key).",
+        **sections,
+    )
+
+
+if TYPE_CHECKING:
+    Config = _ServiceConfig
+else:
+    Config = config_model(CAPABILITIES)
 
 
 WEBRTC_NOT_CONFIGURABLE = "webrtc streams are browser sessions, made by POST /api/webrtc/offer, not configured"

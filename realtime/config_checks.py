@@ -50,8 +50,11 @@ def vlm_rule_problems(stream: AnyStreamSettings, vlm_enabled: bool) -> list[dict
     ]
 
 
-def config_vlm_problems(config: Config, vlm_enabled: bool) -> str | None:
-    """The config's `vlm` rules checked against whether a VLM is configured: None, or one line."""
+def config_vlm_problems(config: Config, vlm_enabled: bool | None = None) -> str | None:
+    """The config's `vlm` rules checked against whether a VLM is configured (by default: as its
+    `vlm` section says): None, or one line."""
+    if vlm_enabled is None:
+        vlm_enabled = bool(config.section("vlm").enabled)
     problems = [
         {**problem, "field": f"streams.{index}.{problem['field']}"}
         for index, stream in enumerate(config.streams)

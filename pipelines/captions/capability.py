@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterable
 from engines.asr.types import AsrUnavailable
 from engines.asr.vad import VadModel
 from engines.asr.whisper import create_recognizer
-from pipelines.capability import NO_BUDGET, Capability, CapabilityError, OpenContext, Sample
+from pipelines.capability import NO_BUDGET, Capability, CapabilityError, OpenContext, Sample, StreamSwitch
 from pipelines.captions import stage
 from pipelines.captions.config import CaptionsSettings
 from pipelines.captions.engine import CAPTIONS, RECOGNIZER, CaptionEngine, SpeechBatcher, recognizer_claim
@@ -77,5 +77,8 @@ CAPABILITY: Capability[CaptionEngine, CaptionsSettings] = Capability(
     build=stage.build,
     kinds=(EventKind.PARTIALS, EventKind.CAPTIONS, EventKind.TRANSCRIPT),
     shares_cpu=lambda settings: settings.enabled and settings.device != "cuda",
+    critical_share=lambda settings: settings.cpu_share,
+    hears=True,
+    switch=StreamSwitch(stage.STAGE_NAME, "live captions of the audio (when captions.enabled and audio is on)"),
     samples=recognizer_samples,
 )

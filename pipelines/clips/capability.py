@@ -8,7 +8,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from pipelines.capability import NO_BUDGET, Capability, CapabilityError, OpenContext
+from pipelines.capability import NO_BUDGET, Capability, CapabilityError, OpenContext, StreamSwitch
 from pipelines.clips import stage
 from pipelines.clips.config import ClipsSettings
 from pipelines.clips.engine import CLIPS, ClipEngine, store_samples
@@ -44,4 +44,5 @@ CAPABILITY: Capability[ClipEngine, ClipsSettings] = Capability(
     build=stage.build,
     kinds=(EventKind.CLIPS,),
     samples=store_samples,
+    switch=StreamSwitch(stage.STAGE_NAME, "the video around its alerts (when clips.enabled)"),
 )

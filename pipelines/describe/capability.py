@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Iterable
 
 from engines.vlm.client import create_vlm_client
-from pipelines.capability import NO_BUDGET, Capability, CapabilityError, OpenContext, Sample
+from pipelines.capability import NO_BUDGET, Capability, CapabilityError, OpenContext, Sample, StreamSwitch
 from pipelines.describe import stage
 from pipelines.describe.config import VlmConfig
 from pipelines.describe.settings import DESCRIPTIONS, DescribeEngine
@@ -61,4 +61,6 @@ CAPABILITY: Capability[DescribeEngine, VlmConfig] = Capability(
     build=stage.build,
     kinds=(EventKind.DESCRIPTIONS,),
     samples=vlm_samples,
+    switch=StreamSwitch(stage.STAGE_NAME, "rolling scene descriptions (when vlm.endpoints are set); vlm rules run "
+                        "either way"),
 )

@@ -21,16 +21,17 @@ from pydantic import ValidationError
 from engines.errors import EngineUnavailable
 from engines.models import ModelNotFound, default_detector_model
 from engines.registry import create_detector
-from pipelines.capabilities import open_capabilities, shares_cpu
+from pipelines.capabilities import critical_share, open_capabilities, shares_cpu
 from pipelines.capability import CapabilityError, OpenContext
 from pipelines.compute import ComputeBudget
+from pipelines.describe.config import VlmConfig
 from pipelines.detect import DETECTOR, detector_claim
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import StreamConflictError, StreamSetupError
 from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import BusUnavailable, NatsEventPublisher
 from realtime.cli.errors import EXIT_RUNTIME, EXIT_USAGE, CommandError
-from realtime.config import Config, DetectorSettings, NatsSettings, VlmConfig, validation_problems
+from realtime.config import Config, DetectorSettings, NatsSettings, validation_problems
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def compute_budget(config: Config, detector: Any, *, off: Collection[str] = ()) 
     if not shares_cpu(partial(getattr, config), off=off):
         return None
     cores = settings.cores or os.cpu_count() or 1
-    share = config.captions.cpu_share or settings.captions_max_share
+    share = critical_share(partial(getattr, config), off=off) or settings.captions_max_share
     budget = ComputeBudget(cores, critical_max_share=share, reserve_hold_s=settings.captions_reserve_s)
     budget.add(DETECTOR, detector_claim(detector, cores))
     log.info(
@@ -95,6 +96,11 @@ async def open_engines(
             yield opened
     except CapabilityError as exc:
         raise CommandError(str(exc)) from exc
+
+
+def with_vlm_flag(config: Config, url: str | None) -> Config:
+    """The config with `--vlm-url` in its `vlm` section (the flag wins over the section's endpoints)."""
+    return config.model_copy(update={"vlm": with_vlm_url(config.section("vlm"), url)}) if url else config
 
 
 def with_vlm_url(settings: VlmConfig, url: str | None) -> VlmConfig:

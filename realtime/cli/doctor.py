@@ -7,8 +7,9 @@ import argparse
 import os
 
 from engines.registry import EngineCheck, doctor
+from pipelines.describe.config import VlmConfig
 from realtime.cli.errors import EXIT_USAGE, CommandError
-from realtime.config import ConfigError, VlmConfig, load_config
+from realtime.config import ConfigError, load_config
 
 PARITY_ONLY = ("file", "backend", "model", "reference_model", "calibration_cache", "json")
 
@@ -41,7 +42,7 @@ def _vlm_checks(args: argparse.Namespace | None) -> list[EngineCheck]:
     vlm = VlmConfig()
     if config_path or any(name.startswith("VIDSENTRY_VLM__") for name in os.environ):
         try:
-            vlm = load_config(config_path).vlm
+            vlm = load_config(config_path).section("vlm")
         except ConfigError as exc:
             raise CommandError(str(exc), EXIT_USAGE) from None
     endpoints = tuple(urls or vlm.endpoints)

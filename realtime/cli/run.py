@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipelines.captions.engine import CAPTIONS
+from pipelines.capabilities import hearing
 from pipelines.captions.utterances import SENTENCE_STOPS, UTTERANCE_PAUSE_S
 from pipelines.compute import ComputeBudget
 from pipelines.detect import DetectionBatcher
@@ -29,7 +29,7 @@ from realtime.cli.bootstrap import (
     load_configured_detector,
     open_bus,
     open_engines,
-    with_vlm_url,
+    with_vlm_flag,
 )
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CommandError
 from realtime.cli.progress import report_progress
@@ -202,7 +202,7 @@ async def run_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise CommandError(str(exc)) from exc
     spec = build_spec(args, config)
-    config = config.model_copy(update={"vlm": with_vlm_url(config.vlm, args.vlm_url)})
+    config = with_vlm_flag(config, args.vlm_url)
     detector = await load_detector(args, config)
     was_live = False
 
@@ -213,7 +213,7 @@ async def run_command(args: argparse.Namespace) -> int:
 
     try:
         nats_url = args.nats_url or config.nats.url
-        off = [CAPTIONS.name] if args.no_audio else []  # no audio: nothing to caption
+        off = hearing() if args.no_audio else []  # no audio: nothing to caption
         compute = compute_budget(config, detector, off=off)
         async with (
             open_bus(nats_url, config.nats, config.node) as publisher,

@@ -27,7 +27,7 @@ from realtime.cli.bootstrap import (
     load_configured_detector,
     open_bus,
     open_engines,
-    with_vlm_url,
+    with_vlm_flag,
 )
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
 from realtime.config import Config, ConfigError, load_config
@@ -96,8 +96,8 @@ async def serve_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     plan = plan_listen(args, config, os.environ)
-    config = config.model_copy(update={"vlm": with_vlm_url(config.vlm, args.vlm_url)})
-    problems = config_vlm_problems(config, config.vlm.enabled)  # a question nobody can answer never fires
+    config = with_vlm_flag(config, args.vlm_url)
+    problems = config_vlm_problems(config)  # a question nobody can answer never fires
     if problems:
         raise CommandError(f"{args.config or 'environment'}: {problems}")
 

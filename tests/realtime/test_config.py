@@ -180,3 +180,50 @@ def test_a_stream_s_stage_switches_reach_its_graph_by_stage_name() -> None:
     # Every switch is named after the stage it turns off (a renamed stage would break the switch).
     assert off.stages_off() == {CAPTIONS, DESCRIBE, CLIPS}
     assert CameraStreamSettings(id="cam", url="rtsp://cam.example/live", audio=False).stages_off() == frozenset()
+
+
+def test_a_capability_s_section_joins_the_config_from_the_registry_and_its_errors_name_the_key() -> None:
+    import contextlib
+
+    from pydantic import Field, ValidationError
+
+    from pipelines.capabilities import CAPABILITIES
+    from pipelines.capability import Capability
+    from pipelines.graph.engines import EngineKey
+    from pipelines.sections import Section
+    from realtime.config import config_model, validation_problems
+
+    class ToySettings(Section):
+        enabled: bool = False
+        rate: int = Field(1, ge=1, le=10)
+
+    @contextlib.asynccontextmanager
+    async def never(_settings: ToySettings, _context: object):  # type: ignore[no-untyped-def]
+        yield None
+
+    toy = Capability(key=EngineKey[object]("toy"), section="toy", settings=ToySettings, open=never,
+                     build=lambda ctx: None)
+    model = config_model([*CAPABILITIES, toy])
+    assert model().toy == ToySettings() and model().section("toy").rate == 1  # type: ignore[attr-defined]
+    with pytest.raises(ValidationError) as bad:
+        model.model_validate({"toy": {"rate": 0, "nope": 1}})
+    assert {p["field"] for p in validation_problems(bad.value)} == {"toy.rate", "toy.nope"}
+    with pytest.raises(KeyError, match="no config section 'nope'"):
+        model().section("nope")
+
+
+def test_a_stream_has_one_switch_per_capability_that_declares_one_and_config_py_names_none() -> None:
+    import re
+
+    import realtime.config
+    from pipelines.capabilities import CAPABILITIES
+    from realtime.config import CameraStreamSettings, WebRtcStreamSettings
+
+    declared = {c.switch.name for c in CAPABILITIES if c.switch is not None}
+    assert declared == {"captions", "describe", "clips"}
+    for model in (CameraStreamSettings, WebRtcStreamSettings):
+        fields = model.model_fields
+        assert {name for name, info in fields.items() if info.json_schema_extra == {"stage_switch": True}} == declared
+        assert all(fields[name].default is True and fields[name].description for name in declared)
+    source = Path(realtime.config.__file__).read_text()
+    assert not re.search(r"pipelines\.(captions|describe|segment|clips)\b", source)

@@ -20,10 +20,11 @@ import pytest
 from engines.detector import Detector
 from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
 from pipelines.describe.capability import open_describer
+from pipelines.describe.config import VlmConfig
 from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.cli.bootstrap import with_vlm_url
-from realtime.config import Config, ConfigError, VlmConfig, load_config
+from realtime.config import Config, ConfigError, load_config
 from realtime.config_checks import config_vlm_problems
 from tests.service.conftest import LiveService, live_service, make_config
 from tests.support.cli import one_error_line, vidsentry
