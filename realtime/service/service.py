@@ -12,38 +12,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
-from pipelines.clips.engine import CLIPS
-from pipelines.describe.settings import DESCRIPTIONS
 from pipelines.detect import DetectionBatcher
+from pipelines.events import Event
 from pipelines.graph import SharedEngines
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
-from realtime.fleet.clips import open_fleet_clips
 from realtime.fleet.metrics import FleetCollector
 from realtime.fleet.options import fleet_options
 from realtime.fleet.worker import FleetWorker
-from realtime.http import HttpContext, HttpServer, clips, compute, create_app, description, search, transcript
+from realtime.http import HttpContext, HttpServer, compute, create_app, search
 from realtime.http.api import FLEET, SOURCE_POLICY
 from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
 from realtime.http.metrics import MetricSources, ServiceMetrics
 from realtime.http.resume import ResumeSettings
-from realtime.service.engine_metrics import ComputeCollector, SampleCollector, capability_collector
+from realtime.service.engine_metrics import ComputeCollector, capability_collector
 from realtime.service.memory import release_free_memory
+from realtime.service.plugin import Attached, PluginContext
+from realtime.service.plugins import SERVICE_PLUGINS
 from realtime.service.registry import RegistryClosed, StreamRegistry, UnknownStream
-from realtime.streams.descriptions import LatestDescriptions
 from realtime.streams.fanout import EventFanout
 from realtime.streams.runner import StreamRunner
 from realtime.streams.spec import stream_spec
-from realtime.streams.transcripts import TranscriptStore
 from realtime.streams.view import StreamView
-from realtime.timeline.ask import Asker
 from realtime.timeline.timeline import Timeline, TimelineCollector
 from realtime.webrtc import signalling
 from realtime.webrtc.metrics import SessionCollector
@@ -80,19 +77,20 @@ class Service:
         self.batcher = batcher
         self.publisher = publisher
         http = config.http
-        self.transcripts = TranscriptStore()  # each stream's recent finals, for captions.vtt
-        self.descriptions = LatestDescriptions()  # each stream's newest scene description
         fleet = fleet_options(config)
-        # In a fleet every worker serves every clip: each one finished here goes to the fleet's bucket.
-        self.fleet_clips = open_fleet_clips(fleet, opened.get(CLIPS.name), publisher) if fleet else None
-        taps = (self.transcripts.tap, self.descriptions.tap)
+        # What the capabilities' service plugins add (realtime.service.plugin), filled in below: the
+        # fanout is built first, since their context holds the HTTP context, which holds the fanout.
+        self._attached: dict[str, Attached] = {}
+        self._taps: list[Callable[[Event], None]] = []
+        self._forget: list[Callable[[str], None]] = []
+        self._tasks: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
         self.fanout = EventFanout(
             publisher,
             node=config.node,
             queue_limit=http.sse_queue_events,
             max_viewers_per_stream=http.sse_max_viewers_per_stream,
             max_viewers=http.sse_max_viewers,
-            taps=taps if self.fleet_clips is None else (*taps, self.fleet_clips.tap),
+            taps=(self._tap,),  # the plugins' taps, in their order
         )
         self.metrics = ServiceMetrics(
             MetricSources(
@@ -124,7 +122,6 @@ class Service:
             api_token=api_token.encode("utf-8") if api_token else None,
             sse_heartbeat_s=config.http.sse_heartbeat_s,
             class_names=batcher.detector.info.names,
-            vlm=self.engines.get(DESCRIPTIONS) is not None,  # `vlm` rules need one
             # Reconnecting event viewers resume from JetStream, over the publisher's connection.
             history=JetStreamHistory(lambda: publisher.nc),
             resume=ResumeSettings(http.sse_resume_window_s, http.sse_resume_max_events),
@@ -144,25 +141,28 @@ class Service:
             self.app[FLEET] = self.fleet
             self.metrics.registry.register(FleetCollector(self.fleet))
         signalling.add_routes(self.app, self.sessions)
-        transcript.add_routes(self.app, self.transcripts)
         compute.add_routes(self.app, batcher.compute)
-        description.add_routes(self.app, self.descriptions)
-        clips.add_routes(self.app, self.engines.get(CLIPS), self.fleet_clips)  # answers with clips off too
-        if self.fleet_clips is not None:  # other workers' exports of streams running here
-            self.fleet_clips.exporter = functools.partial(clips.export_here, self.registry)
-            self.metrics.registry.register(SampleCollector(self.fleet_clips.samples))
         self.timeline = timeline
-        describer = self.engines.get(DESCRIPTIONS)
-        asker = None
-        if timeline is not None and describer is not None:  # asking needs the index and a VLM
-            snapshots = self.engines.snapshots
-            asker = Asker(timeline.retrieve, describer.client, describer.model,
-                          snapshot=snapshots.get if isinstance(snapshots, NatsSnapshotStore) else None,
-                          timeout_s=max(5.0, http.request_timeout_s - 5.0))
-        search.add_routes(self.app, timeline, asker)  # answers with the timeline off too
-        if timeline is not None:
-            self.metrics.registry.register(TimelineCollector(timeline, asker))
+        timeline_api = search.add_routes(self.app, timeline)  # answers with the timeline off too
+        plugin_context = PluginContext(config=config, engines=self.engines, registry=self.registry,
+                                       publisher=publisher, fleet=fleet, http=self.context,
+                                       timeline_api=timeline_api)
+        for plugin in SERVICE_PLUGINS:  # each attaches with its capability off too (its routes answer)
+            attached = self._attached[plugin.capability] = plugin.attach(plugin_context)
+            self._taps.extend(attached.taps)
+            if attached.routes is not None:
+                attached.routes(self.app)
+            for collector in attached.collectors:
+                self.metrics.registry.register(collector)
+            self._tasks.extend(attached.tasks)
+            self._forget.extend(attached.forget)
+        if timeline is not None:  # a plugin may have given it an asker
+            self.metrics.registry.register(TimelineCollector(timeline, timeline_api.asker))
         self.url: str | None = None
+
+    def plugin(self, capability: str) -> Attached:
+        """What the capability's service plugin added (KeyError: it has none); `.state` is what it keeps."""
+        return self._attached[capability]
 
     def readiness(self) -> dict[str, bool]:
         """Every precondition of processing, by name: the shared engines' tasks are alive, the
@@ -214,8 +214,7 @@ class Service:
                 ]
                 if self.timeline is not None:
                     helpers.append(group.create_task(self.timeline.run(), name="timeline-indexer"))
-                if self.fleet_clips is not None:
-                    helpers.append(group.create_task(self.fleet_clips.run(), name="fleet-clips"))
+                helpers += [group.create_task(run(), name=name) for name, run in self._tasks]
                 fleet_task = group.create_task(self.fleet.run(), name="fleet") if self.fleet is not None else None
                 try:
                     await stop.wait()
@@ -271,11 +270,15 @@ class Service:
 
     def _stream_gone(self, stream_id: str) -> None:
         self.fanout.close_stream(stream_id)
-        self.transcripts.forget(stream_id)
-        self.descriptions.forget(stream_id)
+        for forget in self._forget:
+            forget(stream_id)
         self.sessions.discard(stream_id)
         self.metrics.forget(stream_id)
         release_free_memory()
+
+    def _tap(self, event: Event) -> None:
+        for tap in self._taps:
+            tap(event)
 
     def _views(self) -> list[StreamView]:
         return self.registry.views()

@@ -1,0 +1,67 @@
+"""The service side of a capability, declared once, so that the service names no capability.
+
+A capability's pipelines package (`pipelines/<name>/capability.py`) cannot name aiohttp or NATS,
+so what it adds to the long-running service is declared here instead: one `ServicePlugin` per
+capability that has service parts, in its own module under `realtime/service/plugins/`, listed
+in `realtime/service/plugins/__init__.py` (`SERVICE_PLUGINS`). `Service` attaches every plugin,
+whether its capability is on or off, and wires what each returns; it never looks inside.
+
+A plugin may use (`PluginContext`): the config, the shared engines (its own with
+`ctx.engines.get(ITS_KEY)`, None when off), the stream registry, the publisher, the fleet
+options (None outside a fleet), the HTTP context (e.g. `http.vlm`) and the search routes' object
+(it may give the timeline an asker). It adds (`Attached`): taps that see every event (read-back
+stores), its HTTP routes, `/metrics` collectors, background tasks (run while the service runs,
+cancelled at stop, named for logs), and what to forget when a stream is gone.
+
+Adding a capability with service parts: its pipelines package, one module in
+`realtime/service/plugins/` building its `ServicePlugin`, and one line in `SERVICE_PLUGINS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client.registry import Collector
+
+from pipelines.events import Event
+from pipelines.graph import SharedEngines
+from realtime.bus.publisher import NatsEventPublisher
+from realtime.config import Config
+from realtime.fleet.options import FleetOptions
+from realtime.http.context import HttpContext
+from realtime.http.search import TimelineApi
+from realtime.service.registry import StreamRegistry
+
+
+@dataclass(eq=False)
+class PluginContext:
+    """What a plugin may use."""
+
+    config: Config
+    engines: SharedEngines  # its capability's engine by its key; None: off as configured
+    registry: StreamRegistry
+    publisher: NatsEventPublisher
+    fleet: FleetOptions | None  # None: this worker is in no fleet
+    http: HttpContext
+    timeline_api: TimelineApi  # the search routes' object (its timeline None when off); may get an asker
+
+
+@dataclass(eq=False)
+class Attached:
+    """What a plugin adds to the service."""
+
+    taps: tuple[Callable[[Event], None], ...] = ()  # see every event of every stream, in order; never block
+    routes: Callable[[web.Application], None] | None = None  # its HTTP routes
+    collectors: tuple[Collector, ...] = ()  # registered on the service's /metrics registry
+    tasks: tuple[tuple[str, Callable[[], Coroutine[Any, Any, None]]], ...] = ()  # (name, run): cancelled at stop
+    forget: tuple[Callable[[str], None], ...] = ()  # a stream is gone (by id)
+    state: object = None  # what it keeps (its store, its fleet clips): `Service.plugin(name).state`
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePlugin:
+    capability: str  # its capability's name (pipelines.capabilities.CAPABILITIES)
+    attach: Callable[[PluginContext], Attached]

@@ -1,0 +1,19 @@
+"""Captions in the service: each stream's recent final captions, read back as WebVTT."""
+
+from __future__ import annotations
+
+import functools
+
+from pipelines.captions.engine import CAPTIONS
+from realtime.http import transcript
+from realtime.service.plugin import Attached, PluginContext, ServicePlugin
+from realtime.streams.transcripts import TranscriptStore
+
+
+def attach(_ctx: PluginContext) -> Attached:
+    store = TranscriptStore()  # each stream's recent finals, for captions.vtt (empty with captions off)
+    return Attached(taps=(store.tap,), routes=functools.partial(transcript.add_routes, store=store),
+                    forget=(store.forget,), state=store)
+
+
+PLUGIN = ServicePlugin(CAPTIONS.name, attach)
