@@ -131,7 +131,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.config import Config, ConfigError, DetectorSettings, load_config
-from tests.support.peer import LoopVideoTrack, audio_frame, load_frames
+from tests.support.peer import EncodedLoopVideoTrack, audio_frame, encode_vp8, load_frames, send_vp8_only
 from tests.support.rtsp import RtspServer
 from tests.support.speech import load_pcm16k, wer, words_of
 from tests.support.vllm_sim import VllmSimulator
@@ -348,7 +348,11 @@ async def open_peer(
 ) -> PeerSession:
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     pc.createDataChannel("events")  # as the page does; events are read from NATS here
-    pc.addTrack(LoopVideoTrack(frames, PEER_FPS))
+    # Sent as a browser sends it, encoded beforehand: encoding is the work of the browser's machine,
+    # which here would take the service's cores (docs/compute.md says how much).
+    video = EncodedLoopVideoTrack(encode_vp8(frames, PEER_FPS), PEER_FPS)
+    pc.addTrack(video)
+    send_vp8_only(pc, video)
     track = SpeechOnceTrack(audio)
     pc.addTrack(track)
     await pc.setLocalDescription(await pc.createOffer())  # gathers every candidate (non-trickle)

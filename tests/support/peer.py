@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import av
 import numpy as np
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 VIDEO_CLOCK = 90_000
@@ -74,6 +74,71 @@ class LoopVideoTrack(MediaStreamTrack):
         frame.time_base = fractions.Fraction(1, VIDEO_CLOCK)
         self.sent += 1
         return frame
+
+
+VP8_BITRATE = 500_000  # the rate aiortc's own VP8 encoder starts a call at
+VP8_KEYFRAME_S = 2.0
+
+
+def encode_vp8(frames: list[np.ndarray], fps: float) -> list[bytes]:
+    """The frames encoded once as VP8 (constant bit rate, real-time settings, a keyframe first and
+    every VP8_KEYFRAME_S): what a browser's encoder sends, made before the run so the peer costs
+    the machine no encoding while it streams."""
+    height, width = frames[0].shape[:2]
+    codec = av.CodecContext.create("libvpx", "w")
+    codec.width, codec.height, codec.pix_fmt = width, height, "yuv420p"
+    codec.time_base = fractions.Fraction(1, round(fps))
+    codec.framerate = fractions.Fraction(round(fps), 1)
+    codec.bit_rate = VP8_BITRATE
+    codec.gop_size = max(1, round(fps * VP8_KEYFRAME_S))
+    rate = str(VP8_BITRATE)
+    codec.options = {"deadline": "realtime", "cpu-used": "-6", "lag-in-frames": "0",
+                     "minrate": rate, "maxrate": rate, "bufsize": rate}
+    packets: list[av.Packet] = []
+    for index, image in enumerate(frames):
+        frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p")
+        frame.pts = index
+        packets += codec.encode(frame)
+    packets += codec.encode(None)
+    if not packets or not packets[0].is_keyframe:
+        raise RuntimeError("VP8 encoding gave no keyframe first")
+    return [bytes(packet) for packet in packets]
+
+
+class EncodedLoopVideoTrack(MediaStreamTrack):
+    """Pre-encoded VP8 frames (encode_vp8) in a loop at `fps`, paced like LoopVideoTrack. aiortc
+    packetizes them as they are, so the peer spends no CPU encoding: a browser encodes on its own
+    machine, not on the service's. The loop starts again on the first frame, a keyframe; a
+    keyframe the receiver asks for (PLI) comes with the next one scheduled."""
+
+    kind = "video"
+
+    def __init__(self, payloads: list[bytes], fps: float) -> None:
+        super().__init__()
+        self._payloads = payloads
+        self._fps = fps
+        self._start: float | None = None
+        self.sent = 0
+
+    async def recv(self) -> av.Packet:  # type: ignore[override]
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        due = self._start + self.sent / self._fps
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        packet = av.Packet(self._payloads[self.sent % len(self._payloads)])
+        packet.pts = int(self.sent * VIDEO_CLOCK / self._fps)
+        packet.time_base = fractions.Fraction(1, VIDEO_CLOCK)
+        self.sent += 1
+        return packet
+
+
+def send_vp8_only(pc: RTCPeerConnection, track: MediaStreamTrack) -> None:
+    """Offer only VP8 (and its retransmissions) for `track`: its packets are VP8 already."""
+    transceiver = next(t for t in pc.getTransceivers() if t.sender.track is track)
+    codecs = RTCRtpSender.getCapabilities("video").codecs
+    transceiver.setCodecPreferences([c for c in codecs if c.mimeType.lower() in ("video/vp8", "video/rtx")])
 
 
 def audio_frame(samples: np.ndarray, pts: int, rate: int) -> av.AudioFrame:
