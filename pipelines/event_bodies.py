@@ -43,7 +43,7 @@ class DetectedObject:
     box: Box
     track_id: int | None
     predicted: bool = False  # the tracker's prediction on a frame the model skipped
-    mask: Mapping[str, Any] | None = None  # COCO RLE of the object's track (pipelines.segment)
+    mask: Mapping[str, Any] | None = None  # COCO RLE of the object's track (the segmentation stage)
     mask_frame_seq: int | None = None  # the frame that mask was computed on
 
     def fields(self) -> dict[str, Any]:
@@ -342,11 +342,9 @@ class Spoken:
 
 
 @dataclass(frozen=True, slots=True)
-class CaptionBody(EventBody):
-    """Final text of the caption segment `segment_id`: never changed afterwards."""
+class SpokenBody(EventBody):
+    """What a caption and a transcript share: the words, their language and the model that heard them."""
 
-    kind: ClassVar[EventKind] = EventKind.CAPTIONS
-    segment_id: str
     spoken: Spoken
     language: str
     model: str
@@ -354,6 +352,14 @@ class CaptionBody(EventBody):
     @property
     def text(self) -> str:
         return self.spoken.text
+
+
+@dataclass(frozen=True, slots=True)
+class CaptionBody(SpokenBody):
+    """Final text of the caption segment `segment_id`: never changed afterwards."""
+
+    kind: ClassVar[EventKind] = EventKind.CAPTIONS
+    segment_id: str
 
     def fields(self) -> dict[str, Any]:
         return {"segment_id": self.segment_id, **self.spoken.fields(), "language": self.language, "model": self.model}
@@ -375,22 +381,15 @@ def caption_event(
 
 
 @dataclass(frozen=True, slots=True)
-class TranscriptBody(EventBody):
+class TranscriptBody(SpokenBody):
     """An utterance (or a piece of a long one) as kept: decoded whole once it ended, replacing the
     caption segments `replaces` wherever captions are read back."""
 
     kind: ClassVar[EventKind] = EventKind.TRANSCRIPT
     utterance_id: str
-    spoken: Spoken
     replaces: tuple[str, ...]
     revised: bool  # False: the whole decode failed or looked wrong, and the finals' words are repeated
     changed: bool  # its words differ from the finals'
-    language: str
-    model: str
-
-    @property
-    def text(self) -> str:
-        return self.spoken.text
 
     def fields(self) -> dict[str, Any]:
         return {

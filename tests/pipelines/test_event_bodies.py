@@ -18,7 +18,7 @@ from realtime.bus.cloudevents import LEASE_HEADER, encode
 
 BODIES: tuple[type[EventBody], ...] = (
     *(c for c in vars(event_bodies).values()
-      if isinstance(c, type) and issubclass(c, EventBody) and c is not EventBody),
+      if isinstance(c, type) and issubclass(c, EventBody) and "kind" in vars(c)),  # SpokenBody is no kind
     ClipBody,
 )
 
