@@ -120,7 +120,9 @@ def test_a_value_under_another_keys_id_is_skipped_and_logged_once(
         try:
             await worker.start([])
             await put_raw(nc, "ids", "cam", {"id": "other", "url": str(small_clip)})
-            await wait_until(lambda: worker._desired is not None and worker._desired.get("cam") is not None, 5, "seen")
+            mirror = worker.membership.desired_mirror
+            assert mirror is not None
+            await wait_until(lambda: mirror.get("cam") is not None, 5, "seen")
             for _ in range(3):
                 assert worker.views() == []
             assert worker.desired.counts.skipped == 1
@@ -190,7 +192,7 @@ def test_a_second_worker_with_a_live_workers_node_name_refuses_to_join(fleet_nat
             # A crashed run's record (never renewed) only delays a start until it expires.
             run.cancel()
             await asyncio.gather(run, return_exceptions=True)
-            for task in first._mirror_tasks:
+            for task in first.membership._mirror_tasks:
                 task.cancel()
             began = time.monotonic()
             third = FleetWorker(options("dup", "same"), stub_registry(), lambda: nc)
