@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -129,11 +130,17 @@ def _truncated_copy(source: Path, out: Path, size: int = 200_000) -> Path:
     return out
 
 
+# Each file here fails with its decoder's own reason within a second; the open timeout is only long
+# enough that a loaded machine does not turn that reason into "no video within 3 s" (seen once).
+REASON_POLICY = dataclasses.replace(FAST_POLICY, open_timeout_s=15.0)
+
+
 async def _run_file(path: Path, backend: str) -> tuple[StreamState, StatusLog, CameraSupervisor]:
     status = StatusLog()
     mailbox = FrameMailbox(blocking=True)
     supervisor = CameraSupervisor(
-        "bad", parse_source(str(path)), video=mailbox, audio=None, on_status=status, backend=backend, policy=FAST_POLICY
+        "bad", parse_source(str(path)), video=mailbox, audio=None, on_status=status, backend=backend,
+        policy=REASON_POLICY,
     )
     async with asyncio.TaskGroup() as group:
         group.create_task(drain_frames(mailbox, FrameLog()))
