@@ -14,13 +14,11 @@ camera is reported STALLED after `watchdog_s` by either backend, then reconnecte
 read timeout also hands out one last buffered frame when it fires, which used to restart the
 watchdog just as it was due.)
 
-Each connect attempt is a backend session (see session.py) driven by a dedicated daemon
-thread. Frames go through the caller's frame / audio inputs (the graph's tees, or a
-`FrameMailbox` / `AudioBuffer`); the supervisor owns
-the per-stream frame sequence number, so it never resets across reconnects. A session that
-is replaced or stopped is signalled (stop event + `interrupt()`) and waited for a bounded
-time; if it is stuck in a blocking read it is abandoned: it can no longer deliver frames
-and ends at its own read timeout.
+Each connect attempt is a backend session driven by a dedicated daemon thread; attempt.py has
+that reader side, and the `Feed` that numbers frames across reconnects and hands them to the
+caller's inputs. This module keeps the supervision on the event loop: the states, the back-off,
+the watchdog, and retiring an attempt, which is signalled and waited for a bounded time, then
+abandoned if it is stuck in a blocking read.
 
 A source that did not come from the config file (added over the API, or read from a fleet's
 desired bucket) is given the `sources:` policy (`admit`): it is checked before every connect,
@@ -29,8 +27,8 @@ rebinding). A refusal ends the run FAILED with the policy's reason (which never 
 file outside the allowed directories exists) before anything is opened, and is counted
 (`refused_connects`); the registry retries a network source after its back-off, checking again.
 
-Every state change is reported once, in order, through `on_status` on the event loop
-thread. When `run()` returns, the mailbox and the audio buffer are closed, so consumers
+Every state change is reported once, in order, through `on_status` on the event loop thread
+(status.py). When `run()` returns, the mailbox and the audio buffer are closed, so consumers
 awaiting them see `MailboxClosed`.
 """
 
@@ -42,21 +40,17 @@ import logging
 import random
 import threading
 import time
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
-import numpy as np
-
-from engines.media.remux import EncodedPacket
-from pipelines.frames import AudioChunk, StatusChange, StreamState, VideoFrame, validate_stream_id
+from pipelines.frames import StatusChange, StreamState, validate_stream_id
 from pipelines.graph.source import AudioInput, FrameInput, PacketInput
+from realtime.sources.attempt import Attempt, Feed
 from realtime.sources.backends import create_session, normalize_backend
-from realtime.sources.pacing import NoPacing, RealtimePacer
 from realtime.sources.policy import SourcePolicy
-from realtime.sources.session import BackendUnavailable, PacketSink, SessionOptions, SourceError, SourceSession
+from realtime.sources.session import SessionOptions
 from realtime.sources.spec import InvalidSource, SourceSpec
+from realtime.sources.status import StatusReport
 
 log = logging.getLogger(__name__)
 
@@ -130,25 +124,6 @@ class SourceStats:
     last_error: str | None = None
 
 
-@dataclass(eq=False)
-class _Attempt:
-    """One connect attempt: a session, its thread and what the thread reports."""
-
-    number: int
-    session: SourceSession
-    stop: threading.Event = field(default_factory=threading.Event)
-    frames: int = 0
-    last_frame_at: float = field(default_factory=time.monotonic)
-    gap_limit: float = float("inf")  # a silence between two frames longer than this is a stall
-    long_gaps: int = 0  # such silences, counted by the reader thread
-    long_gap_s: float = 0.0  # the latest one
-    first_frame_at: float | None = None
-    delivering: bool = False  # inside pacing / a blocking put: the source is not stalled
-    opened: bool = False
-    done: asyncio.Future[str | None] | None = None  # result: error text, or None at a clean end
-    permanent: bool = False  # the error cannot go away by retrying (backend missing)
-
-
 @dataclass(slots=True)
 class _StallWatch:
     """The frame watchdog of one session.
@@ -168,7 +143,7 @@ class _StallWatch:
 
     RESUME_FRAMES = 2
 
-    def update(self, attempt: _Attempt, now: float) -> str | None:
+    def update(self, attempt: Attempt, now: float) -> str | None:
         """ "stalled", "resumed" or None (no change)."""
         self.quiet_for = 0.0 if attempt.delivering else now - attempt.last_frame_at
         missed = attempt.long_gaps != self.gaps_seen
@@ -190,7 +165,7 @@ class _StallWatch:
     def stalled_for(self, now: float) -> float:
         return 0.0 if self.since is None else now - self.since
 
-    def due_in(self, attempt: _Attempt, now: float) -> float | None:
+    def due_in(self, attempt: Attempt, now: float) -> float | None:
         """Seconds until a stall is due if no frame comes (None: not counting now)."""
         if self.since is not None or attempt.delivering:
             return None
@@ -234,45 +209,53 @@ class CameraSupervisor:
         # only the log has the detail.
         self.untrusted = untrusted
         self.admit = admit  # checked before every connect: None for trusted sources
-        self._video = video
-        self._audio = audio
-        self._packets = packets  # encoded packets for clips, straight from the reader thread
-        self._on_status = on_status
-        self._state = StreamState.CONNECTING
-        self._reported = False  # no status emitted yet: the first one has previous=None
-        self._stats = SourceStats()
-        self._corrupt_done = 0  # corrupt packets of finished attempts
-        self._seq = 0
-        self._seq_lock = threading.Lock()
-        self._current: _Attempt | None = None
+        self._want_audio = audio is not None
+        self._status = StatusReport(self.stream_id, spec, self.backend, on_status)
+        self._stats = SourceStats()  # frames, audio, connects and corrupt packets: kept by the feed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._stop_requested = threading.Event()
-        self._end_reason: str | None = None  # why the reader stopped by itself (limit, closed)
+        self._feed = Feed(
+            self.stream_id,
+            spec,
+            self.backend,
+            video=video,
+            audio=audio,
+            packets=packets,
+            realtime=self.realtime,
+            max_frames=max_frames,
+            stop_requested=self._stop_requested,
+            wake=self._wake.set,
+        )
         self._running = False
 
     # -- public -------------------------------------------------------------------------
 
     @property
     def state(self) -> StreamState:
-        return self._state
+        return self._status.state
 
     @property
     def stats(self) -> SourceStats:
         """A snapshot of the counters."""
-        current = self._current
-        live_corrupt = current.session.corrupt_packets if current is not None else 0
-        return replace(self._stats, corrupt_packets=self._corrupt_done + live_corrupt)
+        feed = self._feed
+        return replace(
+            self._stats,
+            frames=feed.frames,
+            audio_seconds=feed.audio_seconds,
+            connects=feed.connects,
+            corrupt_packets=feed.corrupt_packets,
+        )
 
     def stop(self) -> None:
         """Ask run() to end (STOPPED). Safe from any thread; returns at once."""
         self._stop_requested.set()
-        attempt = self._current
+        attempt = self._feed.current
         if attempt is not None:
             attempt.stop.set()
             attempt.session.interrupt()
-        self._close_outputs()  # unblocks a reader waiting in a blocking put
+        self._feed.close_outputs()  # unblocks a reader waiting in a blocking put
         loop = self._loop
         if loop is None:
             return
@@ -294,10 +277,10 @@ class CameraSupervisor:
             return await self._supervise()
         except asyncio.CancelledError:
             self._stop_requested.set()
-            self._transition(StreamState.STOPPED, reason="cancelled")
+            self._status.transition(StreamState.STOPPED, reason="cancelled")
             raise
         finally:
-            self._close_outputs()
+            self._feed.close_outputs()
             self._running = False
 
     # -- the state machine --------------------------------------------------------------
@@ -309,7 +292,7 @@ class CameraSupervisor:
         while True:
             if self._stop_requested.is_set():
                 return self._finish(StreamState.STOPPED, "stopped")
-            self._transition(StreamState.CONNECTING, attempt=failures + 1)
+            self._status.transition(StreamState.CONNECTING, attempt=failures + 1)
             refused = await self._refused()
             if refused is not None:
                 if self._stop_requested.is_set():
@@ -338,7 +321,7 @@ class CameraSupervisor:
                 return self._finish(StreamState.FAILED, reason, attempt=failures, detail=f"{outcome.reason}{gave_up}")
             delay = self.policy.retry_delay(backoff_step)
             self._stats.reconnects += 1
-            self._transition(
+            self._status.transition(
                 StreamState.RECONNECTING,
                 reason=self._shown(outcome),
                 detail=outcome.reason,
@@ -383,28 +366,17 @@ class CameraSupervisor:
             return outcome
         return replace(outcome, live_for=attempt.last_frame_at - attempt.first_frame_at)
 
-    def _start_attempt(self, number: int) -> _Attempt:
-        loop = asyncio.get_running_loop()
+    def _start_attempt(self, number: int) -> Attempt:
         options = SessionOptions(
             open_timeout_s=self.policy.open_timeout_s,
             read_timeout_s=self.policy.reader_timeout_s,
-            want_audio=self._audio is not None,
+            want_audio=self._want_audio,
         )
-        attempt = _Attempt(
-            number=number,
-            session=create_session(self.backend, self.spec, options),
-            gap_limit=self.policy.watchdog_s,
-        )
-        attempt.done = loop.create_future()
-        self._current = attempt
+        session = create_session(self.backend, self.spec, options)
         self._stats.connect_attempts += 1
-        thread = threading.Thread(
-            target=self._reader_main, args=(attempt, loop), name=f"source-{self.stream_id}-{number}", daemon=True
-        )
-        thread.start()
-        return attempt
+        return self._feed.start(number, session, self.policy.watchdog_s, asyncio.get_running_loop())
 
-    async def _watch(self, attempt: _Attempt) -> _Outcome:
+    async def _watch(self, attempt: Attempt) -> _Outcome:
         """Follow a running attempt: LIVE / STALLED transitions, stall restart, connect deadline."""
         assert attempt.done is not None
         number = attempt.number
@@ -421,14 +393,14 @@ class CameraSupervisor:
                 now = time.monotonic()
                 if not live and attempt.frames > 0:
                     live = True
-                    self._transition(StreamState.LIVE, attempt=number)
+                    self._status.transition(StreamState.LIVE, attempt=number)
                 elif live:
                     change = watch.update(attempt, now)
                     if change == "stalled":
                         self._stats.stalls += 1
-                        self._transition(StreamState.STALLED, reason=self._quiet_reason(watch.quiet_for))
+                        self._status.transition(StreamState.STALLED, reason=self._quiet_reason(watch.quiet_for))
                     elif change == "resumed":
-                        self._transition(StreamState.LIVE, reason="frames resumed")
+                        self._status.transition(StreamState.LIVE, reason="frames resumed")
                     elif self.spec.is_network and watch.stalled_for(now) >= self.policy.stall_restart_s:
                         await self._retire(attempt, "stalled")
                         reason = f"stalled for {watch.stalled_for(now):.1f} s: reconnecting"
@@ -446,11 +418,10 @@ class CameraSupervisor:
             await self._retire(attempt, "cancelled")
             raise
         finally:
-            self._corrupt_done += attempt.session.corrupt_packets
-            self._current = None if self._current is attempt else self._current
+            self._feed.finished(attempt)
         if not live and attempt.frames > 0 and not self._stop_requested.is_set():
             live = True  # a short file can end before the loop saw its first frame
-            self._transition(StreamState.LIVE, attempt=number)
+            self._status.transition(StreamState.LIVE, attempt=number)
         return self._attempt_outcome(attempt, live)
 
     def _quiet_reason(self, seconds: float) -> str:
@@ -458,21 +429,22 @@ class CameraSupervisor:
             return f"no video from {self.spec.host_port} for {seconds:.1f} s"
         return f"no frame for {seconds:.1f} s"
 
-    def _attempt_outcome(self, attempt: _Attempt, went_live: bool) -> _Outcome:
+    def _attempt_outcome(self, attempt: Attempt, went_live: bool) -> _Outcome:
         assert attempt.done is not None
         error = attempt.done.result()
         if self._stop_requested.is_set():
             return _Outcome("stopped", went_live)
-        if self._end_reason is not None:
-            kind = "limit" if self._end_reason.startswith("frame limit") else "closed"
-            return _Outcome(kind, went_live, self._end_reason)
+        end_reason = self._feed.end_reason
+        if end_reason is not None:
+            kind = "limit" if end_reason.startswith("frame limit") else "closed"
+            return _Outcome(kind, went_live, end_reason)
         if error is not None:
             return _Outcome("error", went_live, error, permanent=attempt.permanent)
         if self.spec.is_file:
             return _Outcome("ended", went_live, "end of file" if went_live else None)
         return _Outcome("ended", went_live, "stream ended (the server closed the connection)")
 
-    async def _retire(self, attempt: _Attempt | None, why: str) -> None:
+    async def _retire(self, attempt: Attempt | None, why: str) -> None:
         """Signal a session to end and wait a bounded time for its thread."""
         if attempt is None:
             return
@@ -500,177 +472,15 @@ class CameraSupervisor:
             await asyncio.wait_for(self._stopping.wait(), delay)
         return self._stop_requested.is_set()
 
-    # -- the reader thread --------------------------------------------------------------
-
-    def _reader_main(self, attempt: _Attempt, loop: asyncio.AbstractEventLoop) -> None:
-        session = attempt.session
-        error: str | None = None
-        try:
-            session.open()
-            attempt.opened = True
-            _call_soon(loop, self._on_opened, attempt)
-            session.run(self._video_sink(attempt), self._audio_sink(attempt), attempt.stop,
-                        packets_out=self._packet_sink(attempt))
-        except SourceError as exc:
-            error = self.spec.redact(str(exc))
-            attempt.permanent = isinstance(exc, BackendUnavailable)
-        except Exception as exc:  # a bug in a backend must not take the supervisor down
-            error = f"internal error in the {self.backend} reader: {self.spec.redact(str(exc)) or type(exc).__name__}"
-            log.error(
-                "reader crashed",
-                extra={
-                    "stream_id": self.stream_id,
-                    "source": self.spec.display,
-                    "traceback": self.spec.redact("".join(traceback.format_exception(exc))),
-                },
-            )
-        finally:
-            try:
-                session.close()
-            except Exception as exc:
-                log.warning(
-                    "closing the reader failed",
-                    extra={"stream_id": self.stream_id, "error": self.spec.redact(repr(exc))},
-                )
-            assert attempt.done is not None
-            _call_soon(loop, _resolve, attempt.done, error)
-            _call_soon(loop, self._wake.set)
-
-    def _on_opened(self, attempt: _Attempt) -> None:
-        self._stats.connects += 1
-        log.debug(
-            "source opened",
-            extra={
-                "stream_id": self.stream_id,
-                "source": self.spec.display,
-                "backend": self.backend,
-                "attempt": attempt.number,
-            },
-        )
-
-    def _packet_sink(self, attempt: _Attempt) -> PacketSink | None:
-        packets = self._packets
-        if packets is None:
-            return None
-
-        def put(t: float, packet: EncodedPacket) -> None:
-            if not attempt.stop.is_set():  # an abandoned reader's packets go nowhere
-                packets.put(t, packet)
-
-        return put
-
-    def _video_sink(self, attempt: _Attempt) -> Callable[[np.ndarray, float, float], bool]:
-        pacer = RealtimePacer() if self.realtime else NoPacing()
-        assert self._loop is not None
-        loop = self._loop
-
-        def deliver(image: np.ndarray, pts: float, captured_at: float) -> bool:
-            if attempt is not self._current or attempt.stop.is_set():
-                return False
-            gap = time.monotonic() - attempt.last_frame_at
-            if attempt.frames and gap > attempt.gap_limit:
-                attempt.long_gap_s = gap
-                attempt.long_gaps += 1
-            attempt.delivering = True
-            try:
-                if not pacer.wait(pts, attempt.stop):
-                    return False
-                if self.realtime:
-                    captured_at = time.time()  # a paced file "arrives" when its frame is due
-                with self._seq_lock:
-                    if attempt is not self._current:
-                        return False
-                    seq = self._seq
-                    self._seq += 1
-                frame = VideoFrame(self.stream_id, seq, pts, captured_at, image)
-                if not self._video.put(frame):
-                    if not self._stop_requested.is_set():
-                        self._end_reason = "the frame consumer closed its mailbox"
-                    return False
-            finally:
-                attempt.delivering = False
-                attempt.last_frame_at = time.monotonic()
-            self._stats.frames += 1
-            attempt.frames += 1
-            if attempt.frames == 1:
-                attempt.first_frame_at = attempt.last_frame_at
-                _call_soon(loop, self._wake.set)
-            if self.max_frames is not None and self._stats.frames >= self.max_frames:
-                self._end_reason = f"frame limit reached ({self.max_frames} frames)"
-                return False
-            return True
-
-        return deliver
-
-    def _audio_sink(self, attempt: _Attempt) -> Callable[[np.ndarray, float, float], bool] | None:
-        audio = self._audio
-        if audio is None:
-            return None
-
-        def deliver(samples: np.ndarray, pts: float, captured_at: float) -> bool:
-            if attempt is not self._current or attempt.stop.is_set():
-                return False
-            chunk = AudioChunk(self.stream_id, pts, captured_at, samples)
-            if audio.put(chunk):  # a closed audio buffer only ends audio, video goes on
-                self._stats.audio_seconds += chunk.duration
-            return True
-
-        return deliver
-
-    # -- status -------------------------------------------------------------------------
-
-    def _transition(
-        self,
-        state: StreamState,
-        *,
-        reason: str | None = None,
-        detail: str | None = None,
-        attempt: int = 0,
-        retry_in: float | None = None,
-    ) -> None:
-        """Report a state change: `reason` goes into the status event, `detail` (if given) into the log."""
-        previous = self._state if self._reported else None
-        self._state = state
-        self._reported = True
-        reason = self.spec.redact(reason) if reason is not None else None
-        logged = self.spec.redact(detail) if detail is not None else reason
-        change = StatusChange(self.stream_id, state, previous, time.time(), reason, attempt, retry_in)
-        level = logging.WARNING if state in (StreamState.STALLED, StreamState.FAILED) else logging.INFO
-        log.log(
-            level,
-            "stream %s: %s",
-            self.stream_id,
-            state.value,
-            extra={
-                "stream_id": self.stream_id,
-                "state": state.value,
-                "previous": previous.value if previous is not None else None,
-                "reason": logged,
-                "attempt": attempt,
-                "retry_in": retry_in,
-                "source": self.spec.display,
-                "backend": self.backend,
-            },
-        )
-        try:
-            self._on_status(change)
-        except Exception:
-            log.exception("on_status callback failed", extra={"stream_id": self.stream_id})
-
     def _finish(
         self, state: StreamState, reason: str | None, attempt: int = 0, detail: str | None = None
     ) -> StreamState:
-        self._transition(state, reason=reason, detail=detail, attempt=attempt)
+        self._status.transition(state, reason=reason, detail=detail, attempt=attempt)
         return state
 
     def _set_stopping(self) -> None:
         self._stopping.set()
         self._wake.set()
-
-    def _close_outputs(self) -> None:
-        self._video.close()
-        if self._audio is not None:
-            self._audio.close()
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -678,13 +488,3 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., Any], *args: Any) -> None:
-    with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is listening any more
-        loop.call_soon_threadsafe(callback, *args)
-
-
-def _resolve(future: asyncio.Future[str | None], error: str | None) -> None:
-    if not future.done():
-        future.set_result(error)
