@@ -9,8 +9,9 @@ A backend session is a blocking object driven from one worker thread:
 `interrupt()` is the only method that may be called from another thread: it asks `run`
 (and, where the backend can, a pending `open`) to return soon.
 
-Sessions hand out plain decoded media through callables; the supervisor turns that into
-`VideoFrame` / `AudioChunk` (it owns the per-stream sequence numbers). A sink returning
+Sessions hand out plain decoded media through callables; the supervisor's feed
+(realtime.sources.attempt.Feed) turns that into `VideoFrame` / `AudioChunk` (it owns the
+per-stream sequence numbers, across reconnects). A sink returning
 False means "nobody wants more": the session returns from `run` at once.
 """
 
