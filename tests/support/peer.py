@@ -50,29 +50,43 @@ def load_speech(path: Path, seconds: float = 12.0) -> np.ndarray:
     return np.concatenate(chunks)[: int(seconds * AUDIO_RATE)]
 
 
-class LoopVideoTrack(MediaStreamTrack):
-    """Frames in a loop at `fps`, paced by the wall clock like a camera."""
+class _PacedVideoTrack(MediaStreamTrack):
+    """A video track paced by the wall clock like a camera: its n-th item goes out n / fps after
+    the first, stamped on the 90 kHz video clock."""
 
     kind = "video"
 
-    def __init__(self, frames: list[np.ndarray], fps: float) -> None:
+    def __init__(self, fps: float) -> None:
         super().__init__()
-        self._frames = frames
         self._fps = fps
         self._start: float | None = None
         self.sent = 0
 
-    async def recv(self) -> av.VideoFrame:
+    async def _turn(self) -> tuple[int, int]:
+        """(how many went before this item, its pts), once the item is due."""
         if self.readyState != "live":
             raise MediaStreamError  # stopped: the sender stops sending
         if self._start is None:
             self._start = time.monotonic()
         due = self._start + self.sent / self._fps
         await asyncio.sleep(max(0.0, due - time.monotonic()))
-        frame = av.VideoFrame.from_ndarray(self._frames[self.sent % len(self._frames)], format="rgb24")
-        frame.pts = int(self.sent * VIDEO_CLOCK / self._fps)
-        frame.time_base = fractions.Fraction(1, VIDEO_CLOCK)
+        index = self.sent
         self.sent += 1
+        return index, int(index * VIDEO_CLOCK / self._fps)
+
+
+class LoopVideoTrack(_PacedVideoTrack):
+    """Frames in a loop at `fps`, encoded by aiortc as it sends them."""
+
+    def __init__(self, frames: list[np.ndarray], fps: float) -> None:
+        super().__init__(fps)
+        self._frames = frames
+
+    async def recv(self) -> av.VideoFrame:
+        index, pts = await self._turn()
+        frame = av.VideoFrame.from_ndarray(self._frames[index % len(self._frames)], format="rgb24")
+        frame.pts = pts
+        frame.time_base = fractions.Fraction(1, VIDEO_CLOCK)
         return frame
 
 
@@ -105,32 +119,21 @@ def encode_vp8(frames: list[np.ndarray], fps: float) -> list[bytes]:
     return [bytes(packet) for packet in packets]
 
 
-class EncodedLoopVideoTrack(MediaStreamTrack):
+class EncodedLoopVideoTrack(_PacedVideoTrack):
     """Pre-encoded VP8 frames (encode_vp8) in a loop at `fps`, paced like LoopVideoTrack. aiortc
     packetizes them as they are, so the peer spends no CPU encoding: a browser encodes on its own
     machine, not on the service's. The loop starts again on the first frame, a keyframe; a
     keyframe the receiver asks for (PLI) comes with the next one scheduled."""
 
-    kind = "video"
-
     def __init__(self, payloads: list[bytes], fps: float) -> None:
-        super().__init__()
+        super().__init__(fps)
         self._payloads = payloads
-        self._fps = fps
-        self._start: float | None = None
-        self.sent = 0
 
     async def recv(self) -> av.Packet:  # type: ignore[override]
-        if self.readyState != "live":
-            raise MediaStreamError
-        if self._start is None:
-            self._start = time.monotonic()
-        due = self._start + self.sent / self._fps
-        await asyncio.sleep(max(0.0, due - time.monotonic()))
-        packet = av.Packet(self._payloads[self.sent % len(self._payloads)])
-        packet.pts = int(self.sent * VIDEO_CLOCK / self._fps)
+        index, pts = await self._turn()
+        packet = av.Packet(self._payloads[index % len(self._payloads)])
+        packet.pts = pts
         packet.time_base = fractions.Fraction(1, VIDEO_CLOCK)
-        self.sent += 1
         return packet
 
 
