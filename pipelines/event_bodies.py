@@ -309,7 +309,7 @@ TimedWords = Sequence[tuple[str, float, float, float]]  # (word, start, end, pro
 
 
 @dataclass(frozen=True, slots=True)
-class Word:
+class SpokenWord:
     word: str  # without the leading space the recognizer gives it
     start: float
     end: float
@@ -326,7 +326,7 @@ class Spoken:
     text: str
     start: float
     end: float
-    words: tuple[Word, ...]
+    words: tuple[SpokenWord, ...]
 
     @classmethod
     def of(cls, words: TimedWords, start: float, end: float) -> Spoken:
@@ -334,7 +334,7 @@ class Spoken:
             text="".join(w[0] for w in words).strip(),
             start=round(start, 3),
             end=round(end, 3),
-            words=tuple(Word(w[0].strip(), round(w[1], 3), round(w[2], 3), round(w[3], 3)) for w in words),
+            words=tuple(SpokenWord(w[0].strip(), round(w[1], 3), round(w[2], 3), round(w[3], 3)) for w in words),
         )
 
     def fields(self) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipelines.captions.utterances import SENTENCE_STOPS
-from pipelines.event_bodies import CaptionBody, TranscriptBody, Word
+from pipelines.event_bodies import CaptionBody, SpokenWord, TranscriptBody
 from pipelines.events import Event
 
 DEFAULT_MAX_AGE_S = 600.0  # the last ten minutes of speech
@@ -62,10 +62,10 @@ class TranscriptStore:
         self._cues.pop(stream_id, None)
 
 
-def transcript_cues(words: Sequence[Word]) -> list[Cue]:
+def transcript_cues(words: Sequence[SpokenWord]) -> list[Cue]:
     """A transcript's words as cues: a sentence each, at most CUE_MAX_WORDS words."""
     cues: list[Cue] = []
-    line: list[Word] = []
+    line: list[SpokenWord] = []
     for i, w in enumerate(words):
         line.append(w)
         if len(line) >= CUE_MAX_WORDS or w.word.endswith(SENTENCE_STOPS) or i == len(words) - 1:
