@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 from pipelines.detect import DetectionBatcher
@@ -81,9 +80,7 @@ class Service:
         # What the capabilities' service plugins add (realtime.service.plugin), filled in below: the
         # fanout is built first, since their context holds the HTTP context, which holds the fanout.
         self._attached: dict[str, Attached] = {}
-        self._taps: list[Callable[[Event], None]] = []
-        self._forget: list[Callable[[str], None]] = []
-        self._tasks: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
+        self._taps: list[Callable[[Event], None]] = []  # theirs in order, flat: read for every event
         self.fanout = EventFanout(
             publisher,
             node=config.node,
@@ -154,8 +151,6 @@ class Service:
                 attached.routes(self.app)
             for collector in attached.collectors:
                 self.metrics.registry.register(collector)
-            self._tasks.extend(attached.tasks)
-            self._forget.extend(attached.forget)
         if timeline is not None:  # a plugin may have given it an asker
             self.metrics.registry.register(TimelineCollector(timeline, timeline_api.asker))
         self.url: str | None = None
@@ -214,7 +209,8 @@ class Service:
                 ]
                 if self.timeline is not None:
                     helpers.append(group.create_task(self.timeline.run(), name="timeline-indexer"))
-                helpers += [group.create_task(run(), name=name) for name, run in self._tasks]
+                helpers += [group.create_task(run(), name=name)
+                            for attached in self._attached.values() for name, run in attached.tasks]
                 fleet_task = group.create_task(self.fleet.run(), name="fleet") if self.fleet is not None else None
                 try:
                     await stop.wait()
@@ -270,8 +266,9 @@ class Service:
 
     def _stream_gone(self, stream_id: str) -> None:
         self.fanout.close_stream(stream_id)
-        for forget in self._forget:
-            forget(stream_id)
+        for attached in self._attached.values():
+            for forget in attached.forget:
+                forget(stream_id)
         self.sessions.discard(stream_id)
         self.metrics.forget(stream_id)
         release_free_memory()
