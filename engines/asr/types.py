@@ -33,6 +33,9 @@ class AsrRequest:
     # Text known to be said at the start of this audio: the decoder is made to begin with it and
     # goes on from there (the result's words include it, timed like the rest).
     prefix: str = ""
+    # The decoder's beam for this request; None: the recognizer's own. Requests of one batch with
+    # different beams are decoded in separate groups.
+    beam_size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,9 @@ duration, and words aligned past the end of the audio are dropped from the resul
 Prompts: CTranslate2 needs <|startoftranscript|> at the same position in every prompt of a batch,
 and filling a short prompt with placeholder tokens derails the decoder. Prompts are therefore cut
 to the shortest non-empty prompt in the batch (keeping the most recent text); requests without a
-prompt, mixed with requests with one, form a second group with its own encode/generate/align.
+prompt, mixed with requests with one, form a second group with its own encode/generate/align. So
+do requests that ask for another beam than the rest (`AsrRequest.beam_size`): one `generate` call
+has one beam.
 """
 
 from __future__ import annotations
@@ -239,14 +241,16 @@ class WhisperRecognizer:
         prompts = {i: self._tokens(requests[i].prompt)[-MAX_PROMPT_TOKENS:] for i in live}
         # A prefix past this is cut: the rest of the window is decoded freely.
         prefixes = {i: self._tokens(requests[i].prefix)[: MAX_PROMPT_TOKENS // 2] for i in live}
-        with_prompt = [i for i in live if prompts[i]]
-        shortest = min((len(prompts[i]) for i in with_prompt), default=0)
-        for group in ([i for i in live if not prompts[i]], with_prompt):
-            if group:
-                cut = [prompts[i][len(prompts[i]) - shortest :] if shortest else [] for i in group]
-                forced = [prefixes[i] for i in group]
-                for i, result in zip(group, self._run([clips[i] for i in group], cut, forced), strict=True):
-                    results[i] = result
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for i in live:
+            beam = requests[i].beam_size or self._beam_size
+            groups.setdefault((beam, bool(prompts[i])), []).append(i)
+        for (beam, _), group in sorted(groups.items()):
+            shortest = min(len(prompts[i]) for i in group)
+            cut = [prompts[i][len(prompts[i]) - shortest :] if shortest else [] for i in group]
+            forced = [prefixes[i] for i in group]
+            for i, result in zip(group, self._run([clips[i] for i in group], cut, forced, beam), strict=True):
+                results[i] = result
         return [r for r in results if r is not None]
 
     @property
@@ -262,7 +266,9 @@ class WhisperRecognizer:
 
     # -- one group: encode, generate, align ---------------------------------------------------------
 
-    def _run(self, clips: list[np.ndarray], previous: list[list[int]], forced: list[list[int]]) -> list[AsrResult]:
+    def _run(
+        self, clips: list[np.ndarray], previous: list[list[int]], forced: list[list[int]], beam_size: int
+    ) -> list[AsrResult]:
         ct2, model = self._ct2, self._model
         longest = max(len(c) for c in clips)
         if self._window == "padded":
@@ -291,7 +297,7 @@ class WhisperRecognizer:
         generated = model.generate(
             encoded,
             prompts,
-            beam_size=self._beam_size,
+            beam_size=beam_size,
             max_length=max_length,
             return_scores=True,
             return_no_speech_prob=True,

@@ -119,6 +119,16 @@ def test_prompted_and_unprompted_requests_share_a_batch(
     assert {"library", "plaza"} <= set(words_of(results[2].text))
 
 
+def test_a_request_may_ask_for_its_own_beam(recognizer: WhisperRecognizer, narration: np.ndarray) -> None:
+    # On this stretch tiny.en's greedy decode and a beam of 3 hear different words.
+    clip = narration[int(18 * RATE) : int(24 * RATE)]
+    greedy, beam = recognizer.transcribe_batch([AsrRequest(clip), AsrRequest(clip, beam_size=3)])
+    assert recognizer.last_timings["groups"] == 2  # one generate call has one beam
+    assert words_of(greedy.text) != words_of(beam.text)
+    assert words_of(greedy.text) == words_of(transcribe(recognizer, clip).text)
+    assert words_of(beam.text) == words_of(recognizer.transcribe_batch([AsrRequest(clip, beam_size=3)])[0].text)
+
+
 def test_a_prefix_is_what_the_decode_starts_with(recognizer: WhisperRecognizer, door_clip: np.ndarray) -> None:
     # Forced even where the audio says otherwise: the words after it are decoded from the sound.
     result = recognizer.transcribe_batch([AsrRequest(door_clip, prefix="Please shut the")])[0]
