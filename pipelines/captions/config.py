@@ -11,6 +11,10 @@ from pydantic import Field
 from pipelines.captions.engine import CaptionPolicy
 from pipelines.sections import Section, default_of
 
+# The streaming decodes' beam. A beam of 3 made the finals more accurate but each decode of a long
+# window slower, past the finals' latency target (docs/captions.md); the transcript has its own.
+DEFAULT_BEAM_SIZE = 1
+
 
 def _captions(name: str) -> Any:
     return default_of(CaptionPolicy, name)
@@ -24,7 +28,7 @@ class CaptionsSettings(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     compute_type: Literal["default", "int8", "int8_float16", "int8_float32", "float16", "float32"] = "int8"
     language: str | None = "en"  # None: detected (multilingual models only)
-    beam_size: int = Field(1, ge=1, le=10)
+    beam_size: int = Field(DEFAULT_BEAM_SIZE, ge=1, le=10)
     # CTranslate2 threads in all (on a CPU two calls run at once, half each); 0: the cores, at most 4
     threads: int = Field(0, ge=0, le=64)
     # speech probability above which audio counts as speech
@@ -39,6 +43,8 @@ class CaptionsSettings(Section):
     # its finals where captions are read back (captions.vtt, search, the page): one more decode
     # per utterance, read back more accurately than the finals.
     transcript: bool = _captions("transcript")
+    # The transcript's beam: one decode per utterance, read back in place of the finals.
+    transcript_beam_size: int = Field(_captions("transcript_beam_size"), ge=1, le=10)
     # Under the compute budget (`compute:`), the most of the recent CPU time the recognizer takes
     # first while detection waits (None: compute.captions_max_share).
     cpu_share: float | None = Field(None, gt=0.0, le=1.0)
@@ -53,4 +59,5 @@ class CaptionsSettings(Section):
             vad_threshold=self.vad_threshold,
             max_lag_s=self.max_lag_s,
             transcript=self.transcript,
+            transcript_beam_size=self.transcript_beam_size,
         )

@@ -50,6 +50,9 @@ class CaptionPolicy:
     prompt_chars: int = 200  # committed text before the window given to Whisper as context
     # Decode each utterance whole once it ended and publish it as `transcript` (see transcript.py).
     transcript: bool = True
+    # Its decoder's beam, whatever the streaming decodes use: a streaming decode repeats every step,
+    # the transcript's once per utterance, which can afford a beam (docs/captions.md).
+    transcript_beam_size: int = 3
     # Guards against Whisper's known failure modes (a result that trips one is not used).
     max_compression_ratio: float = 2.4  # repetition loops compress well
     no_speech_prob: float = 0.6  # with a low avg_logprob: nothing was said

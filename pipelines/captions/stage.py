@@ -395,7 +395,8 @@ class CaptionStage:
         words, language = finals, "en"
         if not self._recognizer_gone and piece.end - piece.start >= policy.MIN_DECODE_S:
             prompt = self._utterance.text[-self.settings.prompt_chars :]
-            result = await self._recognize(AsrRequest(piece.audio, prompt=prompt))
+            request = AsrRequest(piece.audio, prompt=prompt, beam_size=self.settings.transcript_beam_size)
+            result = await self._recognize(request)
             if result is not None:
                 decoded = cut_repetition([
                     Word(w.word, piece.start + w.start, piece.start + w.end, w.probability)

@@ -139,9 +139,11 @@ class Recording:
         self.inner, self.info, self.workers = inner, inner.info, inner.workers
         self.seconds: list[float] = []
         self.prefixed = 0  # requests whose decode was forced to begin with committed words
+        self.beams: list[int | None] = []
 
     def transcribe_batch(self, requests: Sequence[AsrRequest]) -> list[AsrResult]:
         self.seconds += [r.audio.shape[0] / 16_000 for r in requests]
+        self.beams += [r.beam_size for r in requests]
         self.prefixed += sum(1 for r in requests if r.prefix)
         return self.inner.transcribe_batch(requests)
 
@@ -158,6 +160,21 @@ class Loaded(SpeechBatcher):
 
     def load(self) -> float:
         return self.fixed_load
+
+
+async def test_the_transcript_decodes_with_its_own_beam(
+    caption_models: tuple[SpeechRecognizer, VadModel], narration: np.ndarray
+) -> None:
+    recognizer, vad = caption_models
+    recording = Recording(recognizer)
+    async with SpeechBatcher(recording) as batcher:
+        policy = CaptionPolicy(transcript_beam_size=2)
+        sink = await caption(CaptionEngine(batcher, vad, policy), narration[: 16_000 * 9], speed=8.0)
+    transcripts = sink.of(EventKind.TRANSCRIPT)
+    assert transcripts and all(t["revised"] for t in transcripts)
+    # The streaming decodes keep the recognizer's beam; each utterance's whole decode asks for its own.
+    assert recording.beams.count(2) == len(transcripts)
+    assert set(recording.beams) == {None, 2} and recording.beams.count(None) > len(transcripts)
 
 
 async def test_a_loaded_recognizer_gets_shorter_windows_and_fewer_decodes(
