@@ -27,6 +27,7 @@ from _speech_set import stream_file
 
 from engines.asr.vad import VadModel
 from engines.asr.whisper import create_recognizer
+from pipelines.captions.config import DEFAULT_BEAM_SIZE
 from pipelines.captions.engine import CaptionPolicy, SpeechBatcher
 from tests.support.speech import wer
 
@@ -60,10 +61,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     runs = [_Run("camera", camera), _Run("webrtc", peer)]
     audio = [offline.audio(r, codec=True)[: len(r.speech.audio)] for r in runs]  # type: ignore[arg-type]
     settings = settings_from(args.set)
-    recognizer = create_recognizer(None, device="cpu", compute_type="int8")
+    recognizer = create_recognizer(None, device="cpu", compute_type="int8", beam_size=args.beam_size)
     vad = VadModel.load()
     async with SpeechBatcher(recognizer, max_batch=8) as batcher:
-        feeds = [stream_file(batcher, vad, settings, a, lead_s=0.0, trail_s=2.0) for a in audio]
+        feeds = [stream_file(batcher, vad, settings, a, lead_s=args.lead_s, trail_s=2.0) for a in audio]
         if args.together:
             streamed = await asyncio.gather(*feeds)
         else:
@@ -85,7 +86,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     offline.close()
     recognizer.close()
     print(table(rows, list(rows[0])))
-    return {"settings": dataclasses.asdict(settings), "together": args.together, "clip": clip.name, "rows": rows}
+    return {"settings": dataclasses.asdict(settings), "together": args.together, "lead_s": args.lead_s,
+            "beam_size": args.beam_size, "clip": clip.name, "rows": rows}
 
 
 def main() -> None:
@@ -93,6 +95,10 @@ def main() -> None:
     parser.add_argument("--together", action="store_true", help="both streams at once on one recognizer")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a CaptionPolicy field")
     parser.add_argument("--show", action="store_true", help="print the streamed and offline texts")
+    parser.add_argument("--beam-size", type=int, default=DEFAULT_BEAM_SIZE,
+                        help="the streaming decodes' beam (captions.beam_size)")
+    parser.add_argument("--lead-s", type=float, default=0.0,
+                        help="silence before the speech: moves every decode point against the words")
     args = parser.parse_args()
     result = asyncio.run(main_async(args))
     print(f"wrote {write_results('bench_caption_policy', result)}")

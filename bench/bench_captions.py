@@ -75,6 +75,7 @@ from engines.asr.vad import StreamVad, VadModel
 from engines.asr.whisper import create_recognizer
 from engines.models import default_detector_model
 from engines.registry import create_detector
+from pipelines.captions.config import DEFAULT_BEAM_SIZE
 from pipelines.captions.engine import RECOGNIZER, CaptionEngine, CaptionPolicy, SpeechBatcher, recognizer_claim
 from pipelines.captions.stage import CaptionStage
 from pipelines.compute import ComputeBudget
@@ -749,7 +750,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     clip = make_clip("narration", audio, ref, 0.0, last)
 
     # as the service: window "audio", CTranslate2's threads
-    recognizer = create_recognizer(args.model, device="cpu", compute_type=args.compute_type)
+    recognizer = create_recognizer(args.model, device="cpu", compute_type=args.compute_type, beam_size=args.beam_size)
     result: dict[str, Any] = {
         "model": recognizer.info.name,
         "compute_type": recognizer.info.compute_type,
@@ -843,6 +844,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="runs of the one-stream latency/WER part")
     parser.add_argument("--step-s", type=float, default=None, help="CaptionPolicy.step_s (default: the service's)")
     parser.add_argument("--model", type=Path, default=None, help="CTranslate2 Whisper dir (default: bundled tiny.en)")
+    parser.add_argument("--beam-size", type=int, default=DEFAULT_BEAM_SIZE,
+                        help="the streaming recognizer's beam (captions.beam_size; the offline side stays greedy)")
     parser.add_argument("--compute-type", default="int8", help="CTranslate2 compute type of both recognizers")
     parser.add_argument("--quick", action="store_true", help="15 s clips, streams 1,2,4")
     args = parser.parse_args()
