@@ -8,7 +8,8 @@ turns successive decodes into finals that never change (`captions`) and a tentat
 (`partials`, replaced by a higher `revision` of the same `segment_id`, and finally by the
 `captions` event with that id). A pause of `endpoint_s` ends the utterance: one last decode,
 everything pending becomes final; then the utterance is decoded once more, whole, as the
-`transcript` that replaces its finals where captions are read back (transcript.py). A recognizer
+`transcript` that replaces its finals where captions are read back (transcript.py). That decode
+runs beside the stream's own: the next utterance's finals never wait for the last one's transcript. A recognizer
 with room decodes the whole utterance, so each word is heard with the speech before it;
 continuous speech longer than `max_window_s` is cut at its committed words so no decode grows past
 that. A loaded recognizer gets short windows instead (cut after each sentence and mid-sentence,
@@ -28,7 +29,7 @@ import logging
 import secrets
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -62,6 +63,9 @@ LOST_AUDIO_S = 0.02  # a smaller hole than GAP_S but at least this (lost packets
 MIN_SPEECH_WINDOWS = 2  # 64 ms of speech starts an utterance; one loud click does not
 COMMITTED_KEPT = 256  # committed words remembered for the prompt
 LOSSLESS_AUDIO_S = 300.0  # a bound still: 19 MB of float32 audio
+# Whole decodes waiting behind the running one; a piece past them is published with its finals
+# (counted in transcripts_kept_finals): a recognizer that far behind needs its time for the finals.
+TRANSCRIPTS_WAITING = 3
 
 register_counters(
     {
@@ -82,7 +86,8 @@ register_counters(
         "transcripts": counter("Utterances (or pieces of long ones) published as transcript events"),
         "transcripts_changed": counter("Transcripts whose words differ from the finals they replace"),
         "transcripts_kept_finals": counter(
-            "Transcripts that repeat their finals: the whole decode failed or looked like a Whisper failure mode"
+            "Transcripts that repeat their finals: the whole decode failed, looked like a Whisper failure mode,"
+            " or was not made because the recognizer was that far behind"
         ),
         "transcript_unheard_seconds": counter(
             "Seconds of speech left out of transcripts: nothing was final in more than Whisper's 30 s window"
@@ -106,6 +111,15 @@ class CaptionStats:
     transcripts: int = 0
     transcripts_changed: int = 0
     transcripts_kept_finals: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    """A piece waiting for its transcript, and how to publish it."""
+
+    piece: Piece
+    decode: bool  # False: the recognizer was too far behind; its finals are the transcript
+    wall_offset: float  # captured_at - media time when the piece was cut
 
 
 class CaptionStage:
@@ -141,35 +155,47 @@ class CaptionStage:
         self._wall_offset = 0.0  # captured_at - media time, from the newest chunk
         self._recognizer_gone = False
         self._utterance = UtteranceRecorder() if self.settings.transcript else None
+        self._pieces: asyncio.Queue[_Queued | None] = asyncio.Queue()  # decodes among them: TRANSCRIPTS_WAITING
+        self._decodes_waiting = 0
 
     # -- Stage -----------------------------------------------------------------------------------
 
     async def run(self) -> None:
         with self.engine.batcher.client():
-            while True:
+            async with asyncio.TaskGroup() as tasks:
+                if self._utterance is not None:
+                    tasks.create_task(self._write_transcripts(), name=f"{self.stream_id}-transcripts")
                 try:
-                    async with asyncio.timeout(self.settings.endpoint_s if self.live else None):
-                        chunks = await self.audio.get_many()
-                except TimeoutError:
-                    chunks = []  # no audio for a while: a pending utterance may still end
-                except MailboxClosed:
+                    await self._stream()
+                finally:
+                    self._pieces.put_nowait(None)  # the writer publishes what is queued, then ends
+
+    async def _stream(self) -> None:
+        """The stream's audio to finals, until its buffer closes."""
+        while True:
+            try:
+                async with asyncio.timeout(self.settings.endpoint_s if self.live else None):
+                    chunks = await self.audio.get_many()
+            except TimeoutError:
+                chunks = []  # no audio for a while: a pending utterance may still end
+            except MailboxClosed:
+                if self._speaking:
+                    await self._decode(final=True)
+                    self._end_transcript()
+                return
+            if self._recognizer_gone:
+                continue  # captions have stopped: the audio is taken and counted, nothing kept
+            if not chunks:
+                await self._step(quiet=True)
+            # Chunk by chunk: a burst (a file read ahead of real time) is decoded as it would
+            # have been live, and the window never outgrows a decode.
+            for chunk in chunks:
+                if self._feed(chunk):
                     if self._speaking:
-                        await self._decode(final=True)
-                        await self._end_transcript()
-                    return
-                if self._recognizer_gone:
-                    continue  # captions have stopped: the audio is taken and counted, nothing kept
-                if not chunks:
-                    await self._step(quiet=True)
-                # Chunk by chunk: a burst (a file read ahead of real time) is decoded as it would
-                # have been live, and the window never outgrows a decode.
-                for chunk in chunks:
-                    if self._feed(chunk):
-                        if self._speaking:
-                            await self._decode(final=True)  # a gap: the utterance before it ends here
-                            await self._end_transcript()
-                        self._reset(chunk)
-                    await self._step(quiet=False)
+                        await self._decode(final=True)  # a gap: the utterance before it ends here
+                        self._end_transcript()
+                    self._reset(chunk)
+                await self._step(quiet=False)
 
     async def _step(self, *, quiet: bool) -> None:
         """End the utterance after a pause (or a quiet source), or decode when a step has grown."""
@@ -178,14 +204,14 @@ class CaptionStage:
         silent_for = self.window.end - self._last_voice
         if silent_for >= self.settings.endpoint_s or (quiet and self.window.duration > 0):
             await self._decode(final=True)
-            await self._end_transcript()
+            self._end_transcript()
             self._end_utterance()
         elif self._decode_due():
             await self._decode(final=False)
             await self._bound_window()
             if self._utterance is not None:
                 pending = self.agreement.pending
-                await self._transcribe(self._utterance.due(pending[0].start if pending else None))
+                self._queue_transcript(self._utterance.due(pending[0].start if pending else None))
 
     def _decode_due(self) -> bool:
         return policy.decode_due(grown_s=self.window.end - self._decoded_to, window_s=self.window.duration,
@@ -382,19 +408,36 @@ class CaptionStage:
 
     # -- the transcript --------------------------------------------------------------------------
 
-    async def _end_transcript(self) -> None:
+    def _end_transcript(self) -> None:
         if self._utterance is not None:
-            await self._transcribe(self._utterance.finish())
+            self._queue_transcript(self._utterance.finish())
 
-    async def _transcribe(self, piece: Piece | None) -> None:
-        """Decode the piece whole and publish it as the transcript of its segments; the finals
-        themselves when that decode cannot be used."""
+    def _queue_transcript(self, piece: Piece | None) -> None:
         if piece is None or self._utterance is None:
             return
+        decode = self._decodes_waiting < TRANSCRIPTS_WAITING
+        if decode:
+            self._decodes_waiting += 1
+        else:
+            piece = replace(piece, audio=piece.audio[:0])  # only its finals are published: no audio kept
+        self._pieces.put_nowait(_Queued(piece, decode, self._wall_offset))
+
+    async def _write_transcripts(self) -> None:
+        """The stream's transcripts in order, each decode beside the stream's streaming decodes."""
+        while (queued := await self._pieces.get()) is not None:
+            if queued.decode:
+                self._decodes_waiting -= 1
+            await self._transcribe(queued)
+
+    async def _transcribe(self, queued: _Queued) -> None:
+        """Decode the piece whole and publish it as the transcript of its segments; the finals
+        themselves when that decode cannot be used (or was not made)."""
+        piece, utterance = queued.piece, self._utterance
+        assert utterance is not None
         finals = piece.finals
         words, language = finals, "en"
-        if not self._recognizer_gone and piece.end - piece.start >= policy.MIN_DECODE_S:
-            prompt = self._utterance.text[-self.settings.prompt_chars :]
+        if queued.decode and not self._recognizer_gone and piece.end - piece.start >= policy.MIN_DECODE_S:
+            prompt = utterance.text[-self.settings.prompt_chars :]
             request = AsrRequest(piece.audio, prompt=prompt, beam_size=self.settings.transcript_beam_size)
             result = await self._recognize(request)
             if result is not None:
@@ -405,7 +448,7 @@ class CaptionStage:
                 heard = drop_repeated_sentences(decoded)
                 # The piece's audio starts after the transcript before it: a start saying that
                 # transcript's end again is Whisper repeating its prompt.
-                heard = heard[repeated_start([w.key for w in heard], self._utterance.keys()) :]
+                heard = heard[repeated_start([w.key for w in heard], utterance.keys()) :]
                 self.stats.repeated_words += len(decoded) - len(heard)
                 if heard:
                     words, language = heard, result.language
@@ -426,10 +469,10 @@ class CaptionStage:
                 changed=changed,
                 language=language,
                 model=self.engine.model_name,
-                captured_at=words[-1].end + self._wall_offset,  # as a final's: when its last word was heard
+                captured_at=words[-1].end + queued.wall_offset,  # as a final's: when its last word was heard
             )
         )
-        self._utterance.remember(join_words(words))
+        utterance.remember(join_words(words))
 
     def _end_utterance(self) -> None:
         self._speaking = False

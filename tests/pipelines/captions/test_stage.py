@@ -4,6 +4,7 @@ change, partials that lead them, word times inside the audio, nothing for silenc
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -14,12 +15,13 @@ import pytest
 from engines.asr.types import AsrRequest, AsrResult, SpeechRecognizer
 from engines.asr.vad import VadModel
 from pipelines.captions.engine import CaptionEngine, CaptionPolicy, SpeechBatcher
-from pipelines.captions.stage import CaptionStage
+from pipelines.captions.stage import TRANSCRIPTS_WAITING, CaptionStage
 from pipelines.captions.transcript import kept_text
 from pipelines.events import Event, EventKind
 from pipelines.frames import AudioChunk
 from pipelines.mailbox import AudioBuffer
 from tests.support.speech import load_pcm16k, script_prefix_wer
+from tests.support.waiting import wait_until
 
 CHUNK = 320  # 20 ms, as RTP audio arrives
 
@@ -43,12 +45,17 @@ async def engine(caption_models: tuple[SpeechRecognizer, VadModel]) -> AsyncIter
 
 
 async def caption(
-    engine: CaptionEngine, samples: np.ndarray, *, start_pts: float = 100.0, speed: float = 4.0
+    engine: CaptionEngine,
+    samples: np.ndarray,
+    *,
+    start_pts: float = 100.0,
+    speed: float = 4.0,
+    sink: Collect | None = None,
 ) -> Collect:
     """Feed `samples` to a caption stage `speed` times faster than real time; wait for it to finish."""
-    sink = Collect()
+    sink = sink or Collect()
     buffer = AudioBuffer(max_seconds=60.0)
-    stage = CaptionStage("s1", buffer, engine, sink)
+    stage = sink.stage = CaptionStage("s1", buffer, engine, sink)  # type: ignore[attr-defined]
     task = asyncio.create_task(stage.run())
     begin = time.time()
     for offset in range(0, samples.shape[0], CHUNK):
@@ -58,7 +65,6 @@ async def caption(
             await asyncio.sleep(CHUNK * 10 / 16_000 / speed)
     buffer.close()
     await asyncio.wait_for(task, 60)
-    sink.stage = stage  # type: ignore[attr-defined]
     return sink
 
 
@@ -175,6 +181,78 @@ async def test_the_transcript_decodes_with_its_own_beam(
     # The streaming decodes keep the recognizer's beam; each utterance's whole decode asks for its own.
     assert recording.beams.count(2) == len(transcripts)
     assert set(recording.beams) == {None, 2} and recording.beams.count(None) > len(transcripts)
+
+
+class HeldTranscripts(Recording):
+    """Whole-utterance decodes (the ones asking for a beam) wait until `release` is set."""
+
+    def __init__(self, inner: SpeechRecognizer) -> None:
+        super().__init__(inner)
+        self.release = threading.Event()
+        self.held = 0
+
+    def transcribe_batch(self, requests: Sequence[AsrRequest]) -> list[AsrResult]:
+        if any(r.beam_size is not None for r in requests):
+            self.held += 1
+            self.release.wait(30)
+        return super().transcribe_batch(requests)
+
+
+SENTENCES_S = (0.0, 4.6, 8.6, 13.0, 18.0, 24.0)  # where the narration's first sentences begin and end
+
+
+def utterances(narration: np.ndarray, count: int) -> np.ndarray:
+    """The narration's first `count` sentences, a second of silence after each (an endpoint). Each is
+    another: a transcript that says the one before it again is Whisper repeating its prompt."""
+    silence = np.zeros(16_000, np.float32)
+    bounds = [int(t * 16_000) for t in SENTENCES_S[: count + 1]]
+    return np.concatenate([p for a, b in zip(bounds, bounds[1:], strict=False) for p in (narration[a:b], silence)])
+
+
+def finals_after(sink: Collect, pts: float) -> int:
+    return sum(1 for e in sink.events if e.kind == EventKind.CAPTIONS and e.pts is not None and e.pts > pts)
+
+
+async def test_the_next_utterances_finals_do_not_wait_for_the_last_transcript(
+    caption_models: tuple[SpeechRecognizer, VadModel], narration: np.ndarray
+) -> None:
+    recognizer, vad = caption_models
+    held, sink = HeldTranscripts(recognizer), Collect()
+    async with SpeechBatcher(held) as batcher:
+        engine = CaptionEngine(batcher, vad, CaptionPolicy())
+        feeding = asyncio.create_task(caption(engine, utterances(narration, 2), speed=2.0, sink=sink))
+        await wait_until(lambda: held.held == 1, 30, "the first utterance's whole decode")  # running, and held
+        await wait_until(lambda: finals_after(sink, 105.8) > 0, 30, "the second utterance's finals")
+        assert not sink.of(EventKind.TRANSCRIPT)
+        held.release.set()
+        await feeding
+    transcripts = sink.of(EventKind.TRANSCRIPT)
+    assert len(transcripts) == 2 and all(t["revised"] for t in transcripts)  # both decoded, in order
+    assert float(transcripts[0]["end"]) < float(transcripts[1]["start"])  # type: ignore[arg-type]
+
+
+async def test_a_recognizer_far_behind_publishes_finals_as_transcripts(
+    caption_models: tuple[SpeechRecognizer, VadModel], narration: np.ndarray
+) -> None:
+    recognizer, vad = caption_models
+    held, sink = HeldTranscripts(recognizer), Collect()
+    count = TRANSCRIPTS_WAITING + 2
+    assert count < len(SENTENCES_S)
+    async with SpeechBatcher(held) as batcher:
+        engine = CaptionEngine(batcher, vad, CaptionPolicy())
+        feeding = asyncio.create_task(caption(engine, utterances(narration, count), speed=8.0, sink=sink))
+        await wait_until(lambda: held.held == 1, 30, "the first whole decode")
+        # Every later utterance has ended and is queued behind it (with the end-of-stream marker).
+        await wait_until(lambda: sink.stage._pieces.qsize() == count, 60, "the utterances queued")  # type: ignore[attr-defined]
+        held.release.set()
+        await feeding
+    transcripts = sink.of(EventKind.TRANSCRIPT)
+    kept = [not t["revised"] for t in transcripts].count(True)
+    # One running and TRANSCRIPTS_WAITING waiting were decoded; the rest repeat their finals, in order.
+    assert len(transcripts) == count and held.held == 1 + TRANSCRIPTS_WAITING and kept == count - held.held
+    assert sink.stage.counters()["transcripts_kept_finals"] == kept  # type: ignore[attr-defined]
+    starts = [float(t["start"]) for t in transcripts]  # type: ignore[arg-type]
+    assert starts == sorted(starts)
 
 
 async def test_a_loaded_recognizer_gets_shorter_windows_and_fewer_decodes(
