@@ -14,7 +14,15 @@ from engines.asr.whisper import create_recognizer
 from pipelines.capability import NO_BUDGET, Capability, CapabilityError, OpenContext, Sample, StreamSwitch
 from pipelines.captions import stage
 from pipelines.captions.config import CaptionsSettings
-from pipelines.captions.engine import CAPTIONS, RECOGNIZER, CaptionEngine, SpeechBatcher, recognizer_claim
+from pipelines.captions.engine import (
+    CAPTIONS,
+    RECOGNIZER,
+    TRANSCRIBER,
+    CaptionEngine,
+    SpeechBatcher,
+    recognizer_claim,
+    transcriber_claim,
+)
 from pipelines.events import EventKind
 
 
@@ -49,24 +57,39 @@ async def open_captions(
     if compute is not None:
         compute.add(RECOGNIZER, recognizer_claim(recognizer))
     try:
-        async with SpeechBatcher(recognizer, max_batch=settings.max_batch, compute=compute) as batcher:
-            yield CaptionEngine(batcher, vad, settings.to_policy())
+        async with contextlib.AsyncExitStack() as stack:
+            batcher = await stack.enter_async_context(
+                SpeechBatcher(recognizer, max_batch=settings.max_batch, compute=compute)
+            )
+            transcripts = None
+            if compute is not None and settings.transcript:
+                # Under a budget the transcript's decodes queue as bulk work, one call at a time.
+                compute.add(TRANSCRIBER, transcriber_claim(recognizer))
+                transcriber = SpeechBatcher(
+                    recognizer, max_batch=settings.max_batch, compute=compute, name=TRANSCRIBER, workers=1
+                )
+                transcripts = await stack.enter_async_context(transcriber)
+            yield CaptionEngine(batcher, vad, settings.to_policy(), transcripts)
     finally:
         recognizer.close()
 
 
 def recognizer_samples(engine: CaptionEngine) -> Iterable[Sample]:
-    batcher = engine.batcher
-    stats = batcher.stats
-    yield Sample("vidsentry_asr_calls", "Speech recognizer model calls", stats.calls)
-    yield Sample("vidsentry_asr_decodes", "Decodes through the recognizer (several streams share a call)", stats.items)
-    yield Sample("vidsentry_asr_failures", "Recognizer calls that raised", stats.failures)
-    yield Sample("vidsentry_asr_busy_seconds", "Time the recognizer was busy", stats.busy_s)
-    yield Sample("vidsentry_asr_rejected", "Decodes refused: too many waiting", stats.rejected)
-    yield Sample("vidsentry_asr_alive", "1 while the shared recognizer serves", int(batcher.alive), "gauge")
-    yield Sample("vidsentry_asr_stuck_calls", "Recognizer calls that ran past the stuck deadline", stats.stuck_calls)
+    """The recognizer's figures, streaming and transcript decodes together (one model)."""
+    batchers = engine.batchers
+    stats = [b.stats for b in batchers]
+    yield Sample("vidsentry_asr_calls", "Speech recognizer model calls", sum(s.calls for s in stats))
+    yield Sample("vidsentry_asr_decodes", "Decodes through the recognizer (several streams share a call)",
+                 sum(s.items for s in stats))
+    yield Sample("vidsentry_asr_failures", "Recognizer calls that raised", sum(s.failures for s in stats))
+    yield Sample("vidsentry_asr_busy_seconds", "Time the recognizer was busy", sum(s.busy_s for s in stats))
+    yield Sample("vidsentry_asr_rejected", "Decodes refused: too many waiting", sum(s.rejected for s in stats))
+    yield Sample("vidsentry_asr_alive", "1 while the shared recognizer serves", int(all(b.alive for b in batchers)),
+                 "gauge")
+    yield Sample("vidsentry_asr_stuck_calls", "Recognizer calls that ran past the stuck deadline",
+                 sum(s.stuck_calls for s in stats))
     yield Sample("vidsentry_asr_oldest_call_seconds", "How long the longest-running recognizer call has run (0: none)",
-                 batcher.oldest_call_s(), "gauge")
+                 max(b.oldest_call_s() for b in batchers), "gauge")
 
 
 CAPABILITY: Capability[CaptionEngine, CaptionsSettings] = Capability(

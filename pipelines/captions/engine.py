@@ -16,6 +16,7 @@ DEFAULT_MAX_BATCH = 8
 
 
 RECOGNIZER = "speech recognizer"  # the batcher's name: in reasons, logs and compute shares
+TRANSCRIBER = "speech recognizer, transcripts"  # the same model, for the whole-utterance decodes
 
 
 def recognizer_claim(recognizer: SpeechRecognizer) -> ModelClaim:
@@ -23,6 +24,13 @@ def recognizer_claim(recognizer: SpeechRecognizer) -> ModelClaim:
     word decoded late is read late and audio that waits too long is lost, where a detection frame
     skipped is bridged by the tracker."""
     return ModelClaim(Priority.CRITICAL, threads=int(getattr(recognizer, "threads_per_call", 1)))
+
+
+def transcriber_claim(recognizer: SpeechRecognizer) -> ModelClaim:
+    """The transcript's decodes: bulk work, shared with detection by weight. A transcript arrives an
+    utterance after its finals anyway; taking the cores first would cost the detector frames and,
+    beside the streaming decodes, the finals their turn."""
+    return ModelClaim(Priority.BULK, threads=int(getattr(recognizer, "threads_per_call", 1)))
 
 
 class RecognizerFailed(ModelFailed):
@@ -61,19 +69,25 @@ class CaptionPolicy:
 
 class SpeechBatcher(ModelBatcher[AsrRequest, AsrResult]):
     def __init__(
-        self, recognizer: SpeechRecognizer, *, max_batch: int = DEFAULT_MAX_BATCH, compute: ComputeBudget | None = None
+        self,
+        recognizer: SpeechRecognizer,
+        *,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        compute: ComputeBudget | None = None,
+        name: str = RECOGNIZER,
+        workers: int | None = None,
     ) -> None:
         self.recognizer = recognizer
         super().__init__(
             recognizer.transcribe_batch,
-            name=RECOGNIZER,
+            name=name,
             unit="decodes",
             max_batch=max_batch,
             failed_error=RecognizerFailed,
             full_error=RecognizerBusy,
             thread_name="vidsentry-asr",
             compute=compute,
-            workers=recognizer.workers,
+            workers=recognizer.workers if workers is None else workers,
         )
 
 
@@ -84,13 +98,27 @@ class CaptionEngine:
     batcher: SpeechBatcher
     vad: VadModel
     settings: CaptionPolicy = CaptionPolicy()
+    # The whole-utterance decodes' own batcher at a lower priority in the compute budget (the same
+    # recognizer); None: they share `batcher`.
+    transcripts: SpeechBatcher | None = None
+
+    @property
+    def batchers(self) -> tuple[SpeechBatcher, ...]:
+        return (self.batcher,) if self.transcripts is None else (self.batcher, self.transcripts)
+
+    @property
+    def transcriber(self) -> SpeechBatcher:
+        return self.transcripts or self.batcher
 
     @property
     def model_name(self) -> str:
         return self.batcher.recognizer.info.name
 
     def health(self) -> dict[str, bool]:
-        return {"asr": self.batcher.alive, "asr_responsive": not self.batcher.stuck}
+        return {
+            "asr": all(b.alive for b in self.batchers),
+            "asr_responsive": not any(b.stuck for b in self.batchers),
+        }
 
 
 CAPTIONS: EngineKey[CaptionEngine] = EngineKey("captions")  # the engine in SharedEngines

@@ -332,10 +332,12 @@ class CaptionStage:
                 )
         await self._publish(committed, tentative, language=result.language if result else "en")
 
-    async def _recognize(self, request: AsrRequest) -> AsrResult | None:
-        """The recognizer's result, or None when it failed or looks like a Whisper failure mode."""
+    async def _recognize(self, request: AsrRequest, *, whole: bool = False) -> AsrResult | None:
+        """The recognizer's result, or None when it failed or looks like a Whisper failure mode;
+        `whole`: an utterance's transcript, through the engine's transcriber."""
+        batcher = self.engine.transcriber if whole else self.engine.batcher
         try:
-            outcome = await self.engine.batcher.submit(request)
+            outcome = await batcher.submit(request)
         except RecognizerFailed as exc:
             self.stats.errors += 1
             self._recognizer_gone = True
@@ -439,7 +441,7 @@ class CaptionStage:
         if queued.decode and not self._recognizer_gone and piece.end - piece.start >= policy.MIN_DECODE_S:
             prompt = utterance.text[-self.settings.prompt_chars :]
             request = AsrRequest(piece.audio, prompt=prompt, beam_size=self.settings.transcript_beam_size)
-            result = await self._recognize(request)
+            result = await self._recognize(request, whole=True)
             if result is not None:
                 decoded = cut_repetition([
                     Word(w.word, piece.start + w.start, piece.start + w.end, w.probability)

@@ -19,7 +19,15 @@ from engines.asr.types import SpeechRecognizer
 from engines.asr.vad import VadModel
 from engines.detector import Detector
 from engines.registry import create_detector
-from pipelines.captions.engine import CAPTIONS, RECOGNIZER, CaptionEngine, SpeechBatcher, recognizer_claim
+from pipelines.captions.engine import (
+    CAPTIONS,
+    RECOGNIZER,
+    TRANSCRIBER,
+    CaptionEngine,
+    SpeechBatcher,
+    recognizer_claim,
+    transcriber_claim,
+)
 from pipelines.describe.settings import DESCRIPTIONS, DescribeEngine
 from pipelines.detect import DetectionBatcher
 from realtime.bus.embedded import EmbeddedNatsServer
@@ -144,13 +152,18 @@ async def live_service(
         budget = compute_budget(config, detector, off=[] if captions is not None else [CAPTIONS.name])
         if budget is not None and captions is not None:
             budget.add(RECOGNIZER, recognizer_claim(captions[0]))
+            budget.add(TRANSCRIBER, transcriber_claim(captions[0]))
     async with contextlib.AsyncExitStack() as stack:
         publisher = await stack.enter_async_context(NatsEventPublisher(nats_url, node="test"))
         batcher = await stack.enter_async_context(DetectionBatcher(detector, compute=budget))
         engine = None
         if captions is not None:
             speech = await stack.enter_async_context(SpeechBatcher(captions[0], compute=budget))
-            engine = CaptionEngine(speech, captions[1], config.captions.to_policy())
+            transcripts = None
+            if budget is not None:  # as open_captions: the transcript's decodes as bulk work
+                transcriber = SpeechBatcher(captions[0], compute=budget, name=TRANSCRIBER, workers=1)
+                transcripts = await stack.enter_async_context(transcriber)
+            engine = CaptionEngine(speech, captions[1], config.captions.to_policy(), transcripts)
         engines = {**(opened or {}), CAPTIONS.name: engine, DESCRIPTIONS.name: describe}
         index = None
         if timeline:
