@@ -8,7 +8,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Iterable
 
-from engines.asr.types import AsrUnavailable
+from engines.asr.types import AsrUnavailable, SpeechRecognizer
 from engines.asr.vad import VadModel
 from engines.asr.whisper import create_recognizer
 from pipelines.capability import NO_BUDGET, Capability, CapabilityError, OpenContext, Sample, StreamSwitch
@@ -23,6 +23,7 @@ from pipelines.captions.engine import (
     recognizer_claim,
     transcriber_claim,
 )
+from pipelines.compute import ComputeBudget
 from pipelines.events import EventKind
 
 
@@ -54,24 +55,33 @@ async def open_captions(
         vad = await asyncio.to_thread(VadModel.load)
     except (AsrUnavailable, ValueError, OSError) as exc:
         raise CapabilityError(f"captions: {exc} (or turn them off: captions.enabled: false)") from exc
-    if compute is not None:
-        compute.add(RECOGNIZER, recognizer_claim(recognizer))
     try:
-        async with contextlib.AsyncExitStack() as stack:
-            batcher = await stack.enter_async_context(
-                SpeechBatcher(recognizer, max_batch=settings.max_batch, compute=compute)
-            )
-            transcripts = None
-            if compute is not None and settings.transcript:
-                # Under a budget the transcript's decodes queue as bulk work, one call at a time.
-                compute.add(TRANSCRIBER, transcriber_claim(recognizer))
-                transcriber = SpeechBatcher(
-                    recognizer, max_batch=settings.max_batch, compute=compute, name=TRANSCRIBER, workers=1
-                )
-                transcripts = await stack.enter_async_context(transcriber)
-            yield CaptionEngine(batcher, vad, settings.to_policy(), transcripts)
+        async with serve_captions(recognizer, vad, settings, compute) as engine:
+            yield engine
     finally:
         recognizer.close()
+
+
+@contextlib.asynccontextmanager
+async def serve_captions(
+    recognizer: SpeechRecognizer, vad: VadModel, settings: CaptionsSettings, compute: ComputeBudget | None
+) -> AsyncIterator[CaptionEngine]:
+    """A loaded recognizer's batchers, with their claims on the compute budget, for the duration."""
+    if compute is not None:
+        compute.add(RECOGNIZER, recognizer_claim(recognizer))
+    async with contextlib.AsyncExitStack() as stack:
+        batcher = await stack.enter_async_context(
+            SpeechBatcher(recognizer, max_batch=settings.max_batch, compute=compute)
+        )
+        transcripts = None
+        if compute is not None and settings.transcript:
+            # Under a budget the transcript's decodes queue as bulk work, one call at a time.
+            compute.add(TRANSCRIBER, transcriber_claim(recognizer))
+            transcriber = SpeechBatcher(
+                recognizer, max_batch=settings.max_batch, compute=compute, name=TRANSCRIBER, workers=1
+            )
+            transcripts = await stack.enter_async_context(transcriber)
+        yield CaptionEngine(batcher, vad, settings.to_policy(), transcripts)
 
 
 def recognizer_samples(engine: CaptionEngine) -> Iterable[Sample]:

@@ -19,18 +19,22 @@ RECOGNIZER = "speech recognizer"  # the batcher's name: in reasons, logs and com
 TRANSCRIBER = "speech recognizer, transcripts"  # the same model, for the whole-utterance decodes
 
 
+def _threads_per_call(recognizer: SpeechRecognizer) -> int:
+    return int(getattr(recognizer, "threads_per_call", 1))
+
+
 def recognizer_claim(recognizer: SpeechRecognizer) -> ModelClaim:
     """The recognizer's place in a compute budget: first, always (up to the budget's bound), since a
     word decoded late is read late and audio that waits too long is lost, where a detection frame
     skipped is bridged by the tracker."""
-    return ModelClaim(Priority.CRITICAL, threads=int(getattr(recognizer, "threads_per_call", 1)))
+    return ModelClaim(Priority.CRITICAL, threads=_threads_per_call(recognizer))
 
 
 def transcriber_claim(recognizer: SpeechRecognizer) -> ModelClaim:
     """The transcript's decodes: bulk work, shared with detection by weight. A transcript arrives an
     utterance after its finals anyway; taking the cores first would cost the detector frames and,
     beside the streaming decodes, the finals their turn."""
-    return ModelClaim(Priority.BULK, threads=int(getattr(recognizer, "threads_per_call", 1)))
+    return ModelClaim(Priority.BULK, threads=_threads_per_call(recognizer))
 
 
 class RecognizerFailed(ModelFailed):

@@ -19,15 +19,8 @@ from engines.asr.types import SpeechRecognizer
 from engines.asr.vad import VadModel
 from engines.detector import Detector
 from engines.registry import create_detector
-from pipelines.captions.engine import (
-    CAPTIONS,
-    RECOGNIZER,
-    TRANSCRIBER,
-    CaptionEngine,
-    SpeechBatcher,
-    recognizer_claim,
-    transcriber_claim,
-)
+from pipelines.captions.capability import serve_captions
+from pipelines.captions.engine import CAPTIONS
 from pipelines.describe.settings import DESCRIPTIONS, DescribeEngine
 from pipelines.detect import DetectionBatcher
 from realtime.bus.embedded import EmbeddedNatsServer
@@ -150,20 +143,12 @@ async def live_service(
     budget = None
     if compute:
         budget = compute_budget(config, detector, off=[] if captions is not None else [CAPTIONS.name])
-        if budget is not None and captions is not None:
-            budget.add(RECOGNIZER, recognizer_claim(captions[0]))
-            budget.add(TRANSCRIBER, transcriber_claim(captions[0]))
     async with contextlib.AsyncExitStack() as stack:
         publisher = await stack.enter_async_context(NatsEventPublisher(nats_url, node="test"))
         batcher = await stack.enter_async_context(DetectionBatcher(detector, compute=budget))
         engine = None
-        if captions is not None:
-            speech = await stack.enter_async_context(SpeechBatcher(captions[0], compute=budget))
-            transcripts = None
-            if budget is not None:  # as open_captions: the transcript's decodes as bulk work
-                transcriber = SpeechBatcher(captions[0], compute=budget, name=TRANSCRIBER, workers=1)
-                transcripts = await stack.enter_async_context(transcriber)
-            engine = CaptionEngine(speech, captions[1], config.captions.to_policy(), transcripts)
+        if captions is not None:  # the session's models, served as open_captions serves its own
+            engine = await stack.enter_async_context(serve_captions(*captions, config.captions, budget))
         engines = {**(opened or {}), CAPTIONS.name: engine, DESCRIPTIONS.name: describe}
         index = None
         if timeline:
