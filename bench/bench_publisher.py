@@ -36,6 +36,7 @@ from pipelines.events import Event, EventKind
 from pipelines.frames import FrameResult
 from pipelines.tracker import LifecycleKind, TrackEvent
 from realtime.bus.cloudevents import encode, subject_for
+from realtime.bus.connection import round_trip
 from realtime.bus.delivery import WireMessage
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import STREAM_NAME
@@ -142,7 +143,7 @@ async def bare_live(url: str, n: int, stream_id: str) -> float:
         start = time.perf_counter()
         for subject, payload, headers in encoded:
             await nc.publish(subject, payload, headers=headers)
-        await nc.flush()
+        await round_trip(nc)
         return n / (time.perf_counter() - start)
     finally:
         await nc.close()
@@ -161,7 +162,7 @@ async def publisher_live(url: str, n: int, stream_id: str) -> dict[str, Any]:
 
     listener = await nats.connect(url, pending_size=64 * 2**20)
     await listener.subscribe(f"vidsentry.{stream_id}.detections", cb=count, pending_msgs_limit=4 * n)
-    await listener.flush()
+    await round_trip(listener)
     pub = NatsEventPublisher(url, node="bench")
     await pub.connect()
     try:

@@ -165,3 +165,18 @@ def discard_unsent_publishes(nc: NatsClient) -> int:
         pending[:] = keep
         nc._pending_data_size = sum(len(cmd) for cmd in keep)
     return dropped
+
+
+async def round_trip(nc: NatsClient) -> None:
+    """Return once the server has processed every command this client issued before the call:
+    a subscription made just before now has the server's interest.
+
+    One `flush()` does not promise that in nats-py 2.16: it writes its PING straight to the
+    socket, while SUB and PUB commands wait in the client's buffer for its flusher task, so the
+    PONG can come back before the server has read a SUB issued just before it. A message another
+    client publishes in that gap is lost to the new subscriber. The flusher is woken before any
+    PONG can be read, so after the first round trip the buffer is on the socket and the second
+    PING follows it.
+    """
+    await nc.flush()
+    await nc.flush()

@@ -51,7 +51,7 @@ from pipelines.tasks import TaskOwner, describe_error
 from realtime.bus import cloudevents
 from realtime.bus.ack_window import AckWindow
 from realtime.bus.async_acks import ErrorAwareJetStream
-from realtime.bus.connection import BusUnavailable, connect_nats, redact_url
+from realtime.bus.connection import BusUnavailable, connect_nats, redact_url, round_trip
 from realtime.bus.delivery import (
     DeliveryHooks,
     NoHooks,
@@ -278,7 +278,7 @@ class NatsEventPublisher:
             wait = min(max(deadline - time.monotonic(), 0.001), _CORE_FLUSH_CAP_S)
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 async with asyncio.timeout(wait):
-                    await nc.flush()
+                    await round_trip(nc)
         return True
 
     async def _wait_settled(self, while_connected: bool) -> bool:

@@ -13,7 +13,7 @@ from typing import TextIO
 import nats.errors
 
 from realtime.bus.cloudevents import decode
-from realtime.bus.connection import connect_nats
+from realtime.bus.connection import connect_nats, round_trip
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ async def subscribe(
             )
         except nats.errors.BadSubjectError:
             raise ValueError(f"invalid NATS subject {subject!r}") from None
-        await nc.flush()  # the server has registered the interest once the PONG is back
+        await round_trip(nc)
         if on_ready is not None:
             on_ready()
         with contextlib.suppress(TimeoutError):

@@ -12,6 +12,7 @@ from pathlib import Path
 import nats
 import pytest
 
+from realtime.bus.connection import round_trip
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.support.bodies import any_event
 from tests.support.cli import ROOT, vidsentry
@@ -97,7 +98,7 @@ async def collect(url: str, subject: str, into: list[nats.aio.msg.Msg], ready: a
             into.append(msg)
 
         await nc.subscribe(subject, cb=append)
-        await nc.flush()
+        await round_trip(nc)
         ready.set()
         await asyncio.Event().wait()
     finally:

@@ -16,6 +16,7 @@ from typing import Any
 import nats
 
 from realtime.bus import cloudevents
+from realtime.bus.connection import round_trip
 from tests.service.serve_process import ServeProcess, http, poll, write_config
 
 # Short leases keep the tests quick: a dead worker's streams move within TTL + one renewal.
@@ -174,7 +175,7 @@ class EventRecorder:
                     self.events.append(seen)
 
         await nc.subscribe("vidsentry.>", cb=take)
-        await nc.flush()
+        await round_trip(nc)
         self._ready.set()
         await asyncio.to_thread(self._stop.wait)
         await nc.drain()

@@ -7,9 +7,7 @@ import io
 import json
 import socket
 
-import nats
 import pytest
-from nats.aio.msg import Msg
 
 from pipelines.events import EventKind
 from realtime.bus.connection import BusUnavailable
@@ -40,23 +38,10 @@ async def test_prints_one_json_object_per_line(nats_server: EmbeddedNatsServer) 
         for ev in sent:
             await pub.publish(ev)
         done, _ = await asyncio.wait({task}, timeout=20)
-        if not done:  # (seen twice in CI, never here) say whether the server delivers to anyone now
-            first = out.getvalue()
-            probe = await nats.connect(nats_server.url)
-            seen: list[str] = []
-
-            async def on_probe(msg: Msg) -> None:
-                seen.append(msg.subject)
-
-            await probe.subscribe("vidsentry.subcam.>", cb=on_probe)
-            await probe.flush()
-            await pub.publish(event(EventKind.CAPTIONS, stream_id="subcam", text="again"))
-            await asyncio.wait({task}, timeout=5)
-            await probe.close()
+        if not done:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            pytest.fail(f"3 events published, printed only: {first!r}; publisher: {pub.stats}; after one more, "
-                        f"a fresh subscriber got {seen}, the subscriber printed {out.getvalue()[len(first):]!r}")
+            pytest.fail(f"3 events published, printed only: {out.getvalue()!r}; publisher: {pub.stats}")
         printed = task.result()
     finally:
         await pub.close()

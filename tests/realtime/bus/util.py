@@ -16,6 +16,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from pipelines.events import Event, EventKind, EventSink
+from realtime.bus.connection import round_trip
 from realtime.bus.jetstream import STREAM_NAME
 from tests.support.bodies import any_event
 
@@ -57,7 +58,7 @@ async def inspector(url: str, subject: str = "vidsentry.>") -> AsyncIterator[Ins
         insp.live.append(msg)
 
     await nc.subscribe(subject, cb=collect)
-    await nc.flush()
+    await round_trip(nc)
     try:
         yield insp
     finally:
