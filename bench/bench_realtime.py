@@ -943,9 +943,11 @@ def speech_origin(run: ConfigRun, s: StreamRun) -> float | None:
 
 
 def caption_figures(
-    captions: Sequence[Caption], t0: float, t1: float, origin: float | None, cut: Cut | None
+    captions: Sequence[Caption], t0: float, t1: float, origin: float | None, cut: Cut | None,
+    *, slowest: list[tuple[str, float, float]] | None = None,
 ) -> tuple[list[float], list[str]]:
-    """Word lags of the words that ended inside [t0, t1], and the words said inside the cut."""
+    """Word lags of the words that ended inside [t0, t1], and the words said inside the cut.
+    `slowest`, when given, receives (word, end in media seconds, lag) of each lag counted."""
     lags: list[float] = []
     words: list[str] = []
     for caption in captions:
@@ -953,6 +955,8 @@ def caption_figures(
             ended = caption.word_wall(end)
             if t0 <= ended <= t1:
                 lags.append(caption.published - ended)
+                if slowest is not None:
+                    slowest.append((word, round(end, 2), round(lags[-1], 2)))
             if cut is not None and origin is not None:
                 middle = caption.word_wall((start + end) / 2) - origin
                 if cut.a <= middle <= cut.b:
@@ -975,7 +979,8 @@ def stream_figures(run: ConfigRun, s: StreamRun) -> tuple[dict[str, Any], Cut | 
     c2p_measured = [(d.published - d.captured) * 1000 for d in dets if d.measured]
     origin = speech_origin(run, s)
     cut = window_cut(s.speech, t0 - origin, t1 - origin) if origin is not None else None
-    lags, live_words = caption_figures(run.log.captions.get(sid, []), t0, t1, origin, cut)
+    slowest: list[tuple[str, float, float]] = []
+    lags, live_words = caption_figures(run.log.captions.get(sid, []), t0, t1, origin, cut, slowest=slowest)
     kept_lags, kept_words = caption_figures(run.log.transcripts.get(sid, []), t0, t1, origin, cut)
     states = sorted({state for at, state in run.log.status.get(sid, []) if t0 <= at <= t1})
     row: dict[str, Any] = {
@@ -998,6 +1003,8 @@ def stream_figures(run: ConfigRun, s: StreamRun) -> tuple[dict[str, Any], Cut | 
         "lag_p95_s": pct(lags, 95),
         "lag_max_s": pct(lags, 100),
         "words": len(lags),
+        # The 5 % slowest finals words (word, its end in media seconds, lag): where the p95 comes from.
+        "slowest_words": sorted(slowest, key=lambda w: -w[2])[: max(1, len(slowest) // 20)],
         "transcript_lag_p50_s": pct(kept_lags, 50),
         "transcript_lag_p95_s": pct(kept_lags, 95),
         "transcript_words": len(kept_lags),
