@@ -108,6 +108,7 @@ class LocalAgreement:
         self.committed_end = float("-inf")  # media end of the last committed word
         self._tail: deque[str] = deque(maxlen=MAX_REPEAT_WORDS)  # keys of the last committed words
         self.repeats_dropped = 0  # words of hypotheses that said committed words again
+        self.overdue_commits = 0  # words committed by `overdue`, without two decodes agreeing
         self._previous: list[Word] = []  # the last hypothesis, past what is committed
 
     @property
@@ -115,18 +116,27 @@ class LocalAgreement:
         """The tentative words of the last hypothesis."""
         return list(self._previous)
 
-    def update(self, hypothesis: Sequence[Word], *, horizon: float = float("inf")) -> tuple[list[Word], list[Word]]:
+    def update(
+        self, hypothesis: Sequence[Word], *, horizon: float = float("inf"), overdue: float = float("-inf")
+    ) -> tuple[list[Word], list[Word]]:
         """(words committed now, tentative words after them) for a new decode of the window.
 
         Words ending after `horizon` stay tentative whatever the decodes say: at the window's
         growing edge a word may be cut short, and two decodes agreeing on its guess is not
-        evidence (the audio that decides it has not arrived yet)."""
+        evidence (the audio that decides it has not arrived yet). Words ending by `overdue` are
+        committed as this decode says them even where the last one disagreed: decodes that keep
+        changing their minds about a word would otherwise hold it, and every word after it, until
+        they happen to agree twice (seconds, on a word the model cannot make out), and this decode
+        heard the most sound after it."""
         fresh = self._after_committed(hypothesis)
         agreed = 0
         for old, new in zip(self._previous, fresh, strict=False):
             if old.key != new.key or not new.key or new.end > horizon:
                 break
             agreed += 1
+        while agreed < len(fresh) and fresh[agreed].end <= min(overdue, horizon):
+            agreed += 1
+            self.overdue_commits += 1
         committed, tentative = fresh[:agreed], fresh[agreed:]
         self._commit(committed)
         self._previous = tentative

@@ -36,6 +36,9 @@ class CaptionsSettings(Section):
     # The latency/accuracy knob: audio is decoded again each time this much more has arrived.
     step_s: float = Field(_captions("step_s"), ge=0.1, le=10.0)
     endpoint_s: float = Field(_captions("endpoint_s"), ge=0.1, le=10.0)  # a pause this long finalizes what was said
+    # A word this far behind the newest audio is final as the newest decode says it, even while
+    # decodes still disagree about it: bounds the finals' lag (0: only two agreeing decodes commit).
+    overdue_s: float = Field(_captions("overdue_s"), ge=0.0, le=30.0)
     # Continuous speech decoded as one window: longer reads more accurately (each word heard with the
     # speech before it) and costs more per decode. Whisper hears at most 30 s.
     max_window_s: float = Field(_captions("max_window_s"), ge=3.0, le=28.0)
@@ -55,6 +58,7 @@ class CaptionsSettings(Section):
         return CaptionPolicy(
             step_s=self.step_s,
             endpoint_s=self.endpoint_s,
+            overdue_s=self.overdue_s,
             max_window_s=self.max_window_s,
             vad_threshold=self.vad_threshold,
             max_lag_s=self.max_lag_s,

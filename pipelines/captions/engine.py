@@ -55,6 +55,9 @@ class CaptionPolicy:
     step_s: float = 0.5
     endpoint_s: float = 0.6  # this much silence after speech ends the utterance (finalizes it)
     edge_s: float = 0.3  # words ending this close to the newest audio are never final yet (maybe cut short)
+    # A word this far behind the newest audio is final as the newest decode says it, agreed or not:
+    # it bounds the finals' lag where decodes keep disagreeing (0: never, only agreement commits).
+    overdue_s: float = 1.0
     vad_threshold: float = 0.5  # speech probability from which a 32 ms window counts as speech
     pre_roll_s: float = 0.3  # audio kept before the detected start of speech
     max_window_s: float = 28.0  # continuous speech longer than this is cut at its committed words

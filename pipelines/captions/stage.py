@@ -76,6 +76,10 @@ register_counters(
         "asr_decodes": counter("Decodes of this stream's audio by the shared speech recognizer"),
         "asr_rejected": counter("Decodes not used: a repetition loop or no speech (Whisper's failure modes)"),
         "asr_errors": counter("Decodes that failed or were refused (recognizer busy or dead)"),
+        "caption_words_overdue": counter(
+            "Final words committed as the newest decode said them, captions.overdue_s behind the audio,"
+            " without two decodes agreeing on them"
+        ),
         "asr_short_windows": counter(
             "Decodes made with a short window and the committed words forced, the shared recognizer being loaded"
         ),
@@ -108,6 +112,7 @@ class CaptionStats:
     errors: int = 0
     short_windows: int = 0
     repeated_words: int = 0  # dropped by the transcript's guards (the agreement counts its own)
+    overdue_words: int = 0  # of agreements since replaced (the current one counts its own)
     transcripts: int = 0
     transcripts_changed: int = 0
     transcripts_kept_finals: int = 0
@@ -231,6 +236,7 @@ class CaptionStage:
             "asr_decodes": stats.decodes,
             "asr_rejected": stats.rejected,
             "asr_errors": stats.errors,
+            "caption_words_overdue": stats.overdue_words + self.agreement.overdue_commits,
             "asr_short_windows": stats.short_windows,
             "asr_repeated_words": stats.repeated_words + self.agreement.repeats_dropped,
             "transcripts": stats.transcripts,
@@ -255,6 +261,7 @@ class CaptionStage:
     def _reset(self, chunk: AudioChunk) -> None:
         if chunk.pts < self.window.end:  # the media clock went back: what was committed is in its future
             self.stats.repeated_words += self.agreement.repeats_dropped
+            self.stats.overdue_words += self.agreement.overdue_commits
             self.agreement = LocalAgreement()
             self._sentence_cut = float("-inf")
         self._end_utterance()
@@ -317,7 +324,8 @@ class CaptionStage:
                 committed, tentative = self.agreement.flush(words), []
             else:
                 horizon = self.window.end - self.settings.edge_s
-                committed, tentative = self.agreement.update(words, horizon=horizon)
+                overdue = self.window.end - self.settings.overdue_s if self.settings.overdue_s > 0 else float("-inf")
+                committed, tentative = self.agreement.update(words, horizon=horizon, overdue=overdue)
             if log.isEnabledFor(logging.DEBUG):  # transcripts only at debug level
                 log.debug(
                     "caption decode",

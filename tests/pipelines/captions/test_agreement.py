@@ -43,6 +43,25 @@ def test_committed_words_are_never_emitted_twice_even_when_times_shift() -> None
     assert texts(committed) == ["are"] and texts(tentative) == ["you"]
 
 
+def test_words_past_the_overdue_line_are_committed_as_the_newest_decode_says_them() -> None:
+    # Decodes that keep flipping on a word (seen live: "net was" / "network to" / "net was the one")
+    # hold it and everything after it; past `overdue` the newest decode's words are taken.
+    agreement = LocalAgreement()
+    agreement.update(words("the parcel net was"))
+    committed, tentative = agreement.update(words("the parcel network to go"), overdue=0.5)
+    assert texts(committed) == ["the", "parcel"] and texts(tentative) == ["network", "to", "go"]
+    assert agreement.overdue_commits == 0  # agreement alone committed these
+    # The newest decode's "net" (0.8-1.12) and "was" (1.2-1.52) end by 1.6; its "the" does not.
+    committed, tentative = agreement.update(words("the parcel net was the one Wednesday"), overdue=1.6)
+    assert texts(committed) == ["net", "was"] and texts(tentative) == ["the", "one", "Wednesday"]
+    assert agreement.overdue_commits == 2
+    # Never past the horizon: a word cut short at the window's edge is not taken, overdue or not.
+    agreement = LocalAgreement()
+    agreement.update(words("a b c"))
+    committed, tentative = agreement.update(words("x y z"), horizon=0.5, overdue=2.0)
+    assert texts(committed) == ["x"] and texts(tentative) == ["y", "z"]
+
+
 def test_flush_commits_the_final_decode_past_what_is_committed() -> None:
     agreement = LocalAgreement()
     agreement.update(words("one two"))
