@@ -77,6 +77,8 @@ class TurnStats:
 class _Waiter:
     name: str
     asked_at: float
+    # Its place among the waiters of its model (asked_at, or when its caller was last served).
+    order: float
     wake: Callable[[], object] | None = None  # an event loop's waiter: how to wake it
 
 
@@ -176,10 +178,16 @@ class ComputeBudget:
                 self._waiting.remove(waiter)
             return self._start(waiter, claim, threads)
 
-    async def acquire_async(self, name: str) -> Grant:
+    async def acquire_async(self, name: str, *, last_served: float | None = None) -> Grant:
         """`acquire` for a coroutine: the event loop goes on while it waits. Cancelling the wait
-        leaves nothing held."""
-        claim, waiter = self._ask(name)
+        leaves nothing held.
+
+        `last_served` (the `started` of the caller's previous grant) ranks the caller among the
+        waiters of the same model by when it was last served rather than when it asked: the
+        detector's streams ask only once a frame has arrived, so a 15 fps stream would otherwise
+        be back in line before a 10 fps one after every turn and take the turns that free up in
+        between; served longest ago goes first, and they alternate."""
+        claim, waiter = self._ask(name, last_served)
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
         waiter.wake = lambda: loop.call_soon_threadsafe(woken.set)
@@ -215,11 +223,12 @@ class ComputeBudget:
         stats.busy_s += ended - grant.started
         stats.thread_s += (ended - grant.started) * grant.threads
 
-    def _ask(self, name: str) -> tuple[ModelClaim, _Waiter]:
+    def _ask(self, name: str, last_served: float | None = None) -> tuple[ModelClaim, _Waiter]:
         claim = self._claims.get(name)
         if claim is None:
             raise KeyError(f"no compute claim for {name!r}")
-        waiter = _Waiter(name, time.perf_counter())
+        now = time.perf_counter()
+        waiter = _Waiter(name, now, min(now, last_served) if last_served is not None else now)
         with self._cond:
             self._waiting.append(waiter)
             self._notify()  # a higher-ranked waiter changes what the others may do
@@ -257,7 +266,7 @@ class ComputeBudget:
         if claim.priority is Priority.CRITICAL:
             self._critical_seen = now
         nxt = self._next(now)
-        if nxt is None or nxt.name != waiter.name:
+        if nxt is not waiter:  # the waiters of one model too go in their order, not as they wake
             return 0
         free = self.cores - sum(r.threads for r in self._running.values())
         if self._rank(waiter.name, now)[0] > Priority.CRITICAL:
@@ -268,10 +277,11 @@ class ComputeBudget:
 
     def _next(self, now: float) -> _Waiter | None:
         """The waiter that goes next: by priority (see _rank), then the least used for its share,
-        then the longest waiting."""
+        then the longest waiting (or, for a caller that said when it was last served, served
+        longest ago)."""
         if not self._waiting:
             return None
-        return min(self._waiting, key=lambda w: (*self._rank(w.name, now), w.asked_at))
+        return min(self._waiting, key=lambda w: (*self._rank(w.name, now), w.order))
 
     def _rank(self, name: str, now: float) -> tuple[int, float]:
         claim = self._claims[name]

@@ -258,7 +258,7 @@ class FrameLoop:
         budget to grant the detector threads, then hands the model the newest frame at that moment.
         Frames that arrive meanwhile go out with predicted boxes; no frame ever waits in a queue
         for its turn, so a measured frame is as fresh as the budget allows. Streams waiting for the
-        detector are served in the order they asked."""
+        detector are served the one served longest ago first, whatever their frame rates."""
         held: list[VideoFrame] = []  # the newest frame, not yet measured or predicted
         arrived = asyncio.Event()
         closed = False
@@ -282,6 +282,7 @@ class FrameLoop:
                 arrived.set()
 
         group.create_task(read(), name=f"{self.stream_id}-frames")
+        last_served: float | None = None
         while True:
             await slots.acquire()
             while not held and not closed:
@@ -290,7 +291,8 @@ class FrameLoop:
             if not held:  # the source ended
                 slots.release()
                 return
-            grant = await budget.acquire_async(DETECTOR)
+            grant = await budget.acquire_async(DETECTOR, last_served=last_served)
+            last_served = grant.started
             if not held:  # a detect_fps-skipped frame came meanwhile and sent the held one to prediction
                 budget.release(grant)
                 slots.release()

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from engines.cpu_grant import granted_threads
-from pipelines.compute import ComputeBudget, ModelClaim, Priority
+from pipelines.compute import ComputeBudget, Grant, ModelClaim, Priority
 
 DETECTOR = ModelClaim(Priority.BULK, threads=1, max_threads=2)
 RECOGNIZER = ModelClaim(Priority.CRITICAL, threads=1)
@@ -231,3 +231,30 @@ async def test_an_event_loop_waits_for_threads_without_blocking_and_in_the_order
     shares.release(held)
     assert not shares.short() and shares.threads_in_use() == 0
     assert _one_turn(shares, "recognizer") == 1
+
+
+async def test_a_stream_served_longest_ago_goes_first_whenever_it_asked() -> None:
+    # The detector's streams ask once a frame has arrived: a 15 fps stream is back in line sooner
+    # than a 10 fps one after every turn. Ranked by when each was last served, they alternate.
+    import asyncio
+
+    shares = ComputeBudget(1, {"detector": ModelClaim(), "recognizer": RECOGNIZER})
+    fast = await shares.acquire_async("detector")
+    shares.release(fast)
+    slow = await shares.acquire_async("detector", last_served=fast.started - 1.0)
+    shares.release(slow)
+    held = shares.acquire("recognizer")
+    order: list[str] = []
+
+    async def stream(name: str, last: Grant) -> None:
+        grant = await shares.acquire_async("detector", last_served=last.started)
+        order.append(name)
+        shares.release(grant)
+
+    fast_again = asyncio.create_task(stream("fast", slow))  # served last, asks first
+    await asyncio.sleep(0.02)
+    slow_again = asyncio.create_task(stream("slow", fast))  # served before it, asks later
+    await asyncio.sleep(0.02)
+    await asyncio.to_thread(shares.release, held)
+    await asyncio.wait_for(asyncio.gather(fast_again, slow_again), 5)
+    assert order == ["slow", "fast"]
