@@ -23,6 +23,7 @@ from pipelines.batching import (
     QueueFull,
 )
 from pipelines.compute import ComputeBudget, Grant, ModelClaim, Priority
+from pipelines.frames import DeferredImage, as_rgb
 
 __all__ = ["BatchDetector", "BatcherFull", "BatcherStats", "DetectionBatcher", "DetectionOutcome", "DetectorFailed"]
 
@@ -66,7 +67,7 @@ class BatcherFull(QueueFull):
     """`max_pending` frames are already waiting; this one was refused, not queued."""
 
 
-class DetectionBatcher(ModelBatcher[np.ndarray, Detections]):
+class DetectionBatcher(ModelBatcher["np.ndarray | DeferredImage", Detections]):
     def __init__(
         self,
         detector: BatchDetector,
@@ -88,7 +89,7 @@ class DetectionBatcher(ModelBatcher[np.ndarray, Detections]):
         if self.in_flight < 1:
             raise ValueError(f"in_flight must be at least 1, got {self.in_flight}")
         super().__init__(
-            detector.detect,
+            self._detect_pictures,
             name=DETECTOR,
             unit="frames",
             max_batch=min(max_batch or detector.max_batch, detector.max_batch),
@@ -102,7 +103,11 @@ class DetectionBatcher(ModelBatcher[np.ndarray, Detections]):
             workers=workers,
         )
 
-    async def detect(self, image: np.ndarray, grant: Grant | None = None) -> DetectionOutcome:
+    def _detect_pictures(self, pictures: Sequence[np.ndarray | DeferredImage]) -> list[Detections]:
+        # On the worker's thread: a deferred frame is converted here, inside its model call.
+        return self.detector.detect([as_rgb(p) for p in pictures])
+
+    async def detect(self, image: np.ndarray | DeferredImage, grant: Grant | None = None) -> DetectionOutcome:
         """Detect on one RGB frame (see `submit` for what it raises); with a compute `grant`, at
         once on the threads it holds (see `submit_granted`)."""
         outcome = await (self.submit(image) if grant is None else self.submit_granted(image, grant))

@@ -312,7 +312,7 @@ class FrameLoop:
         # Returned, not raised: a failed frame is counted in order, and must not cancel the
         # frames in flight beside it.
         try:
-            return await self.batcher.detect(frame.image, grant)
+            return await self.batcher.detect(frame.pixels, grant)
         except Exception as exc:
             return exc
         finally:

@@ -8,6 +8,8 @@ moment the decoded frame or audio reached the service. Both travel with every re
 from __future__ import annotations
 
 import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated
@@ -37,22 +39,62 @@ def validate_stream_id(stream_id: str) -> str:
 StreamId = Annotated[str, AfterValidator(validate_stream_id)]
 
 
+class DeferredImage:
+    """A decoded picture whose conversion to RGB runs once, on first use, in whichever thread needs
+    it first: under the compute budget most frames are never looked at (the tracker predicts their
+    boxes), and converting every one cost the cores the detector could have used."""
+
+    __slots__ = ("_convert", "_lock", "_rgb", "height", "width")
+
+    def __init__(self, width: int, height: int, convert: Callable[[], np.ndarray]) -> None:
+        self.width = width
+        self.height = height
+        self._convert: Callable[[], np.ndarray] | None = convert
+        self._rgb: np.ndarray | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def converted(self) -> bool:
+        return self._rgb is not None
+
+    def rgb(self) -> np.ndarray:
+        """H x W x 3 uint8 RGB, C-contiguous; the same array on every call."""
+        with self._lock:
+            if self._rgb is None:
+                assert self._convert is not None
+                self._rgb = np.ascontiguousarray(self._convert())
+                self._convert = None  # the decoder's frame is not needed any more
+            return self._rgb
+
+
+def as_rgb(pixels: np.ndarray | DeferredImage) -> np.ndarray:
+    return pixels if isinstance(pixels, np.ndarray) else pixels.rgb()
+
+
 @dataclass(frozen=True, slots=True)
 class VideoFrame:
     stream_id: str
     seq: int  # per-stream counter of frames that reached the service, never reset
     pts: float
     captured_at: float
-    image: np.ndarray  # H x W x 3 uint8 RGB, C-contiguous
+    # H x W x 3 uint8 RGB, C-contiguous, or a decoded picture converted to that on first use
+    pixels: np.ndarray | DeferredImage
     t: float | None = None  # the stream clock's time (pipelines.clock), stamped by the graph's frame tee
 
     @property
+    def image(self) -> np.ndarray:
+        """The RGB picture (converted now if it was not yet)."""
+        return as_rgb(self.pixels)
+
+    @property
     def width(self) -> int:
-        return int(self.image.shape[1])
+        pixels = self.pixels
+        return int(pixels.shape[1]) if isinstance(pixels, np.ndarray) else pixels.width
 
     @property
     def height(self) -> int:
-        return int(self.image.shape[0])
+        pixels = self.pixels
+        return int(pixels.shape[0]) if isinstance(pixels, np.ndarray) else pixels.height
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 from engines.media.remux import EncodedPacket
-from pipelines.frames import AudioChunk, VideoFrame
+from pipelines.frames import AudioChunk, DeferredImage, VideoFrame
 from pipelines.graph.source import AudioInput, FrameInput, PacketInput
 from realtime.sources.pacing import NoPacing, RealtimePacer
-from realtime.sources.session import BackendUnavailable, PacketSink, SourceError, SourceSession
+from realtime.sources.session import BackendUnavailable, PacketSink, SourceError, SourceSession, VideoSink
 from realtime.sources.spec import SourceSpec
 
 log = logging.getLogger("realtime.sources.supervisor")  # one log name for the whole supervisor
@@ -184,10 +184,10 @@ class Feed:
 
     def _video_sink(
         self, attempt: Attempt, loop: asyncio.AbstractEventLoop
-    ) -> Callable[[np.ndarray, float, float], bool]:
+    ) -> VideoSink:
         pacer = RealtimePacer() if self.realtime else NoPacing()
 
-        def deliver(image: np.ndarray, pts: float, captured_at: float) -> bool:
+        def deliver(image: np.ndarray | DeferredImage, pts: float, captured_at: float) -> bool:
             if attempt is not self.current or attempt.stop.is_set():
                 return False
             gap = time.monotonic() - attempt.last_frame_at

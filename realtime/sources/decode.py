@@ -9,7 +9,8 @@ Frames still reach the pipeline as numpy arrays in host memory. PyAV >= 18 can k
 frames on the GPU (`HWAccel(is_hw_owned=True)`, planes exported over DLPack as NV12), but every
 stage after the source (detector batching, tracking, snapshots, WebRTC) takes RGB arrays, so
 PyAV copies each NVDEC frame back (NV12, half the bytes of RGB) and the RGB conversion runs on the
-CPU. What NVDEC saves is the decode itself, the largest CPU cost of a 1080p H.264/HEVC stream.
+CPU, only for the frames something looks at (`deferred_rgb`). What NVDEC saves is the decode
+itself, the largest CPU cost of a 1080p H.264/HEVC stream.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import av
 import av.error
 
 from engines.cuda_probe import cuda_device_count
+from pipelines.frames import DeferredImage
 
 log = logging.getLogger(__name__)
 
@@ -117,3 +119,14 @@ def open_input(url: str, choice: DecoderChoice, **kwargs: Any) -> Any:
     except av.error.FFmpegError as exc:
         log.warning("NVDEC could not start (%s); decoding on the CPU", exc.strerror or type(exc).__name__)
         return av.open(url, mode="r", **kwargs)
+
+
+def deferred_rgb(frame: Any, width: int | None = None, height: int | None = None) -> DeferredImage:
+    """A decoded PyAV video frame as a picture converted to RGB (scaled to width x height when
+    given) on first use: the frames whose boxes the tracker predicts are never converted."""
+    w, h = width or int(frame.width), height or int(frame.height)
+
+    def convert() -> Any:
+        return frame.to_ndarray(format="rgb24", width=w, height=h)
+
+    return DeferredImage(w, h, convert)

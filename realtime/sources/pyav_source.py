@@ -34,7 +34,14 @@ import av.error
 
 from engines.media.remux import CodecHeader, EncodedPacket
 from pipelines.frames import AUDIO_SAMPLE_RATE
-from realtime.sources.decode import DecoderChoice, DecodeUnavailable, decode_mode, open_input, select_decoder
+from realtime.sources.decode import (
+    DecoderChoice,
+    DecodeUnavailable,
+    decode_mode,
+    deferred_rgb,
+    open_input,
+    select_decoder,
+)
 from realtime.sources.session import (
     AudioSink,
     PacketSink,
@@ -205,7 +212,7 @@ class PyAVSession:
                 f"stream is corrupt: {self._consecutive_corrupt['video']} video packets in a row did not decode"
             )
         for frame in frames:
-            image = frame.to_ndarray(format="rgb24")
+            image = deferred_rgb(frame)
             captured_at = time.time()
             pts = self._frame_time(frame)
             self._frames += 1

@@ -25,9 +25,10 @@ from typing import Protocol
 import numpy as np
 
 from engines.media.remux import EncodedPacket
+from pipelines.frames import DeferredImage
 
-# (image H x W x 3 uint8 RGB, pts seconds, captured_at epoch seconds) -> keep going?
-VideoSink = Callable[[np.ndarray, float, float], bool]
+# (image H x W x 3 uint8 RGB or one converted on first use, pts seconds, captured_at epoch seconds) -> keep going?
+VideoSink = Callable[[np.ndarray | DeferredImage, float, float], bool]
 # (samples float32 mono 16 kHz, pts seconds, captured_at epoch seconds) -> keep going?
 AudioSink = Callable[[np.ndarray, float, float], bool]
 # (pts seconds in the frames' timeline, an encoded video packet as demuxed): for clips, remuxed later

@@ -26,6 +26,7 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from pipelines.frames import AUDIO_SAMPLE_RATE, AudioChunk, VideoFrame
 from pipelines.graph.source import AudioInput, FrameInput
+from realtime.sources.decode import deferred_rgb
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,9 +113,9 @@ async def read_video(
             width, height = fit(frame.width, frame.height, limits)
             if (width, height) != (frame.width, frame.height):
                 stats.video_scaled += 1
-            image = frame.to_ndarray(format="rgb24", width=width, height=height)
+            image = deferred_rgb(frame, width, height)  # converted only if something looks at it
             pts = (frame.time if frame.time is not None else 0.0) + offset
-            if not out.put(VideoFrame(stream_id, seq, pts, received, np.ascontiguousarray(image)), timeout=0):
+            if not out.put(VideoFrame(stream_id, seq, pts, received, image), timeout=0):
                 return
             seq += 1
             stats.frames_in += 1

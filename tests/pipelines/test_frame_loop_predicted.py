@@ -18,7 +18,7 @@ from engines.types import Detections, ModelInfo
 from pipelines.detect import DetectionBatcher
 from pipelines.events import Event, EventKind
 from pipelines.frame_loop import FrameLoop
-from pipelines.frames import VideoFrame
+from pipelines.frames import DeferredImage, VideoFrame
 from pipelines.mailbox import FrameMailbox
 from pipelines.tracker import ByteTracker
 from tests.pipelines.rules.script import rules
@@ -181,12 +181,20 @@ async def test_under_a_compute_budget_the_model_gets_the_newest_frame_once_it_ha
     sink = Collect()
     mailbox = FrameMailbox()
     base = time.time()
+    converted: list[int] = []  # the frames whose picture was converted, as a decoder's would be
+
+    def picture(seq: int, pts: float) -> DeferredImage:
+        def convert() -> np.ndarray:
+            converted.append(seq)
+            return frame_image(pts)
+
+        return DeferredImage(8, 8, convert)
 
     def camera() -> None:
         for seq in range(int(2.0 * FPS)):
             pts = seq / FPS
             time.sleep(max(0.0, base + pts - time.time()))
-            mailbox.put(VideoFrame("cam", seq, pts, base + pts, frame_image(pts)))
+            mailbox.put(VideoFrame("cam", seq, pts, base + pts, picture(seq, pts)))
         mailbox.close()
 
     threads = [threading.Thread(target=recognizer), threading.Thread(target=camera)]
@@ -207,3 +215,6 @@ async def test_under_a_compute_budget_the_model_gets_the_newest_frame_once_it_ha
     waits = sorted(loop.stats.wait_ms)  # ... but before it chose a frame: capture -> model start
     assert waits[len(waits) // 2] < 50, waits  # a frame interval (20 ms) and scheduling, never a turn (150 ms)
     assert budget.threads_in_use() == 0
+    # Only the frames the model measured were ever converted: predicted ones need no picture.
+    measured = [b["frame_seq"] for b in bodies if b["inference"] == "measured"]
+    assert sorted(converted) == measured and len(measured) == loop.stats.frames_processed

@@ -65,7 +65,7 @@ def frame(seq: int) -> VideoFrame:
     image = np.full((180, 320, 3), 60, np.uint8)
     x = (seq * 7) % 280
     image[40:150, x : x + 40] = (200, 180, 160)  # someone walking: every frame its own picture
-    return VideoFrame("cam", seq, pts=seq * FRAME_STEP_S, captured_at=time.time(), image=image)
+    return VideoFrame("cam", seq, pts=seq * FRAME_STEP_S, captured_at=time.time(), pixels=image)
 
 
 @asynccontextmanager

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.frames import AudioChunk, StatusChange, StreamState
+from pipelines.frames import AudioChunk, DeferredImage, StatusChange, StreamState
 from pipelines.mailbox import AudioBuffer, FrameMailbox, MailboxClosed
 from realtime.sources import CameraSupervisor, SupervisorPolicy, parse_source
 
@@ -70,6 +70,7 @@ class FrameLog:
     captured_at: list[float] = field(default_factory=list)
     shapes: set[tuple[int, ...]] = field(default_factory=set)
     dtypes: set[str] = field(default_factory=set)
+    deferred: int = 0  # frames that arrived unconverted, their size already right
 
 
 async def drain_frames(mailbox: FrameMailbox, into: FrameLog) -> None:
@@ -80,6 +81,9 @@ async def drain_frames(mailbox: FrameMailbox, into: FrameLog) -> None:
             into.seqs.append(frame.seq)
             into.pts.append(frame.pts)
             into.captured_at.append(frame.captured_at)
+            pixels = frame.pixels
+            if isinstance(pixels, DeferredImage) and not pixels.converted:
+                into.deferred += pixels.rgb().shape[:2] == (frame.height, frame.width)
             into.shapes.add(frame.image.shape)
             into.dtypes.add(str(frame.image.dtype))
     except MailboxClosed:
