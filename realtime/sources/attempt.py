@@ -200,6 +200,10 @@ class Feed:
                     return False
                 if self.realtime:
                     captured_at = time.time()  # a paced file "arrives" when its frame is due
+                elif self.spec.is_file and isinstance(image, DeferredImage):
+                    # A file read as fast as it goes has every frame measured: convert it here, on
+                    # this thread, beside the model's calls rather than inside them.
+                    image.rgb()
                 with self._seq_lock:
                     if attempt is not self.current:
                         return False

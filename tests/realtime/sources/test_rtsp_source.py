@@ -70,6 +70,8 @@ async def test_clip_over_rtsp_goes_live_with_audio(backend: str, rtsp_server: Rt
         await eventually(lambda: len(run.frames.seqs) >= 20 and sum(c.duration for c in run.chunks) >= 1.0, within=20)
     assert run.status.states[:2] == [S.CONNECTING, S.LIVE]
     assert run.frames.shapes == {(576, 768, 3)}
+    # A live camera's frames reach the pipeline unconverted (PyAV): only those looked at are.
+    assert run.frames.deferred == (len(run.frames.seqs) if backend == "pyav" else 0)
     assert strictly_increasing(run.frames.seqs) and strictly_increasing(run.frames.pts)
     assert run.frames.pts[0] < 1.0  # network timestamps are rebased to the session start
     assert {c.sample_rate for c in run.chunks} == {16_000}
