@@ -123,9 +123,11 @@ class AlertPublisher:
         reference: str | None = None
         try:
             async with asyncio.timeout(self.timeout_s):
-                # Encoding a full frame takes milliseconds of CPU: keep it off the event loop.
+                # Encoding a full frame (and converting a predicted one to RGB) takes milliseconds
+                # of CPU: keep both off the event loop.
                 if jpeg is None:
-                    jpeg = await asyncio.to_thread(encode_jpeg, frame.image, self.jpeg_quality)
+                    quality = self.jpeg_quality
+                    jpeg = await asyncio.to_thread(lambda: encode_jpeg(frame.image, quality))
                 reference = await store.put(snapshot_key(self.stream_id, starts[0].alert_id), jpeg)
             self.stats.snapshots_stored += 1
         except Exception as exc:  # the alert matters more than its picture

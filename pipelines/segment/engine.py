@@ -12,6 +12,7 @@ import numpy as np
 from engines.segment import rle
 from engines.segment.types import Segmenter
 from pipelines.compute import ComputeBudget, ModelClaim, Priority
+from pipelines.frames import DeferredImage, as_rgb
 from pipelines.graph.engines import EngineKey
 
 
@@ -53,15 +54,16 @@ class SegmentEngine:
     def name(self) -> str:
         return f"{self.segmenter.kind}/{self.segmenter.backend}"
 
-    async def masks(self, image: np.ndarray, boxes: np.ndarray) -> list[rle.Rle | None]:
+    async def masks(self, image: np.ndarray | DeferredImage, boxes: np.ndarray) -> list[rle.Rle | None]:
         """One COCO RLE (compact counts) per box, or None where the model found nothing."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._masks, image, boxes)
 
-    def _masks(self, image: np.ndarray, boxes: np.ndarray) -> list[rle.Rle | None]:
+    def _masks(self, image: np.ndarray | DeferredImage, boxes: np.ndarray) -> list[rle.Rle | None]:
         turn = self.compute.turn(SEGMENTER) if self.compute is not None else contextlib.nullcontext()
         with turn:
-            masks = self.segmenter.segment(image, boxes)
+            # A predicted frame's picture is converted here, off the event loop.
+            masks = self.segmenter.segment(as_rgb(image), boxes)
         # Encoding here too keeps the event loop free of per-pixel work.
         return [None if m is None else rle.encode(m) for m in masks]
 

@@ -148,7 +148,7 @@ class SegmentStage:
                     return
                 continue
             try:
-                masks = await self.engine.masks(job.frame.image, boxes_array(job.objects))
+                masks = await self.engine.masks(job.frame.pixels, boxes_array(job.objects))
             except Exception as exc:  # a failing model costs masks, never the stream
                 self.failed += 1
                 self.cadence.release(job.objects)
