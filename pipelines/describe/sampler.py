@@ -9,10 +9,10 @@ someone walking through it, a frame a second.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import cv2
 import numpy as np
+
+from pipelines.frames import DeferredImage, as_rgb
 
 THUMB_SIZE = (32, 18)  # width, height: enough to see a person cross the frame, cheap to compare
 
@@ -26,10 +26,6 @@ def thumbnail(image: np.ndarray) -> np.ndarray:
     step = max(1, image.shape[0] // (THUMB_SIZE[1] * 8))
     small = cv2.resize(image[::step, ::step], THUMB_SIZE, interpolation=cv2.INTER_AREA)
     return np.asarray(small, np.float32).mean(axis=2)
-
-
-def _picture(image: np.ndarray | Callable[[], np.ndarray]) -> np.ndarray:
-    return image if isinstance(image, np.ndarray) else image()
 
 
 class FrameSampler:
@@ -49,10 +45,10 @@ class FrameSampler:
         """Something happened (a track or an alert changed): take the next frame allowed."""
         self._activity = True
 
-    def offer(self, t: float, image: np.ndarray | Callable[[], np.ndarray] | None = None) -> bool:
-        """Should the frame at `t` be taken? `image` (RGB, or how to get it: a frame's picture is
-        converted only when looked at) is looked at for motion only when nothing else decides,
-        and to remember a frame taken; None skips both."""
+    def offer(self, t: float, image: np.ndarray | DeferredImage | None = None) -> bool:
+        """Should the frame at `t` be taken? `image` (RGB, or a frame's picture, converted only when
+        looked at) is looked at for motion only when nothing else decides, and to remember a frame
+        taken; None skips both."""
         last = self._last_t
         if last is None:
             reason = "first"
@@ -62,11 +58,11 @@ class FrameSampler:
             reason = "max_interval"
         elif self._activity:
             reason = "activity"
-        elif image is not None and t - self._motion_checked >= MOTION_CHECK_S and self._moved(t, _picture(image)):
+        elif image is not None and t - self._motion_checked >= MOTION_CHECK_S and self._moved(t, as_rgb(image)):
             reason = "motion"
         else:
             return False
-        self._take(t, None if image is None else _picture(image), reason)
+        self._take(t, None if image is None else as_rgb(image), reason)
         return True
 
     def overdue(self, t: float) -> bool:

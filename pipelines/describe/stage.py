@@ -216,7 +216,7 @@ class DescribeStage:
             # Models wait for the cores: a description can do with fewer frames (max_interval ones).
             self.stats.deferred += 1
             return
-        if not self.sampler.offer(now.t, lambda: frame.image):
+        if not self.sampler.offer(now.t, frame.pixels):
             return
         # Encoded once, here; every request that carries the frame sends these same bytes.
         image = await asyncio.to_thread(self._encode, frame.image)
