@@ -10,7 +10,9 @@ WER over the whole speech, against the offline transcription bench_realtime.py u
 on Whisper's padded window, pieces of at most 28 s cut between sentences, each prompted with the
 text before it). --set key=value (repeatable) overrides CaptionPolicy fields.
 
-Usage: .venv/bin/python bench/bench_caption_policy.py [--together] [--set edge_s=0.5] [--show]
+--speech picks bench_realtime.py's material (paused, continuous, heldout).
+
+Usage: .venv/bin/python bench/bench_caption_policy.py [--speech continuous] [--together] [--set edge_s=0.5] [--show]
 Results: bench/results/bench_caption_policy.json
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import hashlib
 from typing import Any
 
 import bench_realtime as live
@@ -52,11 +55,14 @@ def settings_from(pairs: list[str]) -> CaptionPolicy:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    clips = sorted(live.CACHE.glob("camera-*.mp4"), key=lambda p: p.stat().st_mtime)
+    material = live.MATERIALS[args.speech]
+    camera, peer = live.material_speech(material, material.camera), live.material_speech(material, material.peer)
+    digest = hashlib.sha1(camera.audio.tobytes()).hexdigest()[:12]  # as bench_realtime.camera_clip names it
+    clips = sorted(live.CACHE.glob(f"camera-{digest}-*.mp4"), key=lambda p: p.stat().st_mtime)
     if not clips:
-        raise SystemExit(f"no camera clip under {live.CACHE}: run bench/bench_realtime.py once to build it")
+        raise SystemExit(f"no camera clip of the {args.speech} speech under {live.CACHE}: run "
+                         f"bench/bench_realtime.py --speech {args.speech} once to build it")  # fmt: skip
     clip = clips[-1]
-    camera, peer = live.build_speech(*live.CAMERA_SPEECH), live.build_speech(*live.PEER_SPEECH)
     offline = live.Offline(clip)
     runs = [_Run("camera", camera), _Run("webrtc", peer)]
     audio = [offline.audio(r, codec=True)[: len(r.speech.audio)] for r in runs]  # type: ignore[arg-type]
@@ -86,13 +92,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     offline.close()
     recognizer.close()
     print(table(rows, list(rows[0])))
-    return {"settings": dataclasses.asdict(settings), "together": args.together, "lead_s": args.lead_s,
+    return {"settings": dataclasses.asdict(settings), "speech": args.speech, "together": args.together,
+            "lead_s": args.lead_s,
             "beam_size": args.beam_size, "clip": clip.name, "rows": rows}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--together", action="store_true", help="both streams at once on one recognizer")
+    parser.add_argument("--speech", choices=tuple(live.MATERIALS), default="paused",
+                        help="bench_realtime.py's speech material (its camera clip must have been built)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a CaptionPolicy field")
     parser.add_argument("--show", action="store_true", help="print the streamed and offline texts")
     parser.add_argument("--beam-size", type=int, default=DEFAULT_BEAM_SIZE,
@@ -101,7 +110,8 @@ def main() -> None:
                         help="silence before the speech: moves every decode point against the words")
     args = parser.parse_args()
     result = asyncio.run(main_async(args))
-    print(f"wrote {write_results('bench_caption_policy', result)}")
+    name = "bench_caption_policy" + ("" if args.speech == "paused" else f"_{args.speech}")
+    print(f"wrote {write_results(name, result)}")
 
 
 if __name__ == "__main__":
