@@ -39,8 +39,8 @@ class CaptionsSettings(Section):
     # A word this far behind the newest audio is final as the newest decode says it, even while
     # decodes still disagree about it: bounds the finals' lag (0: only two agreeing decodes commit).
     overdue_s: float = Field(_captions("overdue_s"), ge=0.0, le=30.0)
-    # Continuous speech decoded as one window: longer reads more accurately (each word heard with the
-    # speech before it) and costs more per decode. Whisper hears at most 30 s.
+    # The most audio one streaming decode hears; within it the window's bound follows the stage's
+    # lag (docs/captions.md). Longer reads a little more accurately and costs more per decode.
     max_window_s: float = Field(_captions("max_window_s"), ge=3.0, le=28.0)
     # Once an utterance ends, decode it whole and publish it as a `transcript` event that replaces
     # its finals where captions are read back (captions.vtt, search, the page): one more decode

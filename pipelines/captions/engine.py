@@ -60,7 +60,7 @@ class CaptionPolicy:
     overdue_s: float = 1.0
     vad_threshold: float = 0.5  # speech probability from which a 32 ms window counts as speech
     pre_roll_s: float = 0.3  # audio kept before the detected start of speech
-    max_window_s: float = 28.0  # continuous speech longer than this is cut at its committed words
+    max_window_s: float = 10.0  # the most audio a streaming decode hears (the lag-steered bound is within it)
     max_lag_s: float = 6.0  # audio waiting past this is dropped, oldest first (counted)
     prompt_chars: int = 200  # committed text before the window given to Whisper as context
     # Decode each utterance whole once it ended and publish it as `transcript` (see transcript.py).

@@ -46,12 +46,19 @@ from pipelines.captions.agreement import (
     repeated_start,
 )
 from pipelines.captions.engine import CAPTIONS, CaptionEngine, RecognizerBusy, RecognizerFailed
-from pipelines.captions.transcript import Piece, UtteranceRecorder
+from pipelines.captions.transcript import (
+    MISSED_WORDS_OK,
+    Piece,
+    UtteranceRecorder,
+    after_prefix,
+    forced_text,
+    unheard,
+)
 from pipelines.captions.window import AudioWindow
 from pipelines.event_bodies import caption_event, partial_event, transcript_event
 from pipelines.events import EventSink
 from pipelines.frames import AudioChunk
-from pipelines.graph import StageContext, counter, register_counters
+from pipelines.graph import StageContext, counter, gauge, register_counters
 from pipelines.graph.counters import Counters
 from pipelines.mailbox import AudioBuffer, MailboxClosed
 
@@ -81,8 +88,9 @@ register_counters(
             " without two decodes agreeing on them"
         ),
         "asr_short_windows": counter(
-            "Decodes made with a short window and the committed words forced, the shared recognizer being loaded"
+            "Decodes made with a tight window (1-2 s of committed speech kept), the stage having fallen behind"
         ),
+        "caption_lag_seconds": gauge("Audio that arrived while the stage's decodes ran (smoothed): how far it trails"),
         "asr_repeated_words": counter(
             "Words of decodes dropped for saying the words before them again (Whisper repeating its prompt,"
             " or a sentence said twice in one decode)"
@@ -92,6 +100,9 @@ register_counters(
         "transcripts_kept_finals": counter(
             "Transcripts that repeat their finals: the whole decode failed, looked like a Whisper failure mode,"
             " or was not made because the recognizer was that far behind"
+        ),
+        "transcripts_retried": counter(
+            "Transcript pieces decoded a second time, greedily: the beam's decode left out words the finals heard"
         ),
         "transcript_unheard_seconds": counter(
             "Seconds of speech left out of transcripts: nothing was final in more than Whisper's 30 s window"
@@ -116,6 +127,7 @@ class CaptionStats:
     transcripts: int = 0
     transcripts_changed: int = 0
     transcripts_kept_finals: int = 0
+    transcripts_retried: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +170,8 @@ class CaptionStage:
         self._sentence_cut = float("-inf")  # where the window may be cut: in the pause after the last sentence
         self._vad_time: float | None = None  # media time of the next VAD window's start
         self._wall_offset = 0.0  # captured_at - media time, from the newest chunk
+        self._lag = 0.0  # seconds of audio that arrived while decodes ran (smoothed)
+        self._bound = policy.ROOMY
         self._recognizer_gone = False
         self._utterance = UtteranceRecorder() if self.settings.transcript else None
         self._pieces: asyncio.Queue[_Queued | None] = asyncio.Queue()  # decodes among them: TRANSCRIPTS_WAITING
@@ -194,15 +208,15 @@ class CaptionStage:
                 await self._step(quiet=True)
             # Chunk by chunk: a burst (a file read ahead of real time) is decoded as it would
             # have been live, and the window never outgrows a decode.
-            for chunk in chunks:
+            for index, chunk in enumerate(chunks):
                 if self._feed(chunk):
                     if self._speaking:
                         await self._decode(final=True)  # a gap: the utterance before it ends here
                         self._end_transcript()
                     self._reset(chunk)
-                await self._step(quiet=False)
+                await self._step(quiet=False, newest=not self.live or index == len(chunks) - 1)
 
-    async def _step(self, *, quiet: bool) -> None:
+    async def _step(self, *, quiet: bool, newest: bool = True) -> None:
         """End the utterance after a pause (or a quiet source), or decode when a step has grown."""
         if self._recognizer_gone or not self._speaking:
             return
@@ -211,8 +225,9 @@ class CaptionStage:
             await self._decode(final=True)
             self._end_transcript()
             self._end_utterance()
-        elif self._decode_due():
+        elif newest and self._decode_due():
             await self._decode(final=False)
+            self._note_lag()
             await self._bound_window()
             if self._utterance is not None:
                 pending = self.agreement.pending
@@ -238,10 +253,12 @@ class CaptionStage:
             "asr_errors": stats.errors,
             "caption_words_overdue": stats.overdue_words + self.agreement.overdue_commits,
             "asr_short_windows": stats.short_windows,
+            "caption_lag_seconds": round(self._lag, 3),
             "asr_repeated_words": stats.repeated_words + self.agreement.repeats_dropped,
             "transcripts": stats.transcripts,
             "transcripts_changed": stats.transcripts_changed,
             "transcripts_kept_finals": stats.transcripts_kept_finals,
+            "transcripts_retried": stats.transcripts_retried,
             "transcript_unheard_seconds": round(self._utterance.untranscribed_s, 2) if self._utterance else 0.0,
         }
 
@@ -311,9 +328,9 @@ class CaptionStage:
             return
         start = self.window.start
         self._decoded_to = self.window.end
-        loaded = self._loaded()
-        prefix = self._prefix(start) if loaded else ""
-        self.stats.short_windows += loaded
+        tight = self._bound is policy.TIGHT
+        self.stats.short_windows += tight
+        prefix = policy.forced_prefix(self._committed, start)
         request = AsrRequest(self.window.audio(), prompt=self._prompt(start), prefix=prefix)
         result = await self._recognize(request)
         if result is None:
@@ -333,7 +350,7 @@ class CaptionStage:
                         "stream_id": self.stream_id,
                         "window": [round(start, 2), round(self.window.end, 2)],
                         "final": final,
-                        "loaded": loaded,
+                        "tight": tight,
                         "heard": join_words(words),
                         "committed": join_words(committed),
                     },
@@ -379,40 +396,42 @@ class CaptionStage:
         before = [w for w in self._committed if w.end <= window_start]
         return join_words(before)[-self.settings.prompt_chars :]
 
-    def _loaded(self) -> bool:
-        return policy.short_windows(live=self.live, load=self.engine.batcher.load())
-
-    def _prefix(self, window_start: float) -> str:
-        return policy.forced_prefix(self._committed, window_start)
+    def _note_lag(self) -> None:
+        """The stage's lag after a decode: the audio that arrived while it ran and waits to be
+        taken (a file read ahead has no deadline and no lag). It chooses the window's bound."""
+        newest = self.audio.buffered_seconds if self.live else 0.0
+        self._lag = policy.smoothed_lag(self._lag, newest)
+        self._bound = policy.window_bound(self._lag, tight=self._bound is policy.TIGHT)
 
     async def _bound_window(self) -> None:
-        """Keep decodes within max_window_s of continuous speech and, while the recognizer is
-        loaded, short: cut after each committed sentence. Speakers pause between sentences for less
-        than an endpoint, so without that cut every step would decode the whole monologue again."""
-        loaded = self._loaded()
-        if loaded:
-            last = self._committed[-1] if self._committed else None
-            cut = policy.sentence_cut(self.window.start, last, self.agreement.pending, self._sentence_cut)
-            if cut is not None:
-                # The words of the second kept before the cut are committed already and are
-                # recognised as such.
-                self.window.trim_before(cut - policy.SENTENCE_CONTEXT_S)
-                self._sentence_cut = cut
-            self._trim_committed()
-        limit = policy.window_limit(self.settings.max_window_s, short=loaded)
-        if self.window.duration <= limit:
+        """Keep the window within its bound: cut after each committed sentence and once committed
+        words fill more than the bound keeps. Speakers pause between sentences for less than an
+        endpoint, so without these cuts every step would decode the whole monologue again."""
+        bound = self._bound.capped(self.settings.max_window_s)
+        last = self._committed[-1] if self._committed else None
+        cut = policy.sentence_cut(self.window.start, last, self.agreement.pending, self._sentence_cut, bound.context_s)
+        if cut is not None:
+            # The words of the context kept before the cut are committed already and are
+            # recognised as such (the decode's forced prefix).
+            self.window.trim_before(cut - bound.context_s)
+            self._sentence_cut = cut
+        self._trim_committed(kept_s=bound.kept_s, context_s=bound.context_s)
+        if self.window.duration <= bound.limit_s:
             return
         # Cut before a committed word with a second of committed speech kept as sound: cut right at
         # the committed end, the next words are decoded with no sound before them.
-        self._trim_committed(kept_s=0.0)
-        if self.window.duration > limit and self.agreement.committed_end > self.window.start + policy.MIN_DECODE_S:
-            self.window.trim_before(self.agreement.committed_end)
-        if self.window.duration > limit:  # nothing agreed for that long
+        self._trim_committed(kept_s=0.0, context_s=policy.TIGHT.context_s)
+        committed_end = self.agreement.committed_end
+        if self.window.duration > bound.limit_s and committed_end > self.window.start + policy.MIN_DECODE_S:
+            self.window.trim_before(committed_end)
+        if self.window.duration > bound.limit_s:  # nothing agreed for that long
             await self._publish(self.agreement.flush(), [])
             self.window.keep_last(self.settings.pre_roll_s)
 
-    def _trim_committed(self, kept_s: float = policy.COMMITTED_KEPT_S) -> None:
-        cut = policy.committed_cut(self.window.start, self._committed, self.agreement.committed_end, kept_s)
+    def _trim_committed(self, *, kept_s: float, context_s: float) -> None:
+        cut = policy.committed_cut(
+            self.window.start, self._committed, self.agreement.committed_end, kept_s=kept_s, context_s=context_s
+        )
         if cut is not None:
             self.window.trim_before(cut)
 
@@ -440,28 +459,16 @@ class CaptionStage:
             await self._transcribe(queued)
 
     async def _transcribe(self, queued: _Queued) -> None:
-        """Decode the piece whole and publish it as the transcript of its segments; the finals
-        themselves when that decode cannot be used (or was not made)."""
+        """Decode the piece with its context and publish it as the transcript of its segments;
+        the finals themselves when that decode cannot be used (or was not made)."""
         piece, utterance = queued.piece, self._utterance
         assert utterance is not None
         finals = piece.finals
         words, language = finals, "en"
         if queued.decode and not self._recognizer_gone and piece.end - piece.start >= policy.MIN_DECODE_S:
-            prompt = utterance.text[-self.settings.prompt_chars :]
-            request = AsrRequest(piece.audio, prompt=prompt, beam_size=self.settings.transcript_beam_size)
-            result = await self._recognize(request, whole=True)
-            if result is not None:
-                decoded = cut_repetition([
-                    Word(w.word, piece.start + w.start, piece.start + w.end, w.probability)
-                    for w in result.words if w.word.strip() and piece.start + (w.start + w.end) / 2 <= piece.end
-                ])
-                heard = drop_repeated_sentences(decoded)
-                # The piece's audio starts after the transcript before it: a start saying that
-                # transcript's end again is Whisper repeating its prompt.
-                heard = heard[repeated_start([w.key for w in heard], utterance.keys()) :]
-                self.stats.repeated_words += len(decoded) - len(heard)
-                if heard:
-                    words, language = heard, result.language
+            heard = await self._decode_piece(piece, utterance)
+            if heard is not None:
+                words, language = heard
         revised = words is not finals
         changed = [w.key for w in words] != [w.key for w in finals]
         self.stats.transcripts += 1
@@ -482,7 +489,48 @@ class CaptionStage:
                 captured_at=words[-1].end + queued.wall_offset,  # as a final's: when its last word was heard
             )
         )
-        utterance.remember(join_words(words))
+        utterance.remember(words)
+
+    async def _decode_piece(self, piece: Piece, utterance: UtteranceRecorder) -> tuple[list[Word], str] | None:
+        """The piece's words as a decode with the transcript's last words as its forced prefix
+        hears them (None: no usable decode, or it heard nothing of the piece). A beam search
+        sometimes ends its hypothesis early, mid-piece, leaving words the finals heard out: such a
+        piece is decoded once more, greedily, and the decode that left out fewer is used."""
+        begin, prefix = utterance.context(piece)
+        audio = piece.audio[int(round((begin - piece.audio_start) * self.window.rate)) :]
+        request = AsrRequest(
+            audio,
+            prompt=utterance.prompt(prefix)[-self.settings.prompt_chars :],
+            prefix=forced_text(prefix),
+            beam_size=self.settings.transcript_beam_size,
+        )
+        best: tuple[list[Word], str] | None = None
+        missed = len(piece.finals) + 1
+        for beam in dict.fromkeys((request.beam_size, 1)):
+            if beam != request.beam_size:
+                self.stats.transcripts_retried += 1
+            result = await self._recognize(replace(request, beam_size=beam), whole=True)
+            heard = self._piece_words(result, piece, begin, prefix, utterance) if result is not None else None
+            left_out = len(unheard(piece.finals, heard or []))
+            if heard and left_out < missed:
+                best, missed = (heard, result.language if result else "en"), left_out
+            if missed <= MISSED_WORDS_OK:
+                break
+        return best
+
+    def _piece_words(
+        self, result: AsrResult, piece: Piece, begin: float, prefix: Sequence[Word], utterance: UtteranceRecorder
+    ) -> list[Word]:
+        decoded = [Word(w.word, begin + w.start, begin + w.end, w.probability) for w in result.words if w.word.strip()]
+        fresh = after_prefix(decoded, prefix)
+        if not prefix:  # no transcript before it in its audio: the piece's words are those after its start
+            fresh = [w for w in fresh if (w.start + w.end) / 2 >= piece.start]
+        fresh = cut_repetition([w for w in fresh if (w.start + w.end) / 2 <= piece.end])
+        heard = drop_repeated_sentences(fresh)
+        # A start saying the transcript's end again is Whisper repeating its prompt.
+        heard = heard[repeated_start([w.key for w in heard], utterance.keys()) :]
+        self.stats.repeated_words += len(fresh) - len(heard)
+        return heard
 
     def _end_utterance(self) -> None:
         self._speaking = False

@@ -14,6 +14,7 @@ import pytest
 
 from engines.asr.types import AsrRequest, AsrResult, SpeechRecognizer
 from engines.asr.vad import VadModel
+from pipelines.captions import policy
 from pipelines.captions.engine import CaptionEngine, CaptionPolicy, SpeechBatcher
 from pipelines.captions.stage import TRANSCRIPTS_WAITING, CaptionStage
 from pipelines.captions.transcript import kept_text
@@ -57,12 +58,12 @@ async def caption(
     buffer = AudioBuffer(max_seconds=60.0)
     stage = sink.stage = CaptionStage("s1", buffer, engine, sink)  # type: ignore[attr-defined]
     task = asyncio.create_task(stage.run())
-    begin = time.time()
+    begin, paced = time.time(), time.monotonic()
     for offset in range(0, samples.shape[0], CHUNK):
         pts = start_pts + offset / 16_000
         buffer.put(AudioChunk("s1", pts, begin + offset / 16_000, samples[offset : offset + CHUNK]))
-        if offset % (CHUNK * 10) == 0:
-            await asyncio.sleep(CHUNK * 10 / 16_000 / speed)
+        if offset % (CHUNK * 10) == 0:  # on a schedule: sleeps that run late do not add up
+            await asyncio.sleep(max(0.0, paced + (offset + CHUNK * 10) / 16_000 / speed - time.monotonic()))
     buffer.close()
     await asyncio.wait_for(task, 60)
     return sink
@@ -157,17 +158,6 @@ class Recording:
         return None
 
 
-class Loaded(SpeechBatcher):
-    """A recognizer that reports itself this busy, whatever it really is."""
-
-    def __init__(self, recognizer: SpeechRecognizer, load: float) -> None:
-        super().__init__(recognizer)
-        self.fixed_load = load
-
-    def load(self) -> float:
-        return self.fixed_load
-
-
 async def test_the_transcript_decodes_with_its_own_beam(
     caption_models: tuple[SpeechRecognizer, VadModel], narration: np.ndarray
 ) -> None:
@@ -178,13 +168,15 @@ async def test_the_transcript_decodes_with_its_own_beam(
         sink = await caption(CaptionEngine(batcher, vad, policy), narration[: 16_000 * 9], speed=8.0)
     transcripts = sink.of(EventKind.TRANSCRIPT)
     assert transcripts and all(t["revised"] for t in transcripts)
-    # The streaming decodes keep the recognizer's beam; each utterance's whole decode asks for its own.
+    # The streaming decodes keep the recognizer's beam; each transcript piece's decode asks for its own
+    # (and a greedy one, when the beam left words out).
     assert recording.beams.count(2) == len(transcripts)
-    assert set(recording.beams) == {None, 2} and recording.beams.count(None) > len(transcripts)
+    assert recording.beams.count(1) == sink.stage.counters()["transcripts_retried"]  # type: ignore[attr-defined]
+    assert set(recording.beams) <= {None, 1, 2} and recording.beams.count(None) > len(transcripts)
 
 
 class HeldTranscripts(Recording):
-    """Whole-utterance decodes (the ones asking for a beam) wait until `release` is set."""
+    """Transcript decodes (the ones asking for a beam search) wait until `release` is set."""
 
     def __init__(self, inner: SpeechRecognizer) -> None:
         super().__init__(inner)
@@ -192,7 +184,7 @@ class HeldTranscripts(Recording):
         self.held = 0
 
     def transcribe_batch(self, requests: Sequence[AsrRequest]) -> list[AsrResult]:
-        if any(r.beam_size is not None for r in requests):
+        if any(r.beam_size is not None and r.beam_size > 1 for r in requests):
             self.held += 1
             self.release.wait(30)
         return super().transcribe_batch(requests)
@@ -241,38 +233,89 @@ async def test_a_recognizer_far_behind_publishes_finals_as_transcripts(
     async with SpeechBatcher(held) as batcher:
         engine = CaptionEngine(batcher, vad, CaptionPolicy())
         feeding = asyncio.create_task(caption(engine, utterances(narration, count), speed=8.0, sink=sink))
-        await wait_until(lambda: held.held == 1, 30, "the first whole decode")
-        # Every later utterance has ended and is queued behind it (with the end-of-stream marker).
-        await wait_until(lambda: sink.stage._pieces.qsize() == count, 60, "the utterances queued")  # type: ignore[attr-defined]
+        await wait_until(lambda: held.held == 1, 30, "the first transcript decode")
+        # Every later piece is queued behind it, and the end-of-stream marker after them.
+        queued = sink.stage._pieces._queue  # type: ignore[attr-defined]
+        await wait_until(lambda: None in queued, 60, "the stream's end")
+        pieces = len(queued)  # the running one and the marker aside
         held.release.set()
         await feeding
     transcripts = sink.of(EventKind.TRANSCRIPT)
     kept = [not t["revised"] for t in transcripts].count(True)
     # One running and TRANSCRIPTS_WAITING waiting were decoded; the rest repeat their finals, in order.
-    assert len(transcripts) == count and held.held == 1 + TRANSCRIPTS_WAITING and kept == count - held.held
+    assert len(transcripts) == pieces >= count and held.held == 1 + TRANSCRIPTS_WAITING
+    assert kept == pieces - held.held
     assert sink.stage.counters()["transcripts_kept_finals"] == kept  # type: ignore[attr-defined]
     starts = [float(t["start"]) for t in transcripts]  # type: ignore[arg-type]
     assert starts == sorted(starts)
 
 
-async def test_a_loaded_recognizer_gets_shorter_windows_and_fewer_decodes(
+async def test_the_streaming_window_stays_bounded_however_long_the_speaker_goes_on(
     caption_models: tuple[SpeechRecognizer, VadModel], narration: np.ndarray
 ) -> None:
+    """The narration never pauses long enough to end an utterance: one utterance of 24 s. Committed
+    words leave the window, so no streaming decode hears much more than the bound, at its start or
+    at its end; the committed words still in it are the decode's forced prefix."""
     recognizer, vad = caption_models
-    runs, longest, prefixed = {}, {}, {}
-    for load in (0.0, 0.9):
-        recording = Recording(recognizer)
-        async with Loaded(recording, load) as batcher:
-            # The streaming window's policy alone: an utterance's transcript is one whole decode.
-            sink = await caption(CaptionEngine(batcher, vad, CaptionPolicy(transcript=False)), narration)
-            assert sink.of(EventKind.TRANSCRIPT) == []
-        text = " ".join(str(f["text"]) for f in sink.of(EventKind.CAPTIONS))
-        runs[load] = (float(np.mean(recording.seconds)), len(recording.seconds), script_prefix_wer(text))
-        longest[load], prefixed[load] = max(recording.seconds), recording.prefixed
-    (idle_s, idle_decodes, idle_wer), (busy_s, busy_decodes, busy_wer) = runs[0.0], runs[0.9]
-    # With room, the window keeps the utterance past its sentences, and nothing is forced on the decoder.
-    assert longest[0.0] > 12.0 and prefixed[0.0] == 0, (longest, prefixed)
-    assert longest[0.9] <= 7.0 and prefixed[0.9] > 0, (longest, prefixed)
-    assert busy_s < 0.8 * idle_s, runs  # committed speech is cut out of the window mid-sentence
-    assert busy_decodes < 0.85 * idle_decodes, runs  # each stream waits for a longer step
-    assert idle_wer <= 0.25 and busy_wer <= 0.3, runs
+    recording = Recording(recognizer)
+    async with SpeechBatcher(recording) as batcher:
+        sink = await caption(CaptionEngine(batcher, vad, CaptionPolicy(transcript=False)), narration)
+    windows = recording.seconds
+    assert sink.of(EventKind.TRANSCRIPT) == [] and sink.stage.counters()["speech_seconds"] > 20  # type: ignore[attr-defined]
+    # The bound (the roomy one, which a stage keeping up uses) plus a step and the pre-roll.
+    assert max(windows) <= policy.ROOMY.limit_s + 1.0, windows
+    third = len(windows) // 3
+    assert np.mean(windows[-third:]) <= 1.5 * np.mean(windows[:third]) + 1.0, windows  # flat, not growing
+    assert recording.prefixed > len(windows) // 2
+
+
+class Slowed(Recording):
+    """A recognizer `per_s` seconds slower per second of audio it hears: a CPU several times
+    smaller than this one, or one shared with more work. A decode of a 28 s window takes seconds."""
+
+    def __init__(self, inner: SpeechRecognizer, per_s: float) -> None:
+        super().__init__(inner)
+        self.per_s = per_s
+
+    def transcribe_batch(self, requests: Sequence[AsrRequest]) -> list[AsrResult]:
+        time.sleep(self.per_s * sum(r.audio.shape[0] for r in requests) / 16_000)
+        return super().transcribe_batch(requests)
+
+
+class Timed(Collect):
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: list[float] = []
+
+    async def publish(self, event: Event) -> None:
+        self.at.append(time.monotonic())
+        await super().publish(event)
+
+
+async def test_a_speaker_who_never_pauses_is_captioned_live_without_losing_audio_or_falling_behind(
+    caption_models: tuple[SpeechRecognizer, VadModel], narration_32s: np.ndarray
+) -> None:
+    """32 s of speech without a pause that ends the utterance, in real time, on a recognizer that
+    takes 0.15 s per second of audio (a 28 s window: over 4 s a decode). The stage decodes at the
+    newest audio, keeps its window bounded and tight while it trails: nothing is dropped and the
+    finals keep pace. (The issue's targets are measured live in bench/bench_realtime.py.)"""
+    recognizer, vad = caption_models
+    slowed, sink = Slowed(recognizer, per_s=0.15), Timed()
+    async with SpeechBatcher(slowed) as batcher:
+        began = time.monotonic()
+        await caption(CaptionEngine(batcher, vad, CaptionPolicy(transcript=False)), narration_32s, speed=1.0,
+                      sink=sink, start_pts=0.0)  # fmt: skip
+    counters = sink.stage.counters()  # type: ignore[attr-defined]
+    assert counters["audio_dropped_seconds"] == 0 and counters["speech_seconds"] > 25
+    lags = [at - (began + float(w["end"])) for at, e in zip(sink.at, sink.events, strict=True)
+            if e.kind == EventKind.CAPTIONS for w in e.data["words"]]  # fmt: skip
+    assert len(lags) > 60 and script_prefix_wer(" ".join(str(f["text"]) for f in sink.of(EventKind.CAPTIONS))) < 0.3
+    third = len(lags) // 3
+    # Generous bounds: a stage falling behind shows lags of 5 s and more, growing with the utterance.
+    assert max(lags) < 4.0 and np.median(lags[-third:]) < np.median(lags[:third]) + 1.0, lags
+    assert max(slowed.seconds) <= policy.ROOMY.limit_s + 1.0
+
+
+@pytest.fixture(scope="module")
+def narration_32s(sample_dir: Path) -> np.ndarray:
+    return load_pcm16k(sample_dir / "narration.wav", seconds=32.0)
