@@ -10,6 +10,7 @@ import logging
 import signal
 import sys
 import textwrap
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,7 +19,7 @@ from pipelines.capabilities import hearing
 from pipelines.captions.utterances import SENTENCE_STOPS, UTTERANCE_PAUSE_S
 from pipelines.compute import ComputeBudget
 from pipelines.detect import DetectionBatcher
-from pipelines.event_bodies import CaptionBody, DescriptionBody
+from pipelines.event_bodies import CaptionBody, DescriptionBody, SpokenBody, SpokenWord, TranscriptBody
 from pipelines.events import DURABLE_KINDS, Event, EventSink
 from pipelines.frames import StatusChange, StreamState
 from pipelines.graph import SharedEngines
@@ -99,13 +100,19 @@ LINE_MAX_WORDS = 30  # a sentence that runs on is printed in pieces of about thi
 
 
 class CaptionPrinter:
-    """The sink the stream publishes into: every event goes on to NATS; caption finals, joined into
-    sentences (a line per sentence or utterance, not the 1-3 word pieces finals come in), and
-    scene descriptions also go to stdout."""
+    """The sink the stream publishes into: every event goes on to NATS; what was said, a line per
+    sentence (or per utterance, where it ends without one), and scene descriptions also go to stdout.
 
-    def __init__(self, sink: EventSink, *, quiet: bool) -> None:
+    Lines are made of the transcript when the stream has one (`captions.transcript`, on by
+    default): its pieces trail the speaker by a few seconds, but they are the speech decoded with
+    the context the finals lacked, punctuated, so a sentence reads as one line. Finals come a few
+    words at a time and mostly unpunctuated while someone talks on; joined, they ran on for thirty
+    words a line. Without a transcript the finals are printed the same way."""
+
+    def __init__(self, sink: EventSink, *, quiet: bool, transcript: bool = True) -> None:
         self._sink = sink
         self._quiet = quiet  # --json: stdout is for the summary
+        self._read: type[SpokenBody] = TranscriptBody if transcript else CaptionBody
         self.captions = 0
         self.descriptions = 0
         self._line: list[str] = []
@@ -118,27 +125,25 @@ class CaptionPrinter:
         body = event.body
         if isinstance(body, CaptionBody):
             self.captions += 1
-            self._caption(event.stream_id, body)
+        if isinstance(body, self._read) and not self._quiet:
+            self._words(event.stream_id, body.spoken.words)
         elif isinstance(body, DescriptionBody):
             self.descriptions += 1
             if not self._quiet:
                 print(f"[{event.stream_id} {event.pts or 0.0:7.1f}s] (scene) {body.text}", flush=True)
 
-    def _caption(self, stream_id: str, body: CaptionBody) -> None:
-        if self._quiet:
-            return
-        text = body.text.strip()
-        if not text:
-            return
-        start = body.spoken.start
-        if self._line and (stream_id != self._line_stream or start - self._line_end >= UTTERANCE_PAUSE_S):
-            self.flush()
-        if not self._line:
-            self._line_start, self._line_stream = start, stream_id
-        self._line.append(text)
-        self._line_end = body.spoken.end
-        if text.endswith(SENTENCE_STOPS) or sum(len(t.split()) for t in self._line) >= LINE_MAX_WORDS:
-            self.flush()
+    def _words(self, stream_id: str, words: Sequence[SpokenWord]) -> None:
+        for word in words:
+            if not word.word:
+                continue
+            if self._line and (stream_id != self._line_stream or word.start - self._line_end >= UTTERANCE_PAUSE_S):
+                self.flush()
+            if not self._line:
+                self._line_start, self._line_stream = word.start, stream_id
+            self._line.append(word.word)
+            self._line_end = word.end
+            if word.word.endswith(SENTENCE_STOPS) or len(self._line) >= LINE_MAX_WORDS:
+                self.flush()
 
     def flush(self) -> None:
         """Print the sentence gathered so far (at its end, a pause, or when the stream stops)."""
@@ -220,7 +225,7 @@ async def run_command(args: argparse.Namespace) -> int:
             DetectionBatcher(detector, compute=compute) as batcher,
             open_engines(config, compute, off=off) as opened,
         ):
-            printer = CaptionPrinter(publisher, quiet=args.json)
+            printer = CaptionPrinter(publisher, quiet=args.json, transcript=config.section("captions").transcript)
             engines = SharedEngines(batcher, opened=opened)
             runner = StreamRunner(spec, engines, printer, on_status=on_status)
             loop = asyncio.get_running_loop()

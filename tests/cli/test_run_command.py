@@ -206,30 +206,59 @@ def test_help_imports_no_command() -> None:
     assert "serve" in proc.stdout and "HEAVY []" in proc.stdout, proc.stdout
 
 
-async def test_the_caption_printer_prints_a_line_per_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+PRINTED_PIECES = [
+    [(" A", 0.0, 0.2), (" man", 0.2, 0.5)], [(" walks", 0.5, 0.9)], [(" past.", 0.9, 1.3)],
+    [(" Then", 1.5, 1.7), (" he", 1.7, 1.8)], [(" stops", 1.8, 2.2)],
+    [(" Much", 5.0, 5.3), (" later", 5.3, 5.8)],  # after a pause: the unfinished sentence is printed first
+]  # fmt: skip
+PRINTED_LINES = ["[cam     0.0s] A man walks past.", "[cam     1.5s] Then he stops", "[cam     5.0s] Much later"]
+
+
+class _Published:
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    async def publish(self, event: object) -> None:
+        self.events.append(event)
+
+
+async def test_the_caption_printer_prints_the_finals_a_line_per_sentence(capsys: pytest.CaptureFixture[str]) -> None:
     from pipelines.event_bodies import caption_event
     from realtime.cli.run import CaptionPrinter
 
-    published: list[object] = []
-
-    class Sink:
-        async def publish(self, event: object) -> None:
-            published.append(event)
-
-    printer = CaptionPrinter(Sink(), quiet=False)
-    pieces = [
-        [(" A", 0.0, 0.2), (" man", 0.2, 0.5)], [(" walks", 0.5, 0.9)], [(" past.", 0.9, 1.3)],
-        [(" Then", 1.5, 1.7), (" he", 1.7, 1.8)], [(" stops", 1.8, 2.2)],
-        [(" Much", 5.0, 5.3), (" later", 5.3, 5.8)],  # after a pause: the unfinished sentence is printed first
-    ]
-    for seq, words in enumerate(pieces):
+    sink = _Published()
+    printer = CaptionPrinter(sink, quiet=False, transcript=False)
+    for seq, words in enumerate(PRINTED_PIECES):
         event = caption_event("cam", segment_id=f"s-{seq}", words=[(w, s, e, 0.9) for w, s, e in words],
-                              language="en", model="tiny.en", captured_at=0.0)
+                              language="en", model="tiny.en", captured_at=0.0)  # fmt: skip
         await printer.publish(event)
     printer.flush()
-    lines = capsys.readouterr().out.splitlines()
-    assert lines == ["[cam     0.0s] A man walks past.", "[cam     1.5s] Then he stops", "[cam     5.0s] Much later"]
-    assert len(published) == printer.captions == 6  # every final still goes on to NATS
+    assert capsys.readouterr().out.splitlines() == PRINTED_LINES
+    assert len(sink.events) == printer.captions == 6  # every final still goes on to NATS
+
+
+async def test_with_a_transcript_the_printer_prints_its_sentences_not_the_finals(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pipelines.event_bodies import caption_event, transcript_event
+    from realtime.cli.run import CaptionPrinter
+
+    sink = _Published()
+    printer = CaptionPrinter(sink, quiet=False)
+    await printer.publish(caption_event("cam", segment_id="s-0", words=[(" A", 0.0, 0.2, 0.9)], language="en",
+                                        model="tiny.en", captured_at=0.0))  # fmt: skip
+    assert capsys.readouterr().out == ""  # a final alone prints nothing: its transcript will
+    # Transcript pieces end where they were cut, sentences inside them or across them.
+    flat = [w for words in PRINTED_PIECES for w in words]
+    for index, words in enumerate((flat[:4], flat[4:7], flat[7:])):
+        timed = [(w, s, e, 0.9) for w, s, e in words]
+        event = transcript_event("cam", utterance_id=f"u{index}", replaces=[f"s-{index}"], words=timed,
+                                 start=words[0][1], end=words[-1][2], revised=True, changed=True, language="en",
+                                 model="tiny.en", captured_at=0.0)  # fmt: skip
+        await printer.publish(event)
+    printer.flush()
+    assert capsys.readouterr().out.splitlines() == PRINTED_LINES
+    assert printer.captions == 1 and len(sink.events) == 4
 
 
 def test_the_summary_says_what_the_compute_budget_decided() -> None:
