@@ -187,7 +187,7 @@ class TimelineIndex:
                     continue
                 if e.replaces:
                     self._withdraw(e.replaces)
-                entry_id = self._continue_utterance(e) if e.kind is EventKind.CAPTIONS and not e.replaces else None
+                entry_id = self._continue_utterance(e) if e.kind is EventKind.CAPTIONS else None
                 if entry_id is None:
                     entry_id = db.execute(
                         "INSERT INTO entries(event_id, seq, stream, kind, pts, end_pts, wall, text, extra) "
@@ -214,10 +214,9 @@ class TimelineIndex:
         return added
 
     def _withdraw(self, caption_ids: Sequence[str]) -> None:
-        """Delete the entries made of these captions: a transcript of their utterance replaces them.
-        Captions join only within their utterance (a transcript entry is never continued), so such an
-        entry holds no one else's words, except the head of a long utterance's next piece, whose own
-        transcript brings those back."""
+        """Delete the entries made of these captions: a transcript of their speech replaces them.
+        Captions join captions only (a transcript joins transcripts), so such an entry holds no one
+        else's words, except the head of the next piece, whose own transcript brings those back."""
         marks = ",".join("?" * len(caption_ids))
         rows = self._db.execute(f"SELECT DISTINCT entry FROM events WHERE event_id IN ({marks})",
                                 list(caption_ids)).fetchall()
@@ -228,17 +227,20 @@ class TimelineIndex:
         self.stats.replaced += withdrawn
 
     def _continue_utterance(self, e: Entry) -> int | None:
-        """Finals come in pieces of a few words: one that follows its stream's last caption within a
-        pause, with no sentence end between, joins it, so a phrase said across pieces is found."""
+        """Finals come in pieces of a few words, and a speaker who does not pause is transcribed in
+        pieces of a few seconds: one that follows its stream's last of the same (a final the last
+        final, a transcript the last transcript) within a pause, with no sentence end between, joins
+        it, so a phrase said across pieces is found. Finals run ahead of the transcript that
+        replaces them, so the two are never joined."""
+        transcript = bool(e.extra.get("transcript"))
         row = self._db.execute(
             "SELECT id, end_pts, text, extra FROM entries WHERE stream = ? AND kind = 'captions' "
-            "ORDER BY pts DESC LIMIT 1", (e.stream_id,)).fetchone()
+            "AND (json_extract(extra, '$.transcript') IS NOT NULL) = ? ORDER BY pts DESC LIMIT 1",
+            (e.stream_id, transcript)).fetchone()  # fmt: skip
         if row is None or e.pts is None or row[1] is None:
             return None
         entry_id, end, text, extra_json = row
         extra = json.loads(extra_json)
-        if extra.get("transcript"):  # an utterance transcribed whole has ended: nothing joins it
-            return None
         words = extra.get("times") or []
         new_words = list(e.extra.get("times") or ())
         if (not 0.0 <= e.pts - end < UTTERANCE_PAUSE_S or text.endswith(SENTENCE_STOPS)

@@ -95,7 +95,7 @@ def test_finals_said_in_one_breath_are_one_entry(tmp_path: Path) -> None:
     assert idx.stats.duplicates == 1  # a joined piece, read again, is still known
 
 
-def test_a_transcript_replaces_its_utterances_finals_and_nothing_joins_it(tmp_path: Path) -> None:
+def test_a_transcript_replaces_its_finals_and_the_next_final_does_not_join_it(tmp_path: Path) -> None:
     idx = TimelineIndex(tmp_path / "r.db", max_entries=1000, max_age_s=86400)
     idx.add(entries(
         caption("cam", "z", "unrelated words", 2.0, at=NOW - 8),  # an utterance before
@@ -117,6 +117,26 @@ def test_a_transcript_replaces_its_utterances_finals_and_nothing_joins_it(tmp_pa
                      caption("cam", "b", "since man", 11.6, at=NOW + 1.6),
                      transcript("cam", "u1", ["a", "b"], "the gate has worked since then.", 10.0, at=NOW))
     assert idx.add(replay, 8, now=NOW) == 0 and search(idx, "man") == []
+
+
+def test_transcript_pieces_of_one_breath_are_one_entry(tmp_path: Path) -> None:
+    """A speaker who does not pause is transcribed in pieces of a few seconds, cut mid-sentence
+    where a sentence runs on: a phrase said across the cut is found, in one entry."""
+    idx = TimelineIndex(tmp_path / "p.db", max_entries=1000, max_age_s=86400)
+    idx.add(entries(
+        caption("cam", "a", "the gate has worked since", 10.0, at=NOW),
+        caption("cam", "b", "then it stopped.", 12.0, at=NOW + 2),
+        caption("cam", "c", "call the desk", 13.3, at=NOW + 3.3),
+    ), 3, now=NOW)
+    idx.add(entries(transcript("cam", "u1", ["a"], "the gate has worked since", 10.0, at=NOW)), 4, now=NOW)
+    # The finals ran ahead: the next piece's finals are indexed, but no transcript joins them.
+    idx.add(entries(transcript("cam", "u2", ["b"], "then it stopped.", 12.0, at=NOW + 2)), 5, now=NOW)
+    [hit] = search(idx, '"since then"')
+    assert hit.event_id == "transcript-cam-u1" and hit.pts == pytest.approx(10.0 + 4 * 0.4)
+    assert hit.end_pts == pytest.approx(12.0 + 2 * 0.4 + 0.32)
+    idx.add(entries(transcript("cam", "u3", ["c"], "call the desk", 13.3, at=NOW + 3.3)), 6, now=NOW)
+    assert [h.event_id for h in search(idx, "desk")] == ["transcript-cam-u3"]  # after a sentence end: its own
+    assert idx.stats.entries == 2 and search(idx, "stopped")[0].event_id == "transcript-cam-u1"
 
 
 def test_old_and_surplus_entries_are_pruned_and_counted(tmp_path: Path) -> None:
