@@ -1,25 +1,26 @@
-"""The caption stage of one stream: its audio to `partials` and `captions` events.
+"""The caption stage of one stream: its audio to `partials`, `captions` and `transcript` events.
 
 Audio arrives as 16 kHz mono chunks. A per-stream voice detector (Silero, shared model, own
 state) decides when someone speaks; silence and noise never reach Whisper. While someone speaks
-the utterance's audio is decoded again every `step_s` of new audio through the shared recognizer
-(one request in flight per stream; the recognizer batches streams together). LocalAgreement
-turns successive decodes into finals that never change (`captions`) and a tentative tail
-(`partials`, replaced by a higher `revision` of the same `segment_id`, and finally by the
-`captions` event with that id). A pause of `endpoint_s` ends the utterance: one last decode,
-everything pending becomes final; then the utterance is decoded once more, whole, as the
-`transcript` that replaces its finals where captions are read back (transcript.py). That decode
-runs beside the stream's own: the next utterance's finals never wait for the last one's transcript. A recognizer
-with room decodes the whole utterance, so each word is heard with the speech before it;
-continuous speech longer than `max_window_s` is cut at its committed words so no decode grows past
-that. A loaded recognizer gets short windows instead (cut after each sentence and mid-sentence,
-the committed words forced as the decode's prefix). Committed
-text before the window is Whisper's prompt. Decodes that look like Whisper's failure modes (a
-repetition loop, speech-free audio) are not used.
+the window is decoded again every `step_s` of new audio through the shared recognizer (one
+request in flight per stream; the recognizer batches streams together); live, at the newest
+audio, so a slow decode makes the next step longer rather than leaving steps behind.
+LocalAgreement turns successive decodes into finals that never change (`captions`) and a
+tentative tail (`partials`, replaced by a higher `revision` of the same `segment_id`, and
+finally by the `captions` event with that id). A pause of `endpoint_s` ends the utterance: one
+last decode, everything pending becomes final.
 
-Audio waiting longer than `max_lag_s` (the recognizer cannot keep up) is dropped, oldest first,
-and counted. If the shared recognizer dies, this stream's captions stop (counted, logged once)
-and its video goes on.
+The window is bounded whatever the utterance's length (policy.py): committed words leave it as
+the decoder's prompt, the last seconds of them stay as sound and are the decode's forced prefix,
+fewer while the stage trails its newest audio. The committed speech is decoded once more in
+pieces of a few seconds, with context on both sides, as the `transcript` that replaces the
+finals where captions are read back (transcript.py); those decodes run beside the stream's own,
+so the finals never wait for them. Decodes that look like Whisper's failure modes (a repetition
+loop, speech-free audio) are not used.
+
+Audio waiting longer than `max_lag_s` (the recognizer cannot keep up even so) is dropped, oldest
+first, and counted. If the shared recognizer dies, this stream's captions stop (counted, logged
+once) and its video goes on.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ LOST_AUDIO_S = 0.02  # a smaller hole than GAP_S but at least this (lost packets
 MIN_SPEECH_WINDOWS = 2  # 64 ms of speech starts an utterance; one loud click does not
 COMMITTED_KEPT = 256  # committed words remembered for the prompt
 LOSSLESS_AUDIO_S = 300.0  # a bound still: 19 MB of float32 audio
-# Whole decodes waiting behind the running one; a piece past them is published with its finals
+# Transcript decodes waiting behind the running one; a piece past them is published with its finals
 # (counted in transcripts_kept_finals): a recognizer that far behind needs its time for the finals.
 TRANSCRIPTS_WAITING = 3
 
@@ -206,8 +207,10 @@ class CaptionStage:
                 continue  # captions have stopped: the audio is taken and counted, nothing kept
             if not chunks:
                 await self._step(quiet=True)
-            # Chunk by chunk: a burst (a file read ahead of real time) is decoded as it would
-            # have been live, and the window never outgrows a decode.
+            # Chunk by chunk for the voice detector and the endpoints. A file read ahead of real
+            # time is decoded as it would have been live, a step at a time; a live stream decodes
+            # once, at its newest audio: the audio that arrived while the last decode ran is one
+            # longer step, not a backlog of steps that a slow decode could never work off.
             for index, chunk in enumerate(chunks):
                 if self._feed(chunk):
                     if self._speaking:
@@ -510,11 +513,12 @@ class CaptionStage:
             if beam != request.beam_size:
                 self.stats.transcripts_retried += 1
             result = await self._recognize(replace(request, beam_size=beam), whole=True)
-            heard = self._piece_words(result, piece, begin, prefix, utterance) if result is not None else None
-            left_out = len(unheard(piece.finals, heard or []))
-            if heard and left_out < missed:
-                best, missed = (heard, result.language if result else "en"), left_out
-            if missed <= MISSED_WORDS_OK:
+            if result is not None:
+                heard = self._piece_words(result, piece, begin, prefix, utterance)
+                left_out = len(unheard(piece.finals, heard))
+                if heard and left_out < missed:
+                    best, missed = (heard, result.language), left_out
+            if missed <= MISSED_WORDS_OK or self._recognizer_gone:
                 break
         return best
 

@@ -40,7 +40,7 @@ from pipelines.events import Event
 
 PIECE_MIN_S = 2.0  # a piece is cut after a sentence once its committed speech is this long
 PIECE_MAX_S = 4.0  # and after a segment once it is this long, whatever the sentence
-LEFT_CONTEXT_S = 2.0  # transcribed audio heard again before a piece (its words: the forced prefix)
+LEFT_CONTEXT_S = 4.0  # transcribed audio heard again before a piece (its words: the forced prefix)
 RIGHT_CONTEXT_S = 1.5  # audio after a piece's cut that its decode hears
 MIN_RIGHT_S = 1.0  # a piece is not cut until at least this much audio follows the cut
 EDGE_S = 0.05  # a prefix word starts at least this far into the piece's audio (not cut into)
