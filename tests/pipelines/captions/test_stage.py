@@ -242,9 +242,10 @@ async def test_a_recognizer_far_behind_publishes_finals_as_transcripts(
         await feeding
     transcripts = sink.of(EventKind.TRANSCRIPT)
     kept = [not t["revised"] for t in transcripts].count(True)
-    # One running and TRANSCRIPTS_WAITING waiting were decoded; the rest repeat their finals, in order.
+    # One running and TRANSCRIPTS_WAITING waiting were decoded; the rest repeat their finals, in order
+    # (a decoded piece may too, where its decode heard nothing usable).
     assert len(transcripts) == pieces >= count and held.held == 1 + TRANSCRIPTS_WAITING
-    assert kept == pieces - held.held
+    assert pieces - held.held <= kept < pieces
     assert sink.stage.counters()["transcripts_kept_finals"] == kept  # type: ignore[attr-defined]
     starts = [float(t["start"]) for t in transcripts]  # type: ignore[arg-type]
     assert starts == sorted(starts)
