@@ -42,7 +42,9 @@ Parts (--parts, default all):
   detector  one stream's latency (the latency part's audio) while the default detector runs on
             vtest frames at the camera's 10 fps (latest frame wins) through a DetectionBatcher in the
             same process, without and with the compute budget (pipelines.compute); detector fps in each, and
-            alone.
+            alone. `by_age`: the streaming decodes' window and call time in 10 s bins of how long the
+            narrator had been talking (it never pauses long enough to end its utterance): flat, because the
+            window is bounded whatever the utterance's length.
 Single runs on a shared 2-core machine: compare rows within one run.
 
 Usage: .venv/bin/python bench/bench_captions.py [--parts latency,wer,streams,detector] [--seconds 50]
@@ -272,6 +274,7 @@ class Run:
     turns: dict[str, dict[str, float]] | None = None  # ComputeBudget over the feeding time, per model
     stages_ms: dict[str, float] | None = None  # the recognizer's time per call, by stage (features, encode, ...)
     unfinished: int = 0  # stages still running after the drain timeout
+    by_age: list[dict[str, Any]] = field(default_factory=list)  # decode cost against the utterance's age
 
 
 async def feed(streams: list[Stream], t0: float, lateness: list[float]) -> None:
@@ -370,7 +373,33 @@ async def run_streams(
             turns=turns,
             unfinished=len(pending),
             stages_ms=profiled.per_call(),
+            by_age=decodes_by_age(profiled.log, t0 + LEAD_S),
         )
+
+
+AGE_BIN_S = 10.0
+
+
+def decodes_by_age(log: list[tuple[float, float, list[float]]], speech0: float) -> list[dict[str, Any]]:
+    """The streaming decodes' window and call time against how long the speaker had been talking
+    when the call began, in bins of AGE_BIN_S: flat when the window is bounded whatever the
+    utterance's length. The age is the time since the clip's speech began (one utterance: the
+    narration never pauses long enough to end one; with pauses, an upper bound)."""
+    bins: dict[int, list[tuple[float, float]]] = {}
+    for began, ms, windows in log:
+        if began >= speech0:
+            bins.setdefault(int((began - speech0) // AGE_BIN_S), []).extend((w, ms) for w in windows)
+    return [
+        {
+            "age_s": f"{k * AGE_BIN_S:g}-{(k + 1) * AGE_BIN_S:g}",
+            "decodes": len(v),
+            "window_mean_s": round(float(np.mean([w for w, _ in v])), 2),
+            "window_max_s": round(max(w for w, _ in v), 2),
+            "call_mean_ms": round(float(np.mean([ms for _, ms in v]))),
+            "call_p90_ms": pct([ms for _, ms in v], 90),
+        }
+        for k, v in sorted(bins.items())
+    ]
 
 
 class ProfiledRecognizer:
@@ -382,9 +411,16 @@ class ProfiledRecognizer:
         self.workers = inner.workers
         self.calls = 0
         self.totals: dict[str, float] = {}
+        # Per call: (monotonic time it began, its wall ms, the seconds of audio of each streaming
+        # decode in it; a transcript's decode asks for its own beam and is left out)
+        self.log: list[tuple[float, float, list[float]]] = []
 
     def transcribe_batch(self, requests: Sequence[AsrRequest]) -> list[AsrResult]:
+        began = time.monotonic()
         results = self.inner.transcribe_batch(requests)
+        streaming = [r.audio.shape[0] / RATE for r in requests if r.beam_size is None]
+        if streaming:
+            self.log.append((began, 1000 * (time.monotonic() - began), streaming))
         self.calls += 1
         for key, value in getattr(self.inner, "last_timings", {}).items():
             if key.endswith("_ms") or key == "frames":
@@ -708,7 +744,8 @@ async def part_detector(recognizer: SpeechRecognizer, vad: VadModel, clip: Clip)
                 run = await run_streams(recognizer, vad, [clip], max_batch=8, compute=compute, load=load)
             _, row = summarise(run)
             case = f"+ detector, compute budget (bound {CPU_SHARE})" if shared else "+ detector, no budget"
-            row = {"case": case, **row, "detector_fps": run.detector_fps, "detector_dropped": run.detector_dropped}
+            row = {"case": case, **row, "detector_fps": run.detector_fps, "detector_dropped": run.detector_dropped,
+                   "by_age": run.by_age}  # fmt: skip
             for name, key in ((RECOGNIZER, "asr"), (DETECTOR, "det")):
                 turn = (run.turns or {}).get(name, {})
                 row[f"{key}_cpu_pct"] = turn.get("cpu_pct")
@@ -792,6 +829,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if any("detector" in r["case"] for r in latency_rows):
         print("\nCPU while the detector runs at 10 fps (asr_busy: recognizer calls incl. waiting for a turn)")
         print(table(latency_rows, CPU_COLUMNS))
+        for r in latency_rows:
+            if r.get("by_age"):
+                print(f"\nstreaming decodes against the utterance's age ({r['case']}): flat when the window is bounded")
+                print(table(r["by_age"], list(r["by_age"][0])))
     if result.get("wer"):
         print("\nWER % against the script (one stream; streaming: its finals)")
         print(table(result["wer"], WER_COLUMNS))

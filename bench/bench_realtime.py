@@ -165,6 +165,7 @@ import yaml
 from _common import ROOT, SAMPLE_CLIP, decode_frames, ensure_sample, pct, table, write_results
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -1058,6 +1059,23 @@ class Stage:
     trees: dict[str, Path] = field(default_factory=dict)  # by configuration name: --tree
 
 
+async def subscribe_events(stack: contextlib.AsyncExitStack, url: str, log: EventLog) -> NatsClient:
+    """Every event of `vidsentry.>` into `log` until `stack` closes."""
+    nc = await nats.connect(url, connect_timeout=5, max_reconnect_attempts=3)
+    stack.push_async_callback(nc.close)
+    await nc.subscribe("vidsentry.>", cb=log.on_message, pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30)
+    return nc
+
+
+async def warm_up(run: ConfigRun, proc: Serve, began: float, seconds: float) -> None:
+    """Every stream is live: say so, and let it run `seconds` before the window."""
+    run.startup_s = round(time.monotonic() - began, 1)
+    print(f"[{run.config} #{run.round}] live after {run.startup_s} s; warm-up {seconds:g} s", flush=True)
+    warm = time.monotonic()
+    await sleep_watching(proc, seconds, "during the warm-up")
+    run.warmup_s = round(time.monotonic() - warm, 1)
+
+
 async def sleep_watching(serve: Serve, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
@@ -1085,10 +1103,7 @@ async def run_config(stage: Stage, name: str, round_no: int) -> ConfigRun:
     stage.sim.reset_cache()
     began = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
-        nc = await nats.connect(stage.nats.url, connect_timeout=5, max_reconnect_attempts=3)
-        stack.push_async_callback(nc.close)
-        await nc.subscribe("vidsentry.>", cb=run.log.on_message, pending_msgs_limit=1_000_000,
-                           pending_bytes_limit=1 << 30)  # fmt: skip
+        await subscribe_events(stack, stage.nats.url, run.log)
 
         async def stop_serve() -> None:
             run.serve_exit = await serve.stop()
@@ -1108,11 +1123,7 @@ async def run_config(stage: Stage, name: str, round_no: int) -> ConfigRun:
             await wait_live(serve, http, base_url, s.stream_id, run.log)
         for s, peer in zip(streams[args.cameras :], peers, strict=True):
             s.speech0_wall = peer.audio.started_wall
-        run.startup_s = round(time.monotonic() - began, 1)
-        print(f"[{name} #{round_no}] live after {run.startup_s} s; warm-up {args.warmup:g} s", flush=True)
-        warm = time.monotonic()
-        await sleep_watching(serve, args.warmup, "during the warm-up")
-        run.warmup_s = round(time.monotonic() - warm, 1)
+        await warm_up(run, serve, began, args.warmup)
 
         pids = {"serve": serve.pid, "rtsp": stage.rtsp_pid, "nats": stage.nats.pid}
         cpu0 = cpu_snapshot(pids)
@@ -1190,10 +1201,7 @@ async def run_config_run(stage: Stage, name: str, round_no: int) -> ConfigRun:
     stage.sim.reset_cache()
     began = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
-        nc = await nats.connect(stage.nats.url, connect_timeout=5, max_reconnect_attempts=3)
-        stack.push_async_callback(nc.close)
-        await nc.subscribe("vidsentry.>", cb=run.log.on_message, pending_msgs_limit=1_000_000,
-                           pending_bytes_limit=1 << 30)  # fmt: skip
+        nc = await subscribe_events(stack, stage.nats.url, run.log)
 
         async def stop_run() -> None:
             if run.serve_exit is None:
@@ -1202,11 +1210,7 @@ async def run_config_run(stage: Stage, name: str, round_no: int) -> ConfigRun:
         proc.start()
         stack.push_async_callback(stop_run)
         await wait_status_live(proc, run.log, sid, args.start_timeout + LIVE_WITHIN_S)
-        run.startup_s = round(time.monotonic() - began, 1)
-        print(f"[{name} #{round_no}] live after {run.startup_s} s; warm-up {args.warmup:g} s", flush=True)
-        warm = time.monotonic()
-        await sleep_watching(proc, args.warmup, "during the warm-up")
-        run.warmup_s = round(time.monotonic() - warm, 1)
+        await warm_up(run, proc, began, args.warmup)
 
         pids = {"run": proc.pid, "rtsp": stage.rtsp_pid, "nats": stage.nats.pid}
         cpu0 = cpu_snapshot(pids)
