@@ -39,17 +39,19 @@ from pipelines.event_bodies import CaptionBody, TranscriptBody
 from pipelines.events import Event
 
 PIECE_MIN_S = 2.0  # a piece is cut after a sentence once its committed speech is this long
-PIECE_MAX_S = 4.0  # and after a segment once it is this long, whatever the sentence
+PIECE_MAX_S = 3.5  # and after a segment once it is this long, whatever the sentence
 LEFT_CONTEXT_S = 4.0  # transcribed audio heard again before a piece (its words: the forced prefix)
 RIGHT_CONTEXT_S = 1.5  # audio after a piece's cut that its decode hears
 MIN_RIGHT_S = 1.0  # a piece is not cut until at least this much audio follows the cut
 EDGE_S = 0.05  # a prefix word starts at least this far into the piece's audio (not cut into)
+GAP_CHOICE_S = 1.0  # a piece cut mid-sentence is cut at the widest gap among its last segments this long
 CUT_PAD_S = 0.15  # audio kept after a piece's last word (no more than half the gap to the next)
 WHISPER_MAX_S = 29.5  # audio one decode may hear (Whisper's window is 30 s)
 PROMPT_KEPT = 1024  # characters of transcript kept for the next piece's prompt
 HEARD_KEPT = 64  # transcript words kept as the next piece's possible prefix
 UNHEARD_SLACK_S = 0.6  # a final this far from every decoded word was left out by the decode
 MISSED_WORDS_OK = 1  # finals a decode may leave out (one word heard otherwise, or not at all)
+MAX_WORD_S = 1.5  # a decoded word longer than this was stretched over speech the decode left out
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,10 +195,13 @@ def after_prefix(words: Sequence[Word], prefix: Sequence[Word]) -> list[Word]:
 
 
 def unheard(finals: Sequence[Word], heard: Sequence[Word], slack_s: float = UNHEARD_SLACK_S) -> list[Word]:
-    """The finals no decoded word lies near: speech a decode left out (a beam that ended its
-    hypothesis early, or skipped a phrase it could not fit)."""
-    spans = [(w.start - slack_s, w.end + slack_s) for w in heard]
-    return [w for w in finals if not any(a <= (w.start + w.end) / 2 <= b for a, b in spans)]
+    """The finals no decoded word lies near (middle to middle): speech a decode left out (a beam
+    that ended its hypothesis early, or skipped a phrase it could not fit). By the words' middles,
+    because the alignment stretches the last word of a decode that stopped early over the audio
+    it did not transcribe ("2." over five seconds); such a word (longer than MAX_WORD_S) vouches
+    for nothing."""
+    middles = [(w.start + w.end) / 2 for w in heard if w.end - w.start <= MAX_WORD_S]
+    return [w for w in finals if not any(abs((w.start + w.end) / 2 - m) <= slack_s for m in middles)]
 
 
 def piece_cut(
@@ -205,7 +210,8 @@ def piece_cut(
     """(index of the piece's last segment, the cut's media time), or None while the committed
     speech since `start` is short: after the newest segment that ends a sentence PIECE_MIN_S or
     more in; else, once the speech is PIECE_MAX_S long, after the segment followed by the widest
-    gap (a pause is the best place to cut a sentence) from PIECE_MIN_S in. Only segments ending by
+    gap (a pause is the best place to cut a sentence) among those ending in the last GAP_CHOICE_S.
+    Only segments ending by
     `heard_to` are candidates: the audio after a cut is the decode's context for the piece's last
     words, which are otherwise heard cut short and mended by nobody (they are the next prefix)."""
     segments = [s for s in segments if s.end <= heard_to]
@@ -220,7 +226,10 @@ def piece_cut(
     if sentences:
         chosen = sentences[-1]
     elif segments[-1].end - start >= PIECE_MAX_S:
-        chosen = max(candidates, key=lambda i: (_gap(segments[i].end, following(i)), i))
+        # Of the last GAP_CHOICE_S only: an earlier cut leaves words behind that then wait for a
+        # whole piece more.
+        recent = [i for i in candidates if segments[i].end >= segments[-1].end - GAP_CHOICE_S]
+        chosen = max(recent, key=lambda i: (_gap(segments[i].end, following(i)), i))
     else:
         return None
     end, after = segments[chosen].end, following(chosen)

@@ -12,10 +12,16 @@ from pathlib import Path
 import nats
 import pytest
 
+from engines.asr.types import SpeechRecognizer
+from engines.asr.vad import VadModel
+from pipelines.captions.engine import CaptionEngine, CaptionPolicy, SpeechBatcher
 from realtime.bus.connection import round_trip
 from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.cli.run import LINE_MAX_WORDS
 from tests.support.bodies import any_event
+from tests.support.captions import Collect, caption
 from tests.support.cli import ROOT, vidsentry
+from tests.support.speech import load_pcm16k, script_prefix_wer
 
 
 def assert_usage_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -259,6 +265,28 @@ async def test_with_a_transcript_the_printer_prints_its_sentences_not_the_finals
     printer.flush()
     assert capsys.readouterr().out.splitlines() == PRINTED_LINES
     assert printer.captions == 1 and len(sink.events) == 4
+
+
+async def test_what_run_prints_of_a_speaker_who_does_not_pause_is_whole_sentences(
+    caption_models: tuple[SpeechRecognizer, VadModel], sample_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sample's narration (its sentence pauses are shorter than an endpoint: one utterance)
+    through a caption stage, printed as `vidsentry run` prints it: a line per sentence, punctuated,
+    every sentence there."""
+    from realtime.cli.run import CaptionPrinter
+
+    recognizer, vad = caption_models
+    narration = load_pcm16k(sample_dir / "narration.wav", seconds=22.0)
+    async with SpeechBatcher(recognizer) as batcher:
+        sink = await caption(CaptionEngine(batcher, vad, CaptionPolicy()), narration, speed=4.0)
+    printer = CaptionPrinter(Collect(), quiet=False)
+    for event in sink.events:
+        await printer.publish(event)
+    printer.flush()
+    lines = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) >= 4 and all(line.endswith((".", "?", "!")) for line in lines[:-1]), lines
+    assert all(len(line.split()) < LINE_MAX_WORDS for line in lines), lines  # sentences, not run-on pieces
+    assert script_prefix_wer(" ".join(lines)) <= 0.2, lines
 
 
 def test_the_summary_says_what_the_compute_budget_decided() -> None:

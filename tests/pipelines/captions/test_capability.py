@@ -14,7 +14,8 @@ from pipelines.captions.config import CaptionsSettings
 from pipelines.captions.engine import RECOGNIZER, TRANSCRIBER
 from pipelines.compute import ComputeBudget
 from pipelines.events import EventKind
-from tests.pipelines.captions.test_stage import caption, utterances
+from tests.pipelines.captions.test_stage import utterances
+from tests.support.captions import caption
 from tests.support.speech import load_pcm16k
 
 

@@ -16,26 +16,12 @@ from engines.asr.types import AsrRequest, AsrResult, SpeechRecognizer
 from engines.asr.vad import VadModel
 from pipelines.captions import policy
 from pipelines.captions.engine import CaptionEngine, CaptionPolicy, SpeechBatcher
-from pipelines.captions.stage import TRANSCRIPTS_WAITING, CaptionStage
+from pipelines.captions.stage import TRANSCRIPTS_WAITING
 from pipelines.captions.transcript import kept_text
 from pipelines.events import Event, EventKind
-from pipelines.frames import AudioChunk
-from pipelines.mailbox import AudioBuffer
+from tests.support.captions import Collect, caption
 from tests.support.speech import load_pcm16k, script_prefix_wer
 from tests.support.waiting import wait_until
-
-CHUNK = 320  # 20 ms, as RTP audio arrives
-
-
-class Collect:
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    async def publish(self, event: Event) -> None:
-        self.events.append(event)
-
-    def of(self, kind: EventKind) -> list[dict[str, object]]:
-        return [dict(e.data) for e in self.events if e.kind == kind]
 
 
 @pytest.fixture
@@ -43,30 +29,6 @@ async def engine(caption_models: tuple[SpeechRecognizer, VadModel]) -> AsyncIter
     recognizer, vad = caption_models
     async with SpeechBatcher(recognizer) as batcher:
         yield CaptionEngine(batcher, vad, CaptionPolicy())
-
-
-async def caption(
-    engine: CaptionEngine,
-    samples: np.ndarray,
-    *,
-    start_pts: float = 100.0,
-    speed: float = 4.0,
-    sink: Collect | None = None,
-) -> Collect:
-    """Feed `samples` to a caption stage `speed` times faster than real time; wait for it to finish."""
-    sink = sink or Collect()
-    buffer = AudioBuffer(max_seconds=60.0)
-    stage = sink.stage = CaptionStage("s1", buffer, engine, sink)  # type: ignore[attr-defined]
-    task = asyncio.create_task(stage.run())
-    begin, paced = time.time(), time.monotonic()
-    for offset in range(0, samples.shape[0], CHUNK):
-        pts = start_pts + offset / 16_000
-        buffer.put(AudioChunk("s1", pts, begin + offset / 16_000, samples[offset : offset + CHUNK]))
-        if offset % (CHUNK * 10) == 0:  # on a schedule: sleeps that run late do not add up
-            await asyncio.sleep(max(0.0, paced + (offset + CHUNK * 10) / 16_000 / speed - time.monotonic()))
-    buffer.close()
-    await asyncio.wait_for(task, 60)
-    return sink
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from pipelines.captions.transcript import (
     forced_text,
     kept_text,
     piece_cut,
+    unheard,
 )
 from pipelines.event_bodies import caption_event, transcript_event
 from pipelines.events import Event
@@ -105,15 +106,19 @@ def test_where_a_piece_is_cut() -> None:
     assert index == 0 and cut == pytest.approx(sentence.end + 0.15)
     early = seg("a", "it works.", 0.5)  # a sentence that ends before PIECE_MIN_S is no place to cut
     assert piece_cut([early, seg("b", "and then", 1.4)], 0.0, pending_start=2.5) is None
-    # No sentence and PIECE_MAX_S of speech: after the segment followed by the widest gap, from
-    # PIECE_MIN_S in.
-    no_stop = [seg("c", "no stop", 1.5), seg("d", "here at", 2.4), seg("e", "all", 3.6)]  # gaps 0.2, 0.5
-    assert piece_cut(no_stop, 0.0, pending_start=PIECE_MAX_S + 0.1) is None  # not PIECE_MAX_S yet
-    no_stop.append(seg("f", "today", PIECE_MAX_S))
-    index, cut = piece_cut(no_stop, 0.0, pending_start=PIECE_MAX_S + 0.6)  # type: ignore[misc]
-    assert index == 1 and cut == pytest.approx(3.1 + 0.15)  # the gap after "here at", the widest
-    index, cut = piece_cut(no_stop, 0.0, pending_start=PIECE_MAX_S + 1.5)  # type: ignore[misc]
-    assert index == 3 and cut == pytest.approx(PIECE_MAX_S + 0.3 + 0.15)  # the pause before the pending words
+    # No sentence and PIECE_MAX_S of speech: after the segment followed by the widest gap, among
+    # those of the last GAP_CHOICE_S.
+    m = PIECE_MAX_S
+    no_stop = [seg("c", "no stop", m - 2.5), seg("d", "here at", m - 1.6), seg("e", "all", m - 0.4)]  # gaps 0.2, 0.5
+    assert piece_cut(no_stop, 0.0, pending_start=m + 0.1) is None  # not PIECE_MAX_S yet
+    no_stop.append(seg("f", "today", m))  # 0.1 s after "all"
+    index, cut = piece_cut(no_stop, 0.0, pending_start=m + 0.6)  # type: ignore[misc]
+    # "today" and the pause after it (0.3 s), not the wider one after "here at": the words after that
+    # would wait for a piece more.
+    assert index == 3 and cut == pytest.approx(m + 0.3 + 0.15)
+    early_gap = [seg("c", "no stop", 1.5), seg("d", "here at", 2.8), seg("e", "all", 3.6), seg("f", "to", 4.1)]
+    index, _ = piece_cut(early_gap, 0.0, pending_start=4.45)  # type: ignore[misc]
+    assert index == 2  # gaps 0.6 after "no stop" (too early), then 0.1, 0.2 and 0.05: the widest of the last second
     # Only segments with `heard_to` audio after them: the decode hears what follows the piece's last words.
     assert piece_cut([sentence, running], 0.0, pending_start=None, heard_to=sentence.end - 0.1) is None
     assert piece_cut(no_stop, 0.0, pending_start=PIECE_MAX_S + 1.5, heard_to=PIECE_MAX_S) is None
@@ -145,6 +150,18 @@ def test_the_words_after_the_forced_prefix_are_found_by_their_letters() -> None:
     assert [w.text for w in after_prefix(decoded, prefix)] == [" A"]
     assert after_prefix(decoded, []) == decoded
     assert after_prefix(decoded[:2], prefix) == []  # the decode said nothing more
+
+
+def test_the_finals_a_decode_left_out_are_found_even_under_a_stretched_last_word() -> None:
+    said = "platform two please allow extra time to reach it"
+    finals = words(said, 17.0)  # a word every 0.4 s
+    assert unheard(finals, words(said, 17.1)) == []  # times a little off
+    assert unheard(finals, words("platform two allow extra time to reach it", 17.0)) == []  # one word: tolerated
+    skipped = unheard(finals, words("platform two", 17.0) + words("reach it", 19.8))
+    assert [w.text for w in skipped] == [" allow", " extra", " time"]
+    # A decode that stopped early: its last word aligned over the audio it did not transcribe.
+    stopped = [Word(" platform", 17.0, 17.3, 0.9), Word(" two.", 17.4, 20.5, 0.4)]
+    assert [w.text for w in unheard(finals, stopped)] == [w.text for w in finals[2:]]
 
 
 def test_speech_with_nothing_final_for_whispers_whole_window_is_bounded_and_counted() -> None:
