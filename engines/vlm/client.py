@@ -11,7 +11,15 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engines.vlm.errors import VlmBadResponse, VlmCacheMiss, VlmError, VlmTimeout, VlmTooManyImages, VlmUnavailable
+from engines.vlm.errors import (
+    VlmBadResponse,
+    VlmCacheMiss,
+    VlmError,
+    VlmRequestError,
+    VlmTimeout,
+    VlmTooManyImages,
+    VlmUnavailable,
+)
 from engines.vlm.resilience import BreakerState, CircuitBreaker, RetryBudget, backoff_s
 from engines.vlm.routing import rendezvous_order
 from engines.vlm.schema import schema_problem
@@ -26,6 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_MISSES_IN_A_ROW = 3  # an endpoint whose cache never holds an image (caching off) gets the data
+# How a server that does not take images by uuid says so: pydantic's refusal of `"image_url": null`
+# (vLLM before 0.11, SGLang, LM Studio) is a 400, FastAPI's own a 422; llama.cpp and Ollama answer 400.
+UUID_REFUSAL_STATUSES = (400, 422)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +54,9 @@ class VlmSettings:
     # An image sent (with data) to an endpoint in one of its last this many images goes by uuid alone
     # next time; a cache miss sends it again with its data. 0: always send the data.
     uuid_only_images: int = 1024
+    # An endpoint that refused images by uuid gets plain data URLs; asked again with uuids after this
+    # long (the server may have been upgraded), and after a restart of the client.
+    uuid_reprobe_s: float = 600.0
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -58,6 +72,8 @@ class VlmSettings:
             raise ValueError("vlm: model is required")
         if self.max_retries < 0 or self.max_in_flight < 1 or self.connect_timeout_s <= 0:
             raise ValueError("vlm: max_retries >= 0, max_in_flight >= 1, connect_timeout_s > 0")
+        if self.uuid_reprobe_s <= 0:
+            raise ValueError("vlm: uuid_reprobe_s > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +84,7 @@ class EndpointStats:
     failures: int
     times_opened: int
     image_limit: int | None
+    images: str = "uuid"  # how it gets images: "uuid" (content-bound ids, data once) or "data" (data URLs only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +104,7 @@ class VlmStats:
     images_sent: int = 0  # images sent with their data
     images_by_uuid: int = 0  # images sent by uuid alone (the server had them)
     cache_misses: int = 0  # uuid-only requests the server no longer had the images for (sent again)
+    uuid_refusals: int = 0  # requests refused for their image uuids, sent again at once with data URLs
 
 
 class _Endpoint:
@@ -97,6 +115,10 @@ class _Endpoint:
         self.reports_cached = False  # vLLM omits cached_tokens when 0: once seen, absence means 0
         self.sent: OrderedDict[str, None] = OrderedDict()  # image uuids this endpoint has (LRU, bounded)
         self.misses_in_a_row = 0  # uuid-only images it no longer had; past MAX_MISSES_IN_A_ROW, data always
+        self.data_only_until = 0.0  # monotonic time: until then it refused images by uuid; data URLs only
+        self.data_only_unconfirmed = False  # set by a refusal, cleared by the data-only answer that follows
+        self.data_only_logged = False
+        self.last_refusal = ""
         self.requests = 0
         self.failures = 0
 
@@ -115,7 +137,7 @@ class VlmClient:
         self._counts = dict.fromkeys(
             ("requests", "succeeded", "failed", "retries", "retries_denied", "timeouts", "in_flight",
              "prompt_tokens", "cached_tokens", "completion_tokens", "request_bytes", "images_sent",
-             "images_by_uuid", "cache_misses"), 0)
+             "images_by_uuid", "cache_misses", "uuid_refusals"), 0)
 
     async def complete(self, request: VlmRequest, *, on_delta: DeltaSink | None = None) -> VlmResponse:
         """One chat completion. Raises VlmUnavailable (fast while every circuit is open),
@@ -188,6 +210,14 @@ class VlmClient:
             except VlmTooManyImages as exc:
                 endpoint.image_limit = exc.limit  # remembered: image_limit() tells the describer
                 raise
+            except _UuidsRefused as exc:
+                # Not the server's fault nor a transient one: it takes images as data URLs only.
+                # Sent again at once without uuids; no retry is spent.
+                self._counts["uuid_refusals"] += 1
+                self._refused_uuids(endpoint, exc.error)
+                if on_delta is not None:
+                    on_delta(None)
+                continue
             except VlmCacheMiss:
                 # The server lost images it had (a restart, its cache full): send them with their
                 # data, at once; that is not a failure of the endpoint, and no retry is spent.
@@ -219,9 +249,10 @@ class VlmClient:
         self, endpoint: _Endpoint, request: VlmRequest, deadline: float, on_delta: DeltaSink | None
     ) -> Completion:
         endpoint.requests += 1
-        uuid_only = (self._settings.image_uuids and self._settings.uuid_only_images > 0
+        send_uuids = self._settings.image_uuids and time.monotonic() >= endpoint.data_only_until
+        uuid_only = (send_uuids and self._settings.uuid_only_images > 0
                      and endpoint.misses_in_a_row < MAX_MISSES_IN_A_ROW)
-        body = chat_body(request, self._settings.model, image_uuids=self._settings.image_uuids,
+        body = chat_body(request, self._settings.model, image_uuids=send_uuids,
                          cached=endpoint.sent if uuid_only else ())
         # Encoded once, here: what is counted is what goes on the wire (frames as base64 are MBs).
         payload = json.dumps(body, separators=(",", ":")).encode()
@@ -237,16 +268,37 @@ class VlmClient:
         except self._transport.TransientFailure as exc:
             self._failed(endpoint, str(exc))
             raise
-        except VlmError:
+        except VlmError as exc:
             self._answered(endpoint)  # with a refusal, but it answered: the endpoint is up
+            if (send_uuids and request.image_count() and type(exc) is VlmRequestError
+                    and exc.status in UUID_REFUSAL_STATUSES):
+                raise _UuidsRefused(exc) from None
+            if endpoint.data_only_unconfirmed and isinstance(exc, VlmRequestError):
+                # The same refusal without uuids: it was about something else. Undo the verdict.
+                endpoint.data_only_until, endpoint.data_only_unconfirmed = 0.0, False
             raise
         except BaseException:
             breaker.release()  # cancelled: no verdict on the endpoint
             raise
         self._answered(endpoint)
+        if endpoint.data_only_unconfirmed and not send_uuids:
+            endpoint.data_only_unconfirmed = False
+            if not endpoint.data_only_logged:
+                endpoint.data_only_logged = True
+                log.warning("VLM endpoint %s does not take images by uuid (it refused them: %s): sending them as "
+                            "data URLs, trying uuids again every %.0f s", endpoint.url,
+                            endpoint.last_refusal, self._settings.uuid_reprobe_s)
         if uuid_only:
             self._remember(endpoint, request, held=by_uuid > 0)
         return completion
+
+    def _refused_uuids(self, endpoint: _Endpoint, error: VlmRequestError) -> None:
+        """The endpoint refused a request that named images by uuid: data URLs only for a while.
+        Unconfirmed until the same request goes through without uuids."""
+        endpoint.data_only_until = time.monotonic() + self._settings.uuid_reprobe_s
+        endpoint.data_only_unconfirmed = True
+        endpoint.last_refusal = " ".join(str(error).split())[:160]
+        endpoint.sent.clear()
 
     def _count_body(self, body: dict[str, Any], size: int) -> int:
         """Bytes on the wire and how each image went (with its data, or by uuid alone); returns
@@ -322,9 +374,10 @@ class VlmClient:
             prompt_tokens=c["prompt_tokens"], cached_tokens=c["cached_tokens"],
             completion_tokens=c["completion_tokens"], request_bytes=c["request_bytes"],
             images_sent=c["images_sent"], images_by_uuid=c["images_by_uuid"], cache_misses=c["cache_misses"],
+            uuid_refusals=c["uuid_refusals"],
             endpoints=tuple(
                 EndpointStats(e.url, e.breaker.state.value, e.requests, e.failures, e.breaker.times_opened,
-                              e.image_limit)
+                              e.image_limit, "data" if time.monotonic() < e.data_only_until else "uuid")
                 for e in self._endpoints.values()
             ),
         )
@@ -341,6 +394,14 @@ class VlmClient:
             self._session = self._transport.new_session(
                 connect_timeout_s=s.connect_timeout_s, max_connections=s.max_in_flight, api_key=s.api_key)
         return self._session
+
+
+class _UuidsRefused(Exception):
+    """A 4xx to a request that named its images by uuid: the server may take data URLs only."""
+
+    def __init__(self, error: VlmRequestError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _parse_fields(completion: Completion, request: VlmRequest) -> dict[str, Any]:

@@ -48,9 +48,13 @@ def vlm_samples(engine: DescribeEngine) -> Iterable[Sample]:
     for kind, value in (("prompt", stats.prompt_tokens), ("cached", stats.cached_tokens),
                         ("completion", stats.completion_tokens)):
         yield Sample("vidsentry_vlm_tokens", "VLM tokens by kind", value, labels=(("kind", kind),))
+    yield Sample("vidsentry_vlm_uuid_refusals", "VLM requests refused for naming images by uuid (sent again as data)",
+                 stats.uuid_refusals)
     for endpoint in stats.endpoints:
         yield Sample("vidsentry_vlm_endpoint_open", "1 while an endpoint's circuit is open (not asked)",
                      int(endpoint.breaker == "open"), "gauge", (("endpoint", endpoint.url),))
+        yield Sample("vidsentry_vlm_endpoint_data_only", "1 while an endpoint gets images as data URLs only",
+                     int(endpoint.images == "data"), "gauge", (("endpoint", endpoint.url),))
 
 
 CAPABILITY: Capability[DescribeEngine, VlmConfig] = Capability(

@@ -13,6 +13,9 @@ What follows vLLM (v0.10+ OpenAI server):
   (404), `stream_options` without `stream`, a non-zero `priority` without priority scheduling,
   more images than `--limit-mm-per-prompt`, a prompt over the context length (both of vLLM's
   wordings), a uuid-only image the cache does not hold; `--api-key` refusals as `{"error": "Unauthorized"}`;
+- `images="data"` is a server that takes images only as data URLs (vLLM before 0.11, SGLang,
+  llama.cpp's server, Ollama, LM Studio): it ignores a part's `uuid` (its caches key images by
+  their bytes) and refuses `"image_url": null` with a 400 in pydantic's words;
 - `usage.prompt_tokens_details.cached_tokens` only with `prompt_tokens_details=True`
   (`--enable-prompt-tokens-details`), and, as vLLM does, left out when it is 0.
 
@@ -71,7 +74,11 @@ class VllmSimulator:
         cache_blocks: int = 65536,
         max_requests_kept: int = 512,
         port: int = 0,
+        images: str = "uuid",
     ) -> None:
+        if images not in ("uuid", "data"):
+            raise ValueError(f"images: 'uuid' or 'data', not {images!r}")
+        self.images = images
         self.model = model
         self.max_model_len = max_model_len
         self.limit_images = limit_images
@@ -336,7 +343,11 @@ class VllmSimulator:
 
     def _image_tokens(self, part: dict[str, Any], index: int) -> list[Token]:
         url = (part.get("image_url") or {}).get("url") if isinstance(part.get("image_url"), dict) else None
-        given_uuid = part.get("uuid")
+        given_uuid = part.get("uuid") if self.images == "uuid" else None
+        if url is None and self.images == "data":
+            raise _Refusal(f"1 validation error for ChatCompletionRequest\nmessages.{index}.content.image_url\n"
+                           "  Input should be a valid dictionary [type=dict_type, input_value=None, "
+                           "input_type=NoneType]", "messages")
         if url is None:
             if given_uuid is None or given_uuid not in self._media:
                 raise _Refusal(f"Cache miss for image at index {index} but data is not provided.", "image")

@@ -266,3 +266,54 @@ async def test_uuid_only_is_off_when_disabled(sim: VllmSimulator, make_client: M
     await client.complete(append_only(frames, 2))
     await client.complete(append_only(frames, 3))
     assert all(p["image_url"] is not None for p in image_parts(sim.requests[-1]))
+
+
+async def test_a_server_that_takes_data_urls_only_gets_them_at_once_and_keeps_its_prefix_reuse(
+    make_client: MakeClient, frames: list[VlmImage], caplog: pytest.LogCaptureFixture
+) -> None:
+    async with VllmSimulator(images="data") as sim:
+        client = await make_client(sim.url, max_retries=0)
+        with caplog.at_level(logging.WARNING, logger="engines.vlm.client"):
+            answers = [await client.complete(append_only(frames, n)) for n in range(2, 7)]
+
+        assert all(a.text for a in answers)  # every one answered: none lost to the uuid refusal
+        stats = client.stats()
+        assert stats.failed == 0 and stats.retries == 0 and stats.uuid_refusals == 1
+        assert stats.endpoints[0].images == "data"
+        refused, resent = sim.requests[1], sim.requests[2]
+        assert any(p["image_url"] is None for p in image_parts(refused))
+        assert all(p["image_url"] is not None and "uuid" not in p for p in image_parts(resent))
+        assert all("uuid" not in p for body in sim.requests[2:] for p in image_parts(body))
+        # Its cache keys images by their bytes: the window's prefix is reused all the same.
+        assert answers[-1].cached_tokens is not None and answers[-1].cached_tokens > 0.6 * answers[-1].prompt_tokens
+        said = [r.getMessage() for r in caplog.records if "does not take images by uuid" in r.getMessage()]
+        assert len(said) == 1 and sim.url in said[0]
+
+
+async def test_an_endpoint_that_refused_uuids_is_asked_with_them_again_after_the_reprobe_time(
+    make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    async with VllmSimulator(images="data") as sim:
+        client = await make_client(sim.url, uuid_reprobe_s=0.2)
+        await client.complete(append_only(frames, 2))
+        await client.complete(append_only(frames, 3))
+        assert client.stats().uuid_refusals == 1
+        sim.images = "uuid"  # upgraded in place
+        await wait_until(lambda: client.stats().endpoints[0].images == "uuid", 5.0, "the reprobe time")
+        await client.complete(append_only(frames, 4))
+        await client.complete(append_only(frames, 5))
+        assert any(p["image_url"] is None for p in image_parts(sim.requests[-1]))  # by uuid again
+        assert client.stats().uuid_refusals == 1
+
+
+async def test_a_refusal_that_is_not_about_uuids_is_raised_and_leaves_uuids_on(
+    sim: VllmSimulator, make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    client = await make_client(sim.url)
+    sim.scheduling_policy = "fcfs"
+    with pytest.raises(VlmRequestError, match="Priority scheduling is not enabled"):
+        await client.complete(append_only(frames, 2, priority=5))
+    assert client.stats().endpoints[0].images == "uuid"  # the same 400 without uuids: not their fault
+    assert len(sim.requests) == 2
+    await client.complete(append_only(frames, 2))
+    assert all("uuid" in p for p in image_parts(sim.requests[-1]))

@@ -6,6 +6,7 @@ outage and recovery, `vlm` alerts, and a stream that ends while a request is in 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -88,16 +89,22 @@ async def describer(
         await vlm.aclose()
 
 
-def flat(body: dict[str, Any]) -> list[str]:
-    """A request body's messages as vLLM renders them, part by part: an image is its uuid, which is
-    what vLLM keys it by, whether its data came along or it went by uuid alone."""
+def flat(body: dict[str, Any], data: dict[str, str]) -> list[str]:
+    """A request body's messages as the server renders them, part by part: an image is its data,
+    whether it came along or the image went by uuid alone (`data` maps the uuids seen with data)."""
     out: list[str] = []
     for message in body["messages"]:
         out.append(f"<{message['role']}>")
         content = message["content"]
         parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        out += [f"<image {part['uuid']}>" if part.get("type") == "image_url" else json.dumps(part, sort_keys=True)
-                for part in parts]
+        for part in parts:
+            if part.get("type") != "image_url":
+                out.append(json.dumps(part, sort_keys=True))
+                continue
+            if part["image_url"] is not None and "uuid" in part:
+                data[part["uuid"]] = part["image_url"]["url"]
+            url = data[part["uuid"]] if part["image_url"] is None else part["image_url"]["url"]
+            out.append(f"<image {hashlib.sha256(url.encode()).hexdigest()}>")
         out.append("</>")
     return out
 
@@ -106,14 +113,17 @@ def descriptions(events: ListSink) -> list[dict[str, Any]]:
     return [dict(e.data) for e in events.kinds(EventKind.DESCRIPTIONS)]
 
 
-async def test_descriptions_come_from_requests_that_each_extend_the_last() -> None:
-    async with VllmSimulator(latency_s=0.05, limit_images=16) as sim, describer(sim) as h:
+@pytest.mark.parametrize("images", ["uuid", "data"])
+async def test_descriptions_come_from_requests_that_each_extend_the_last(images: str) -> None:
+    # "data": a server that takes images only as data URLs (vLLM before 0.11, llama.cpp, Ollama, ...).
+    async with VllmSimulator(latency_s=0.05, limit_images=16, images=images) as sim, describer(sim) as h:
         await h.feed_until(lambda: len(descriptions(h.events)) >= 5, 200, "five descriptions")
     bodies = [b for b in sim.requests if b["messages"][-1]["role"] == "user"]
     assert len(bodies) >= 5
+    data: dict[str, str] = {}
     for before, after in zip(bodies, bodies[1:], strict=False):
-        previous = flat(before)[:-1]  # all but the end of its last turn: its instruction stays
-        assert flat(after)[: len(previous)] == previous
+        previous = flat(before, data)[:-1]  # all but the end of its last turn: its instruction stays
+        assert flat(after, data)[: len(previous)] == previous
     assert sim.peak_in_flight == 1  # one description at a time
     first, *rest = descriptions(h.events)
     assert first["text"] == "A person walks across an empty parking lot."
@@ -126,6 +136,8 @@ async def test_descriptions_come_from_requests_that_each_extend_the_last() -> No
     counters = h.stage.counters()
     assert counters["descriptions"] == len(descriptions(h.events))
     assert counters["vlm_cached_tokens"] > 0 and counters["describe_frames"] >= later["frames"]
+    assert counters["description_failures"] == 0
+    assert h.client.stats().uuid_refusals == (images == "data")
 
 
 async def test_speech_from_the_streams_captions_joins_the_window() -> None:
@@ -181,7 +193,8 @@ async def test_an_outage_pauses_descriptions_and_they_resume() -> None:
     assert h.stage.stats.description_failures >= 3
 
 
-async def test_a_sustained_yes_is_a_vlm_alert_with_the_models_reason() -> None:
+@pytest.mark.parametrize("images", ["uuid", "data"])
+async def test_a_sustained_yes_is_a_vlm_alert_with_the_models_reason(images: str) -> None:
     def answer(body: dict[str, Any]) -> str:
         last = body["messages"][-1]["content"][-1]["text"]
         if "Question:" in last:
@@ -203,7 +216,7 @@ async def test_a_sustained_yes_is_a_vlm_alert_with_the_models_reason() -> None:
         ]
     )
     assert isinstance(rule, VlmRule)
-    async with VllmSimulator(answer=answer) as sim, describer(sim, rules=(rule,)) as h:
+    async with VllmSimulator(answer=answer, images=images) as sim, describer(sim, rules=(rule,)) as h:
         await h.feed_until(lambda: bool(h.events.kinds(EventKind.ALERTS)), 200, "a vlm alert")
         await h.feed(10)
     checks = [b for b in sim.requests if "Question:" in b["messages"][-1]["content"][-1]["text"]]
