@@ -11,8 +11,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from engines.vlm.answers import read_fields
 from engines.vlm.errors import (
-    VlmBadResponse,
     VlmCacheMiss,
     VlmError,
     VlmRequestError,
@@ -22,9 +22,8 @@ from engines.vlm.errors import (
 )
 from engines.vlm.resilience import BreakerState, CircuitBreaker, RetryBudget, backoff_s
 from engines.vlm.routing import rendezvous_order
-from engines.vlm.schema import schema_problem
 from engines.vlm.types import DeltaSink, VlmRequest, VlmResponse
-from engines.vlm.wire import chat_body, request_uuids
+from engines.vlm.wire import chat_body, refused_field, request_uuids
 
 if TYPE_CHECKING:
     import aiohttp
@@ -85,6 +84,7 @@ class EndpointStats:
     times_opened: int
     image_limit: int | None
     images: str = "uuid"  # how it gets images: "uuid" (content-bound ids, data once) or "data" (data URLs only)
+    omitted: tuple[str, ...] = ()  # optional fields it refused, left out of its requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +105,12 @@ class VlmStats:
     images_by_uuid: int = 0  # images sent by uuid alone (the server had them)
     cache_misses: int = 0  # uuid-only requests the server no longer had the images for (sent again)
     uuid_refusals: int = 0  # requests refused for their image uuids, sent again at once with data URLs
+    # How answers to requests with a JSON schema came: whole JSON, JSON inside a fence or prose, or
+    # no JSON at all (a server that ignores response_format).
+    answers_json: int = 0
+    answers_extracted: int = 0
+    answers_text: int = 0
+    fields_refused: int = 0  # requests refused for an optional field (cache_salt, priority, stream_options)
 
 
 class _Endpoint:
@@ -119,6 +125,7 @@ class _Endpoint:
         self.data_only_unconfirmed = False  # set by a refusal, cleared by the data-only answer that follows
         self.data_only_logged = False
         self.last_refusal = ""
+        self.omit: set[str] = set()  # optional fields it refused as unknown: left out from then on
         self.requests = 0
         self.failures = 0
 
@@ -137,7 +144,8 @@ class VlmClient:
         self._counts = dict.fromkeys(
             ("requests", "succeeded", "failed", "retries", "retries_denied", "timeouts", "in_flight",
              "prompt_tokens", "cached_tokens", "completion_tokens", "request_bytes", "images_sent",
-             "images_by_uuid", "cache_misses", "uuid_refusals"), 0)
+             "images_by_uuid", "cache_misses", "uuid_refusals", "answers_json", "answers_extracted", "answers_text",
+             "fields_refused"), 0)
 
     async def complete(self, request: VlmRequest, *, on_delta: DeltaSink | None = None) -> VlmResponse:
         """One chat completion. Raises VlmUnavailable (fast while every circuit is open),
@@ -210,6 +218,14 @@ class VlmClient:
             except VlmTooManyImages as exc:
                 endpoint.image_limit = exc.limit  # remembered: image_limit() tells the describer
                 raise
+            except _FieldRefused as exc:
+                self._counts["fields_refused"] += 1
+                endpoint.omit.add(exc.field)
+                log.warning("VLM endpoint %s refused the field %r (%s): sending requests without it",
+                            endpoint.url, exc.field, " ".join(str(exc.error).split())[:160])
+                if on_delta is not None:
+                    on_delta(None)
+                continue
             except _UuidsRefused as exc:
                 # Not the server's fault nor a transient one: it takes images as data URLs only.
                 # Sent again at once without uuids; no retry is spent.
@@ -253,7 +269,7 @@ class VlmClient:
         uuid_only = (send_uuids and self._settings.uuid_only_images > 0
                      and endpoint.misses_in_a_row < MAX_MISSES_IN_A_ROW)
         body = chat_body(request, self._settings.model, image_uuids=send_uuids,
-                         cached=endpoint.sent if uuid_only else ())
+                         cached=endpoint.sent if uuid_only else (), omit=endpoint.omit)
         # Encoded once, here: what is counted is what goes on the wire (frames as base64 are MBs).
         payload = json.dumps(body, separators=(",", ":")).encode()
         by_uuid = self._count_body(body, len(payload))
@@ -270,6 +286,9 @@ class VlmClient:
             raise
         except VlmError as exc:
             self._answered(endpoint)  # with a refusal, but it answered: the endpoint is up
+            if (type(exc) is VlmRequestError and exc.status in UUID_REFUSAL_STATUSES
+                    and (field := refused_field(str(exc), body)) is not None):
+                raise _FieldRefused(field, exc) from None
             if (send_uuids and request.image_count() and type(exc) is VlmRequestError
                     and exc.status in UUID_REFUSAL_STATUSES):
                 raise _UuidsRefused(exc) from None
@@ -344,9 +363,12 @@ class VlmClient:
         if usage.cached_tokens is not None:
             endpoint.reports_cached = True
         cached = usage.cached_tokens if usage.cached_tokens is not None else (0 if endpoint.reports_cached else None)
-        fields = None
+        fields, form = None, None
         if request.json_schema is not None:
-            fields = _parse_fields(completion, request)
+            read = read_fields(completion.text, request.json_schema, cut=completion.finish_reason == "length",
+                               max_tokens=request.max_tokens)
+            fields, form = read.values, read.form
+            self._counts[f"answers_{form}"] += 1
         return VlmResponse(
             text=completion.text,
             fields=fields,
@@ -356,6 +378,7 @@ class VlmClient:
             latency_ms=(time.monotonic() - started) * 1000.0,
             model=completion.model or self._settings.model,
             endpoint=endpoint.url,
+            form=form,
         )
 
     def image_limit(self, route_key: str) -> int | None:
@@ -374,10 +397,13 @@ class VlmClient:
             prompt_tokens=c["prompt_tokens"], cached_tokens=c["cached_tokens"],
             completion_tokens=c["completion_tokens"], request_bytes=c["request_bytes"],
             images_sent=c["images_sent"], images_by_uuid=c["images_by_uuid"], cache_misses=c["cache_misses"],
-            uuid_refusals=c["uuid_refusals"],
+            uuid_refusals=c["uuid_refusals"], answers_json=c["answers_json"],
+            answers_extracted=c["answers_extracted"], answers_text=c["answers_text"],
+            fields_refused=c["fields_refused"],
             endpoints=tuple(
                 EndpointStats(e.url, e.breaker.state.value, e.requests, e.failures, e.breaker.times_opened,
-                              e.image_limit, "data" if time.monotonic() < e.data_only_until else "uuid")
+                              e.image_limit, "data" if time.monotonic() < e.data_only_until else "uuid",
+                              tuple(sorted(e.omit)))
                 for e in self._endpoints.values()
             ),
         )
@@ -396,28 +422,20 @@ class VlmClient:
         return self._session
 
 
+class _FieldRefused(Exception):
+    """A 4xx naming an optional field the request carried: the server does not know it."""
+
+    def __init__(self, field: str, error: VlmRequestError) -> None:
+        super().__init__(str(error))
+        self.field, self.error = field, error
+
+
 class _UuidsRefused(Exception):
     """A 4xx to a request that named its images by uuid: the server may take data URLs only."""
 
     def __init__(self, error: VlmRequestError) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-def _parse_fields(completion: Completion, request: VlmRequest) -> dict[str, Any]:
-    assert request.json_schema is not None
-    text = completion.text
-    if completion.finish_reason == "length":
-        raise VlmBadResponse(f"the answer was cut at max_tokens={request.max_tokens} before its JSON ended", text=text)
-    try:
-        value = json.loads(text)
-    except ValueError:
-        raise VlmBadResponse(f"the model's answer is not JSON: {text[:80]!r}", text=text) from None
-    if not isinstance(value, dict):
-        raise VlmBadResponse("the model's answer is not a JSON object", text=text)
-    if (problem := schema_problem(value, request.json_schema)) is not None:
-        raise VlmBadResponse(f"the model's answer does not fit the schema: {problem}", text=text)
-    return value
 
 
 def create_vlm_client(settings: VlmSettings) -> VlmClient:

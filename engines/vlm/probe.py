@@ -14,12 +14,15 @@ import numpy as np
 
 from engines.registry import EngineCheck
 from engines.vlm.client import VlmSettings, create_vlm_client
-from engines.vlm.errors import VlmContextTooLong, VlmError, VlmRequestError, VlmTooManyImages
+from engines.vlm.errors import VlmContextTooLong, VlmError, VlmTooManyImages
 from engines.vlm.images import encode_image
 from engines.vlm.types import VlmMessage, VlmRequest, VlmText
 from engines.vlm.wire import parse_error
 
 PROBE_TEXT = "vidsentry doctor: a probe. Answer with one word."
+SCHEMA_TEXT = 'vidsentry doctor: a probe. Is the sky blue on a clear day? Answer as JSON: {"answer": "yes" or "no"}'
+PROBE_SCHEMA: dict[str, Any] = {"title": "probe", "type": "object", "required": ["answer"],
+                                "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}}}
 
 
 async def probe_endpoint(
@@ -78,28 +81,31 @@ async def _requests(
     name = f"vlm {url}"
     image = encode_image(np.full((image_size[1], image_size[0], 3), 128, np.uint8), image_size)
     user = VlmMessage("user", (VlmText(PROBE_TEXT), image))
-    request = VlmRequest((user,), route_key="doctor", max_tokens=1, priority=1, timeout_s=timeout_s)
+    request = VlmRequest((user,), route_key="doctor", max_tokens=1, priority=1, cache_salt="vidsentry-doctor",
+                         timeout_s=timeout_s)
     client = create_vlm_client(VlmSettings(endpoints=(url,), model=model, api_key=api_key, max_retries=0))
     checks: list[EngineCheck] = []
     try:
-        try:
-            first = await client.complete(request)
-            checks.append(EngineCheck(f"{name} priority", True, "priority scheduling on"))
-        except VlmRequestError as exc:
-            if "priority" not in str(exc).lower():
-                raise
+        first = await client.complete(request)
+        omitted = client.stats().endpoints[0].omitted  # optional fields the server refused as unknown
+        if "priority" in omitted:
             checks.append(EngineCheck(f"{name} priority", False, "priority scheduling is off: start vllm serve with "
                                       "--scheduling-policy priority (alert checks go ahead of descriptions)"))
-            request = dataclasses.replace(request, priority=0)
-            first = await client.complete(request)
+        else:
+            checks.append(EngineCheck(f"{name} priority", True, "priority scheduling on"))
         checks.append(EngineCheck(
             f"{name} image", True,
             f"one {image_size[0]}x{image_size[1]} image answered in {first.latency_ms:.0f} ms "
             f"({first.prompt_tokens} prompt tokens)"))
-        again = await client.complete(request)
+        again = await client.complete(request)  # the same image: by uuid alone where the server takes that
         checks.append(_cache_check(name, again.cached_tokens))
         text_only = await client.complete(dataclasses.replace(request, messages=(VlmMessage("user", user.parts[:1]),)))
         checks.append(_frame_cost(name, model, image_size, first.prompt_tokens - text_only.prompt_tokens))
+        checks.append(_uuid_check(name, client.stats().uuid_refusals))
+        schema = dataclasses.replace(request, messages=(VlmMessage("user", (VlmText(SCHEMA_TEXT),)),),
+                                     max_tokens=40, json_schema=PROBE_SCHEMA)
+        checks.append(_schema_check(name, (await client.complete(schema)).form))
+        checks += _field_checks(name, client.stats().endpoints[0].omitted, first.prompt_tokens)
     except VlmTooManyImages as exc:
         checks.append(EngineCheck(f"{name} image", False, f"the server takes {exc.limit} images per prompt: serve a "
                                   "vision model and set --limit-mm-per-prompt to the frames an epoch may hold"))
@@ -112,9 +118,43 @@ async def _requests(
     return checks
 
 
+def _uuid_check(name: str, refusals: int) -> EngineCheck:
+    if refusals:
+        return EngineCheck(f"{name} images by uuid", True, "the server takes images only as data URLs (vLLM before "
+                           "0.11, or another server): every request carries its window's frames again; vLLM 0.11 "
+                           "or later sends each frame once")
+    return EngineCheck(f"{name} images by uuid", True, "images it holds go by uuid alone, each frame sent once")
+
+
+def _schema_check(name: str, form: str | None) -> EngineCheck:
+    if form == "json":
+        return EngineCheck(f"{name} json schema", True, "answers keep to response_format's JSON schema")
+    if form == "extracted":
+        return EngineCheck(f"{name} json schema", True, "the server ignores response_format; the JSON is read from "
+                           "the model's prose or code fence (counted as vlm answers 'extracted')")
+    return EngineCheck(f"{name} json schema", False, "the server ignores response_format and the model answered in "
+                       "prose: descriptions are kept as text, alert checks read yes or no from the first word, and "
+                       "answers to questions go out with their citations unchecked; serve with structured outputs "
+                       "(vLLM does by default; llama.cpp needs a build with json_schema support)")
+
+
+def _field_checks(name: str, omitted: tuple[str, ...], prompt_tokens: int) -> list[EngineCheck]:
+    usage = "stream_options" not in omitted and prompt_tokens > 0
+    return [
+        EngineCheck(f"{name} streaming usage", usage, "token counts come with each streamed answer" if usage else
+                    "the stream carries no usage: prompt and cached tokens are not counted (vLLM sends them with "
+                    "stream_options.include_usage)"),
+        EngineCheck(f"{name} cache salt", "cache_salt" not in omitted,
+                    "cache_salt keeps tenants' prefix caches apart" if "cache_salt" not in omitted else
+                    "the server refused cache_salt: tenants share its prefix cache (vLLM takes it since 0.9)"),
+    ]
+
+
 def _frame_cost(name: str, model: str, size: tuple[int, int], tokens: int) -> EngineCheck:
     """What one frame costs. Qwen2-VL-family models spend one token per 28x28 px (plus 2 markers);
     more means the server resizes frames, which costs tokens and changes their cache identity."""
+    if tokens <= 0:
+        return EngineCheck(f"{name} frame size", True, "what a frame costs is unknown: the server reports no usage")
     detail = f"a {size[0]}x{size[1]} frame costs {tokens} prompt tokens"
     qwen = "qwen2" in model.lower() and "vl" in model.lower()
     expected = (size[0] // 28) * (size[1] // 28) + 2

@@ -73,13 +73,15 @@ class VlmRequest:
 @dataclass(frozen=True, slots=True)
 class VlmResponse:
     text: str  # the assistant message content (streamed and joined)
-    fields: Mapping[str, Any] | None  # parsed JSON when json_schema was given, else None
+    fields: Mapping[str, Any] | None  # parsed JSON when json_schema was given and the answer held it
     prompt_tokens: int
     cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens when the server reports it
     completion_tokens: int
     latency_ms: float
     model: str
     endpoint: str  # base URL used (never credentials)
+    # With a json_schema: "json", "extracted" (from a fence or prose) or "text" (no JSON; fields None).
+    form: str | None = None
 
 
 DeltaSink = Callable[[str | None], None]  # a streamed piece of the answer; None: a retry starts over

@@ -27,10 +27,16 @@ _SCHEMA_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")
 MAX_ERROR_TEXT = 500  # of a server's message kept in an exception
 
 
+# Fields vLLM takes that a server may refuse as unknown; the request still works without them
+# (no usage in the stream, no tenant-scoped cache, first come first served).
+OPTIONAL_FIELDS = ("cache_salt", "priority", "stream_options")
+
+
 def chat_body(request: VlmRequest, model: str, *, image_uuids: bool,
-              cached: Container[str] = ()) -> dict[str, Any]:
+              cached: Container[str] = (), omit: Container[str] = ()) -> dict[str, Any]:
     """The JSON body of one streamed chat completion for `request`. An image whose uuid is in
-    `cached` (the server has it) goes by its uuid alone, without its bytes."""
+    `cached` (the server has it) goes by its uuid alone, without its bytes; the OPTIONAL_FIELDS in
+    `omit` are left out."""
     body: dict[str, Any] = {
         "model": model,
         "messages": [_message(m, request.cache_salt, image_uuids=image_uuids, cached=cached)
@@ -49,7 +55,16 @@ def chat_body(request: VlmRequest, model: str, *, image_uuids: bool,
             "type": "json_schema",
             "json_schema": {"name": _SCHEMA_NAME_RE.sub("_", title)[:64] or "answer", "schema": request.json_schema},
         }
+    for name in OPTIONAL_FIELDS:
+        if name in omit:
+            body.pop(name, None)
     return body
+
+
+def refused_field(message: str, body: Mapping[str, Any]) -> str | None:
+    """The optional field a 4xx's message names, when the request carried it."""
+    lowered = message.lower()
+    return next((name for name in OPTIONAL_FIELDS if name in body and name in lowered), None)
 
 
 def _message(message: VlmMessage, salt: str | None, *, image_uuids: bool, cached: Container[str]) -> dict[str, Any]:
@@ -134,7 +149,8 @@ def client_error(error: ServerError) -> VlmError:
         hint = " (check the VLM API key)"
     elif error.status == 404:
         hint = " (check the VLM model name and the endpoint URL, which ends in /v1)"
-    return VlmRequestError(f"vLLM refused the request, HTTP {error.status}: {error.message}{hint}", status=error.status)
+    return VlmRequestError(f"the VLM server refused the request, HTTP {error.status}: {error.message}{hint}",
+                           status=error.status)
 
 
 @dataclass(frozen=True, slots=True)

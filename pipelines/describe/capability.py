@@ -48,6 +48,12 @@ def vlm_samples(engine: DescribeEngine) -> Iterable[Sample]:
     for kind, value in (("prompt", stats.prompt_tokens), ("cached", stats.cached_tokens),
                         ("completion", stats.completion_tokens)):
         yield Sample("vidsentry_vlm_tokens", "VLM tokens by kind", value, labels=(("kind", kind),))
+    for form, value in (("json", stats.answers_json), ("extracted", stats.answers_extracted),
+                        ("text", stats.answers_text)):
+        yield Sample("vidsentry_vlm_answers", "VLM answers to a JSON schema by form (json, extracted from prose or "
+                     "a fence, text without JSON)", value, labels=(("form", form),))
+    yield Sample("vidsentry_vlm_fields_refused", "VLM requests refused for a field the server does not know (sent "
+                 "again without it)", stats.fields_refused)
     yield Sample("vidsentry_vlm_uuid_refusals", "VLM requests refused for naming images by uuid (sent again as data)",
                  stats.uuid_refusals)
     for endpoint in stats.endpoints:

@@ -9,6 +9,7 @@ cooldown. The model's short reason is the alert's evidence.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,8 @@ from pipelines.rules.specs import VlmRule
 from pipelines.rules.types import AlertChange
 
 MAX_REASON_CHARS = 200
+# A prose answer's first word, after any markup ("**Yes.** The man ..."), then the rest as reason.
+_PLAIN_RE = re.compile(r"^[\W_]*(yes|no)\b[\W_]*(.*)", re.IGNORECASE | re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,12 +32,13 @@ class Verdict:
 
 
 def parse_verdict(fields: Mapping[str, Any] | None, text: str) -> Verdict | None:
-    """The model's yes/no and reason; None when the answer says neither."""
+    """The model's yes/no and reason; None when the answer says neither. A server that ignores the
+    JSON schema answers in prose: "Yes, a man lies by the door." reads as yes with that reason."""
     if fields is None:
         try:
             parsed = json.loads(text)
         except ValueError:
-            return None
+            return _plain_verdict(text)
         fields = parsed if isinstance(parsed, dict) else None
     if fields is None:
         return None
@@ -43,6 +47,14 @@ def parse_verdict(fields: Mapping[str, Any] | None, text: str) -> Verdict | None
         return None
     reason = " ".join(str(fields.get("reason", "")).split())[:MAX_REASON_CHARS]
     return Verdict(answer == "yes", reason)
+
+
+def _plain_verdict(text: str) -> Verdict | None:
+    match = _PLAIN_RE.match(text)
+    if match is None:
+        return None
+    reason = " ".join(match.group(2).split()).rstrip(".")[:MAX_REASON_CHARS]
+    return Verdict(match.group(1).lower() == "yes", reason)
 
 
 class _Check:

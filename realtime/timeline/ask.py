@@ -34,7 +34,7 @@ import cv2
 import numpy as np
 
 from engines.vlm.client import VlmClient
-from engines.vlm.errors import VlmError
+from engines.vlm.errors import VlmBadResponse, VlmError
 from engines.vlm.types import VlmImage, VlmMessage, VlmRequest, VlmText
 from realtime.timeline.errors import IndexUnavailable, QueryTooBroad
 from realtime.timeline.index import Filters, Hit
@@ -259,6 +259,8 @@ class Asker:
                              route_key="ask", max_tokens=CHECK_TOKENS, json_schema=CHECK_SCHEMA,
                              timeout_s=self.timeout_s)
         response = await self._vlm.complete(request)
+        if response.fields is None:  # a server that ignores the schema: prose cannot confirm a citation
+            raise VlmBadResponse("the checker answered without the JSON it was asked for", text=response.text)
         verdicts: dict[tuple[int, str], bool] = {}
         for item in (response.fields or {}).get("verdicts") or ():
             if isinstance(item, dict) and isinstance(item.get("supported"), bool):

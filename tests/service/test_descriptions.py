@@ -268,7 +268,9 @@ def test_the_vlm_config_section(tmp_path: Path) -> None:
 
 
 async def test_run_with_vlm_url_prints_and_counts_descriptions(vtest_avi: Path) -> None:
-    async with VllmSimulator() as server:
+    # Not vLLM: a server that takes images only as data URLs and leaves the JSON to the model, which
+    # fences it (llama.cpp's server, Ollama, LM Studio). Descriptions must keep coming all the same.
+    async with VllmSimulator(images="data", answers="fenced") as server:
         proc = await asyncio.to_thread(
             vidsentry,
             "run",
@@ -288,6 +290,7 @@ async def test_run_with_vlm_url_prints_and_counts_descriptions(vtest_avi: Path) 
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["descriptions"] >= 2 and summary["vlm_prompt_tokens"] > 0
     assert len(server.requests) >= summary["descriptions"]
+    assert "does not take images by uuid" in proc.stderr  # said once, then data URLs
 
 
 def test_a_bad_vlm_url_is_one_line_and_exit_2(vtest_avi: Path) -> None:

@@ -16,6 +16,12 @@ What follows vLLM (v0.10+ OpenAI server):
 - `images="data"` is a server that takes images only as data URLs (vLLM before 0.11, SGLang,
   llama.cpp's server, Ollama, LM Studio): it ignores a part's `uuid` (its caches key images by
   their bytes) and refuses `"image_url": null` with a 400 in pydantic's words;
+- `answers=` a server that does not constrain the answer to `response_format`'s schema (llama.cpp
+  and Ollama builds without it, LM Studio with some models, a proxy that drops the field): its
+  model writes the JSON in a ```json fence (`"fenced"`), inside a sentence (`"prose"`), or answers
+  in plain words (`"text"`: a description's sentence, "Yes, <reason>." for a yes/no check);
+- `refuse_fields=` a strict server (OpenAI's own API, proxies validating the request) that
+  refuses fields it does not know with a 400: "Unrecognized request argument supplied: <field>";
 - `usage.prompt_tokens_details.cached_tokens` only with `prompt_tokens_details=True`
   (`--enable-prompt-tokens-details`), and, as vLLM does, left out when it is 0.
 
@@ -51,6 +57,7 @@ BLOCK = 16
 BYTES_PER_TOKEN = 4
 PATCH = 28  # Qwen2.5-VL: 14 px patches merged 2x2, one token per 28x28 px
 MAX_BODY = 64 * 1024 * 1024
+ANSWER_MODES = ("schema", "fenced", "prose", "text")
 
 Token = bytes | tuple[Any, ...]
 
@@ -75,10 +82,16 @@ class VllmSimulator:
         max_requests_kept: int = 512,
         port: int = 0,
         images: str = "uuid",
+        answers: str = "schema",
+        refuse_fields: tuple[str, ...] = (),
     ) -> None:
         if images not in ("uuid", "data"):
             raise ValueError(f"images: 'uuid' or 'data', not {images!r}")
+        if answers not in ANSWER_MODES:
+            raise ValueError(f"answers: one of {ANSWER_MODES}, not {answers!r}")
         self.images = images
+        self.answers = answers
+        self.refuse_fields = refuse_fields
         self.model = model
         self.max_model_len = max_model_len
         self.limit_images = limit_images
@@ -284,6 +297,9 @@ class VllmSimulator:
     # -- what vLLM checks --------------------------------------------------------------------
 
     def _validate(self, body: dict[str, Any]) -> web.Response | None:
+        for name in self.refuse_fields:
+            if name in body:
+                return _error(400, f"Unrecognized request argument supplied: {name}", "invalid_request_error", name)
         if body.get("model") != self.model:
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError", "model")
         if body.get("stream_options") is not None and not body.get("stream"):
@@ -395,13 +411,16 @@ class VllmSimulator:
         return usage
 
     def _answer_text(self, body: dict[str, Any]) -> str:
-        if self.answer is not None:
-            return self.answer(body)
         response_format = body.get("response_format") or {}
-        if response_format.get("type") == "json_schema":
+        asked_json = response_format.get("type") == "json_schema"
+        if self.answer is not None:
+            text = self.answer(body)
+        elif asked_json:
             schema = (response_format.get("json_schema") or {}).get("schema") or {}
-            return json.dumps(sample_for_schema(schema))
-        return "A person walks across an empty parking lot."
+            text = json.dumps(sample_for_schema(schema))
+        else:
+            return "A person walks across an empty parking lot."
+        return text if self.answers == "schema" or not asked_json else unconstrained(text, self.answers)
 
 
 class _Refusal(Exception):
@@ -496,6 +515,26 @@ def smart_resize(height: int, width: int, *, min_pixels: int, max_pixels: int, f
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
+
+
+def unconstrained(text: str, mode: str) -> str:
+    """What a model told to answer in JSON, but not held to it, writes instead of `text`."""
+    if mode == "fenced":
+        return f"```json\n{text}\n```"
+    if mode == "prose":
+        return f"Sure! Here is the JSON you asked for: {text} Let me know if you need anything else."
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(value, dict):
+        return text
+    if isinstance(value.get("description"), str):
+        return value["description"]
+    if isinstance(value.get("answer"), str):
+        reason = str(value.get("reason") or "").strip()
+        return f"{value['answer'].capitalize()}{', ' + reason if reason else ''}."
+    return "I checked the claims against the evidence and they look supported."
 
 
 def sample_for_schema(schema: Mapping[str, Any]) -> Any:

@@ -310,10 +310,74 @@ async def test_a_refusal_that_is_not_about_uuids_is_raised_and_leaves_uuids_on(
     sim: VllmSimulator, make_client: MakeClient, frames: list[VlmImage]
 ) -> None:
     client = await make_client(sim.url)
-    sim.scheduling_policy = "fcfs"
-    with pytest.raises(VlmRequestError, match="Priority scheduling is not enabled"):
-        await client.complete(append_only(frames, 2, priority=5))
+    sim.refuse_fields = ("max_tokens",)  # a field no request goes without
+    with pytest.raises(VlmRequestError, match="Unrecognized request argument supplied: max_tokens"):
+        await client.complete(append_only(frames, 2))
     assert client.stats().endpoints[0].images == "uuid"  # the same 400 without uuids: not their fault
     assert len(sim.requests) == 2
+    sim.refuse_fields = ()
     await client.complete(append_only(frames, 2))
     assert all("uuid" in p for p in image_parts(sim.requests[-1]))
+
+
+async def test_a_vllm_without_priority_scheduling_gets_requests_without_priority(
+    sim: VllmSimulator, make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    client = await make_client(sim.url)
+    sim.scheduling_policy = "fcfs"  # "Got priority 5 but Priority scheduling is not enabled."
+    await client.complete(append_only(frames, 2, priority=5))
+    await client.complete(append_only(frames, 3, priority=5))
+    assert client.stats().endpoints[0].omitted == ("priority",) and client.stats().failed == 0
+    assert "priority" not in sim.requests[-1]
+
+
+@pytest.mark.parametrize(("answers", "form"), [("schema", "json"), ("fenced", "extracted"), ("prose", "extracted"),
+                                                ("text", "text")])
+async def test_a_server_that_ignores_the_schema_still_answers_and_the_form_is_counted(
+    answers: str, form: str, make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    async with VllmSimulator(answers=answers) as sim:
+        client = await make_client(sim.url)
+        response = await client.complete(append_only(frames, 2))
+    assert response.form == form
+    if form == "text":  # prose: no fields, the words kept
+        assert response.fields is None and response.text == "A person walks across an empty parking lot."
+    else:
+        assert response.fields == {"description": "A person walks across an empty parking lot.", "people": 1}
+    stats = client.stats()
+    assert (stats.answers_json, stats.answers_extracted, stats.answers_text) == (
+        form == "json", form == "extracted", form == "text")
+
+
+async def test_json_in_prose_that_breaks_off_or_misfits_is_still_a_bad_response(
+    make_client: MakeClient, frames: list[VlmImage]
+) -> None:
+    async with VllmSimulator(answer=lambda body: '{"description": "x", "people": -2}', answers="fenced") as sim:
+        client = await make_client(sim.url)
+        with pytest.raises(VlmBadResponse, match="below the minimum"):
+            await client.complete(append_only(frames, 1))
+    long_answer = "```json\n" + json.dumps({"description": "word " * 200, "people": 1})
+    async with VllmSimulator(answer=lambda body: long_answer) as sim:
+        client = await make_client(sim.url)
+        with pytest.raises(VlmBadResponse, match="cut at max_tokens=64"):
+            await client.complete(append_only(frames, 1))
+
+
+@pytest.mark.parametrize("field", ["cache_salt", "priority", "stream_options"])
+async def test_a_field_the_server_does_not_know_is_dropped_for_that_endpoint(
+    field: str, make_client: MakeClient, frames: list[VlmImage], caplog: pytest.LogCaptureFixture
+) -> None:
+    async with VllmSimulator(refuse_fields=(field,)) as sim:
+        client = await make_client(sim.url, max_retries=0)
+        with caplog.at_level(logging.WARNING, logger="engines.vlm.client"):
+            for n in (1, 2, 3):
+                response = await client.complete(append_only(frames, n, priority=5, salt="tenant-a"))
+        assert response.fields is not None
+        stats = client.stats()
+        assert stats.failed == 0 and stats.retries == 0 and stats.fields_refused == 1
+        assert stats.endpoints[0].omitted == (field,)
+        assert field in sim.requests[0] and all(field not in body for body in sim.requests[1:])
+        assert len(sim.requests) == 4  # one refused, three answered
+        assert sum(f"refused the field '{field}'" in r.getMessage() for r in caplog.records) == 1
+        if field == "stream_options":  # no usage in the stream: tokens unknown, not a failure
+            assert response.prompt_tokens == 0

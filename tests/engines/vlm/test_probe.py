@@ -21,7 +21,10 @@ async def test_a_healthy_endpoint_passes_every_check() -> None:
     async with VllmSimulator(max_model_len=16384) as sim:
         checks = await probe_endpoint(sim.url, DEFAULT_MODEL)
     assert [c.name.removeprefix(f"vlm {sim.url} ") for c in checks] == [
-        "models", "model", "priority", "image", "prefix cache", "frame size"]
+        "models", "model", "priority", "image", "prefix cache", "frame size", "images by uuid", "json schema",
+        "streaming usage", "cache salt"]
+    assert all(c.available for c in checks), failures(checks)
+    assert "each frame sent once" in checks[6].detail
     assert all(c.available for c in checks)
     assert "max_model_len 16384" in checks[1].detail
     assert "one 448x252 image answered" in checks[3].detail
@@ -68,7 +71,8 @@ async def test_the_doctor_command_checks_the_configured_endpoint() -> None:
         out, err = await asyncio.wait_for(process.communicate(), 60)
     lines = [line for line in out.decode().splitlines() if line.startswith("vlm ")]
     assert process.returncode == 1, err.decode()
-    assert [line.split()[2] for line in lines] == ["models", "model", "priority", "image", "prefix", "frame"]
+    assert [line.split()[2] for line in lines] == ["models", "model", "priority", "image", "prefix", "frame",
+                                                   "images", "json", "streaming", "cache"]
     assert "no   priority scheduling is off" in next(line for line in lines if " priority " in line)
 
 
@@ -80,3 +84,18 @@ async def test_doctor_takes_the_endpoint_and_model_as_flags() -> None:
         out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 1, err.decode()
     assert f"vlm {sim.url} model" in out.decode() and "'other/model' is not served here" in out.decode()
+
+
+async def test_what_a_server_other_than_vllm_takes_is_reported() -> None:
+    async with VllmSimulator(images="data", answers="prose", refuse_fields=("cache_salt", "stream_options")) as sim:
+        checks = {c.name.removeprefix(f"vlm {sim.url} "): c for c in await probe_endpoint(sim.url, DEFAULT_MODEL)}
+    assert checks["images by uuid"].available and "only as data URLs" in checks["images by uuid"].detail
+    assert checks["json schema"].available and "ignores response_format" in checks["json schema"].detail
+    assert not checks["streaming usage"].available and "include_usage" in checks["streaming usage"].detail
+    assert not checks["cache salt"].available and "tenants share" in checks["cache salt"].detail
+    assert checks["priority"].available and checks["image"].available
+    assert "unknown" in checks["frame size"].detail and not checks["prefix cache"].available
+
+    async with VllmSimulator(answers="text") as sim:
+        checks = {c.name.removeprefix(f"vlm {sim.url} "): c for c in await probe_endpoint(sim.url, DEFAULT_MODEL)}
+    assert not checks["json schema"].available and "structured outputs" in checks["json schema"].detail

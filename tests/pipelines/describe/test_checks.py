@@ -44,7 +44,10 @@ def test_the_frame_loops_rule_engine_leaves_vlm_rules_to_the_describer() -> None
         ({"answer": "yes", "reason": "a man lies  by the door"}, "", Verdict(True, "a man lies by the door")),
         ({"answer": "No", "reason": ""}, "", Verdict(False, "")),
         (None, '{"answer": "yes", "reason": "fell"}', Verdict(True, "fell")),
-        (None, "yes, someone fell", None),
+        (None, "yes, someone fell", Verdict(True, "someone fell")),  # a server that ignores the schema
+        (None, "**No.** Nobody is on the floor.", Verdict(False, "Nobody is on the floor")),
+        (None, "Nobody is on the floor.", None),  # neither word: no verdict rather than a guess
+        (None, "I cannot tell from these frames.", None),
         ({"answer": "maybe"}, "", None),
         (None, "[1, 2]", None),
     ],

@@ -137,3 +137,16 @@ async def test_a_vlm_outage_is_a_503_and_a_failed_check_goes_out_unchecked(
     result = await asker.ask("when was the parcel delivered?", Filters())
     assert not result.checked
     assert [c.citations for c in result.claims][:2] == [["E1", "E2"], ["E2"]]  # unchecked: as written
+
+
+@pytest.mark.parametrize(("answers", "checked"), [("fenced", True), ("prose", True), ("text", False)])
+async def test_a_server_that_ignores_the_checkers_schema_still_answers(
+    answers: str, checked: bool, index: TimelineIndex, vlm: VlmClient, sim: VllmSimulator
+) -> None:
+    sim.answers = answers
+    result = await asker_for(index, vlm, sim.model).ask("when was the parcel delivered to the door?", Filters())
+    assert result.draft == DRAFT and result.checked is checked
+    if checked:  # the verdicts read from the fence or the prose
+        assert [c.citations for c in result.claims] == [["E1"], ["E2"], []]
+    else:  # prose cannot confirm a citation: the answer goes out as written, marked unchecked
+        assert [c.citations for c in result.claims][:2] == [["E1", "E2"], ["E2"]]
