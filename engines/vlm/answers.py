@@ -38,7 +38,7 @@ def read_fields(text: str, schema: Mapping[str, Any], *, cut: bool, max_tokens: 
     """The answer's fields for `schema`. Raises VlmBadResponse for broken or misfitting JSON.
     `cut`: the answer stopped at max_tokens."""
     stripped = text.strip()
-    if stripped.startswith("{"):
+    if stripped.startswith(("{", "[")):
         if cut:
             raise VlmBadResponse(f"the answer was cut at max_tokens={max_tokens} before its JSON ended", text=text)
         try:
