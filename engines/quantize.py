@@ -1,7 +1,9 @@
 """INT8 on CPU: ONNX Runtime static quantization (QDQ) of a YOLO detect export, cached on disk.
 
 Weights are quantized to int8 per output channel, activations to uint8 with ranges calibrated
-(99.999th percentile) on frames of a video letterboxed exactly as the detector feeds the model;
+(99.999th percentile) on frames of a video letterboxed exactly as the detector feeds the model, a
+frame at a time with the histograms merged as they come (all at once, the calibration held every
+activation of every frame: 15 GB for the 640 px people model);
 ONNX Runtime's CPU EP fuses the Q/DQ pairs into integer kernels (QLinearConv, QLinearSigmoid...).
 The box-decode tail of the detect head (DFL softmax, anchor arithmetic, the final concats) stays
 in float: one scale cannot hold pixel coordinates and class scores at once (quantized, every
@@ -61,6 +63,10 @@ class QuantizeSettings:
     # -> Q), slower than FP32 (320n, 1 thread: 46 ms vs 26 ms FP32 vs 15 ms U8S8).
     activations: Activations = "uint8"
     ops: Ops = "all"  # "conv": only convolutions, SiLU and concat stay float
+    # Frames whose activations are held at once while calibrating: the histogram calibrators keep
+    # every activation of every frame they are given (hundreds of MB a frame for a 640 model), so
+    # they get this many at a time and merge histograms as they go.
+    batch: int = 1
 
     def __post_init__(self) -> None:
         if self.calibration not in ("minmax", "entropy", "percentile"):
@@ -73,6 +79,8 @@ class QuantizeSettings:
             raise ValueError(f"activations must be uint8 or int8, got {self.activations!r}")
         if self.ops not in ("all", "conv"):
             raise ValueError(f"ops must be all or conv, got {self.ops!r}")
+        if not 1 <= self.batch <= 64:
+            raise ValueError(f"calibration batch must be in [1, 64], got {self.batch}")
         if not 90.0 <= self.percentile <= 100.0:
             raise ValueError(f"percentile must be in [90, 100], got {self.percentile}")
 
@@ -108,7 +116,7 @@ def int8_model(
         with contextlib.suppress(OSError):  # a read-only cache still serves
             entry.touch()  # recently used: pruning takes the others first
         return entry
-    info = read_model_info(source)  # a bad model fails before any frame is decoded
+    read_model_info(source)  # a bad model fails before any frame is decoded
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         workspace = tempfile.TemporaryDirectory(dir=entry.parent, prefix=".build-")
@@ -127,7 +135,7 @@ def int8_model(
             raise ModelNotFound(f"{video}: no video frames to calibrate on")
         built = Path(tmp) / "model.onnx"
         try:
-            quantize(source, built, calibration_tensors(frames, info.imgsz), settings)
+            quantize(source, built, frames, settings)
         except Exception as exc:  # the quantizer's passes raise whatever they raise
             raise ModelLoadError(f"{source}: cannot quantize it: {exc}".splitlines()[0]) from exc
         os.replace(built, entry)  # atomic: a reader never sees half a file
@@ -191,27 +199,33 @@ def letterbox_tensor(image: np.ndarray, imgsz: tuple[int, int]) -> np.ndarray:
     return canvas.transpose(2, 0, 1)[None].astype(np.float32) * np.float32(1 / 255)
 
 
-def calibration_tensors(frames: Sequence[np.ndarray], imgsz: tuple[int, int]) -> list[np.ndarray]:
-    return [letterbox_tensor(frame, imgsz) for frame in frames]
+class CalibrationFrames(CalibrationDataReader):
+    """The CalibrationDataReader protocol over video frames, letterboxed as they are read, in
+    ranges (`set_range`) so the quantizer can calibrate a few frames at a time."""
 
-
-class _Frames(CalibrationDataReader):
-    """The CalibrationDataReader protocol (get_next / rewind) over prepared tensors."""
-
-    def __init__(self, input_name: str, tensors: Sequence[np.ndarray]) -> None:
+    def __init__(self, input_name: str, frames: Sequence[np.ndarray], imgsz: tuple[int, int]) -> None:
         self._input_name = input_name
-        self._tensors = tensors
-        self._it: Iterator[np.ndarray] = iter(tensors)
+        self._frames = frames
+        self._imgsz = imgsz
+        self._range = range(len(frames))
+        self._it: Iterator[int] = iter(self._range)
+
+    def __len__(self) -> int:
+        return len(self._frames)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
-        tensor = next(self._it, None)
-        return None if tensor is None else {self._input_name: tensor}
+        index = next(self._it, None)
+        return None if index is None else {self._input_name: letterbox_tensor(self._frames[index], self._imgsz)}
 
     def rewind(self) -> None:
-        self._it = iter(self._tensors)
+        self._it = iter(self._range)
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        self._range = range(start_index, min(end_index, len(self._frames)))
+        self._it = iter(self._range)
 
 
-def quantize(source: Path, target: Path, tensors: Sequence[np.ndarray], settings: QuantizeSettings) -> None:
+def quantize(source: Path, target: Path, frames: Sequence[np.ndarray], settings: QuantizeSettings) -> None:
     """Quantize `source` into `target` (QDQ, int8 weights per channel, activations as `settings` say)."""
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
@@ -221,7 +235,7 @@ def quantize(source: Path, target: Path, tensors: Sequence[np.ndarray], settings
     model = onnx.load(str(source))
     if has_float16(model):
         model = to_float32(model)
-    input_name = read_model_info(source).input_name
+    info = read_model_info(source)
     float_copy, prepared = work / "float32.onnx", work / "prepared.onnx"
     onnx.save(model, str(float_copy))  # the pre-processor mishandles in-memory models (external data)
     # Fold and fuse first (conv+bias, constant shapes) so quantization sees the graph ORT runs.
@@ -232,7 +246,18 @@ def quantize(source: Path, target: Path, tensors: Sequence[np.ndarray], settings
         "entropy": CalibrationMethod.Entropy,
         "percentile": CalibrationMethod.Percentile,
     }[settings.calibration]
-    extra: dict[str, Any] = {"CalibMovingAverage": False}
+    # Frames in batches (ORT's "strided" calibration): the histogram calibrators merge each batch's
+    # histograms into the last, so memory holds one batch's activations, not every frame's. The
+    # quantizer wants the frame count to divide evenly; the last few frames go if it does not.
+    stride = min(settings.batch, len(frames))
+    frames = list(frames[: len(frames) - len(frames) % stride])
+    # The first batch sets each histogram's bin width, and later batches add bins of that width up
+    # to their maximum: a first frame with little in it (a black start, a camera warming up) would
+    # make the bins tiny and their number huge. The frame with the most contrast goes first.
+    richest = max(range(len(frames)), key=lambda i: float(frames[i][::4, ::4].std()))
+    frames.insert(0, frames.pop(richest))
+    reader = CalibrationFrames(info.input_name, frames, info.imgsz)
+    extra: dict[str, Any] = {"CalibMovingAverage": False, "CalibStridedMinMax": stride}
     if settings.calibration == "percentile":
         extra["CalibPercentile"] = settings.percentile
     chatter = io.StringIO()  # the calibrators print their progress; stdout belongs to the CLI
@@ -240,7 +265,7 @@ def quantize(source: Path, target: Path, tensors: Sequence[np.ndarray], settings
         quantize_static(
             str(prepared),
             str(target),
-            _Frames(input_name, tensors),
+            reader,
             quant_format=QuantFormat.QDQ,
             per_channel=settings.per_channel,
             activation_type=QuantType.QUInt8 if settings.activations == "uint8" else QuantType.QInt8,
