@@ -17,9 +17,11 @@ Variants, the same frames, sampling and cadence:
                 [t=...] frames and speech, earlier answers as assistant turns, the instruction last;
                 a new epoch (the last description as its summary) at the frame or token budget;
                 run with the defaults, with the old 24-frame epochs, and with every image's data
-                sent in every request (no uuid-only images: the bytes before), and against a
-                server that takes images only as data URLs (vLLM before 0.11, SGLang, llama.cpp,
-                Ollama, LM Studio: the client learns it from the first refusal)
+                sent in every request (no uuid-only images: the bytes before), and against the
+                other servers users run (busy scene): one that takes images only as data URLs
+                (vLLM before 0.11, SGLang, llama.cpp, Ollama, LM Studio), one whose model wraps
+                the JSON in prose, one that answers in prose only, one that refuses cache_salt
+                and priority; the client learns each from the server's answers
   naive         stateless: the instruction (with the time) first, then the newest 8 frames (a
                 sliding window) and the recent speech, no history
 
@@ -209,6 +211,15 @@ async def feed(
     mailbox.close()
 
 
+# Servers other than vLLM >= 0.11, as the simulator models them (tests/support/vllm_sim.py).
+OTHER_SERVERS: dict[str, dict[str, Any]] = {
+    "data-URL-only server": {"images": "data"},
+    "JSON in prose": {"answers": "prose"},
+    "prose only": {"answers": "text"},
+    "no cache_salt, no priority": {"refuse_fields": ("cache_salt", "priority")},
+}
+
+
 async def run_layout(
     name: str,
     frames: list[np.ndarray],
@@ -217,7 +228,7 @@ async def run_layout(
     *,
     scene: str = "quiet",
     uuid_only: bool = True,
-    server_images: str = "uuid",
+    server: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> dict[str, Any]:
     clock = SimClock(args.speed)
@@ -229,7 +240,7 @@ async def run_layout(
         per_token_s=args.per_token_s / args.speed,
         limit_images=settings.max_frames,
         cache_blocks=1 << 20,
-        images=server_images,
+        **(server or {}),
     ) as sim:
         client = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model, max_in_flight=64,
                                                uuid_only_images=1024 if uuid_only else 0))
@@ -265,7 +276,7 @@ async def run_layout(
         started = time.monotonic()
         await asyncio.gather(*tasks)
         wall_s = time.monotonic() - started
-        uuid_refusals = client.stats().uuid_refusals
+        stats = client.stats()
         await client.aclose()
     stream_minutes = args.streams * args.minutes
     prompt = sum(s.stats.prompt_tokens for s in stages)
@@ -287,7 +298,9 @@ async def run_layout(
         "kib_per_stream_min": round(metered.bytes / 1024 / stream_minutes, 1),
         "checks": sum(s.stats.checks for s in stages),
         "failures": sum(s.stats.description_failures + s.stats.check_failures for s in stages),
-        "uuid_refusals": uuid_refusals,
+        "uuid_refusals": stats.uuid_refusals,
+        "fields_refused": stats.fields_refused,
+        "answers": f"{stats.answers_json}/{stats.answers_extracted}/{stats.answers_text}",
         "epochs": sum(s.stats.epochs for s in stages),
         "frames_kept_per_stream_min": round(sum(s.stats.frames for s in stages) / stream_minutes, 1),
         "wall_s": round(wall_s, 1),
@@ -319,8 +332,9 @@ async def main(argv: list[str] | None = None) -> None:
                                          max_frames=24))
             rows.append(await run_layout("append-only, data always", frames, args, DescribeWindow, scene=scene,
                                          uuid_only=False))
-            rows.append(await run_layout("append-only, data-URL-only server", frames, args, DescribeWindow,
-                                         scene=scene, server_images="data"))
+            for label, server in OTHER_SERVERS.items():
+                rows.append(await run_layout(f"append-only, {label}", frames, args, DescribeWindow, scene=scene,
+                                             server=server))
         if scene == "quiet":
             rows.append(await run_layout("naive", frames, args, NaiveWindow, scene=scene))
     columns = [
@@ -337,6 +351,8 @@ async def main(argv: list[str] | None = None) -> None:
         "epochs",
         "failures",
         "uuid_refusals",
+        "fields_refused",
+        "answers",
         "wall_s",
     ]
     print(table(rows, columns))
@@ -346,13 +362,16 @@ async def main(argv: list[str] | None = None) -> None:
             print(f"{row['scene']}: append-only reuse {row['reuse']} (target >= {TARGET_REUSE}: "
                   f"{'met' if ok else 'MISSED'})")
     busy = {row["layout"]: row for row in rows if row["scene"] == "busy"}
-    if "append-only" in busy and "append-only, data-URL-only server" in busy:
-        uuid, data = busy["append-only"], busy["append-only, data-URL-only server"]
-        ok = data["descriptions_per_stream_min"] >= 0.95 * uuid["descriptions_per_stream_min"]
-        print(f"busy: descriptions per stream-minute, data-URL-only server {data['descriptions_per_stream_min']} "
-              f"against {uuid['descriptions_per_stream_min']} by uuid ({'as many' if ok else 'FEWER'}); "
-              f"reuse {data['reuse']} / {uuid['reuse']}; KiB per stream-minute {data['kib_per_stream_min']} / "
-              f"{uuid['kib_per_stream_min']}")
+    if "append-only" in busy:
+        uuid = busy["append-only"]
+        for label in OTHER_SERVERS:
+            other = busy.get(f"append-only, {label}")
+            if other is None:
+                continue
+            ok = other["descriptions_per_stream_min"] >= 0.95 * uuid["descriptions_per_stream_min"]
+            print(f"busy, {label}: {other['descriptions_per_stream_min']} descriptions per stream-minute against "
+                  f"{uuid['descriptions_per_stream_min']} from vLLM ({'as many' if ok else 'FEWER'}); reuse "
+                  f"{other['reuse']}; {other['kib_per_stream_min']} KiB per stream-minute")
     prompts = ("system_prompt", "instruction", "check_instruction", "cache_salt")
     describe = {k: v for k, v in asdict(DescribeSettings()).items() if k not in prompts}
     path = write_results(
