@@ -78,6 +78,7 @@ class OnnxRuntimeBackend:
         for _ in range(sessions if sessions > 1 else 0):
             self._narrow.put(new_session(ort, model_path, providers, max(1, threads // sessions)))
         self.parallel = sessions
+        self.model_path = str(model_path)  # which file runs: the FP32 original or its INT8 copy
         self.threads = threads  # the wide session's; a narrow one has threads // sessions
         self._lock = threading.Lock()
         self._running = 0

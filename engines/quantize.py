@@ -23,7 +23,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +32,7 @@ from onnxruntime.quantization import CalibrationDataReader
 
 from engines.detector import PAD_VALUE, Letterbox, letterbox_image
 from engines.errors import EngineUnavailable, ModelLoadError
+from engines.int8_agreement import Agreement, cpu_int8_features
 from engines.model_info import read_model_info
 from engines.models import ModelNotFound
 
@@ -45,6 +46,7 @@ MAX_CACHED = 8  # quantized models kept; the least recently used go first (a few
 Calibration = Literal["minmax", "entropy", "percentile"]
 HeadPolicy = Literal["quantize", "keep-decode", "keep-outputs"]
 Activations = Literal["uint8", "int8"]
+Weights = Literal["int8", "uint8"]
 Ops = Literal["all", "conv"]
 
 
@@ -67,6 +69,11 @@ class QuantizeSettings:
     # every activation of every frame they are given (hundreds of MB a frame for a 640 model), so
     # they get this many at a time and merge histograms as they go.
     batch: int = 1
+    # Where the CPU has no VNNI, ONNX Runtime's u8 x s8 kernels can saturate a 16-bit intermediate:
+    # 7-bit weights (reduce_range) or uint8 weights avoid it. The build tries these when the
+    # copy disagrees with FP32 on this CPU (engines.int8_agreement).
+    reduce_range: bool = False
+    weights: Weights = "int8"
 
     def __post_init__(self) -> None:
         if self.calibration not in ("minmax", "entropy", "percentile"):
@@ -75,6 +82,8 @@ class QuantizeSettings:
             raise ValueError(f"head must be quantize, keep-decode or keep-outputs, got {self.head!r}")
         if not 1 <= self.frames <= 10_000:
             raise ValueError(f"calibration frames must be in [1, 10000], got {self.frames}")
+        if self.weights not in ("int8", "uint8"):
+            raise ValueError(f"weights must be int8 or uint8, got {self.weights!r}")
         if self.activations not in ("uint8", "int8"):
             raise ValueError(f"activations must be uint8 or int8, got {self.activations!r}")
         if self.ops not in ("all", "conv"):
@@ -97,14 +106,35 @@ def default_calibration_video() -> Path:
     return SAMPLE_VIDEO
 
 
+class Int8Disagrees(EngineUnavailable):
+    """No INT8 copy found FP32's boxes on this CPU; `agreements` says how each variant did."""
+
+    def __init__(self, message: str, agreements: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.agreements = agreements
+
+
+def variants(settings: QuantizeSettings) -> list[QuantizeSettings]:
+    """What a build tries, in order: the settings asked for, then the two remedies for CPUs whose
+    integer kernels saturate (7-bit weights, then uint8 weights)."""
+    tried = [settings, replace(settings, reduce_range=True), replace(settings, weights="uint8", reduce_range=False)]
+    return list(dict.fromkeys(tried))
+
+
 def int8_model(
     model_path: str | Path,
     *,
     calibration_video: str | Path | None = None,
     settings: QuantizeSettings | None = None,
     cache_dir: str | Path | None = None,
+    check: bool = True,
 ) -> Path:
-    """The statically quantized (QDQ) copy of `model_path`, built on first use and cached."""
+    """The statically quantized (QDQ) copy of `model_path`, built on first use and cached.
+
+    `check`: the build measures each variant against FP32 on the calibration frames, on this CPU
+    (engines.int8_agreement), keeps the first that holds and writes what it measured beside the
+    model (`report`). When none holds it raises Int8Disagrees, and remembers that (a later call
+    raises at once) until the cache entry is removed."""
     settings = settings or DEFAULT_SETTINGS
     source = Path(model_path)
     video = Path(calibration_video) if calibration_video is not None else default_calibration_video()
@@ -116,6 +146,9 @@ def int8_model(
         with contextlib.suppress(OSError):  # a read-only cache still serves
             entry.touch()  # recently used: pruning takes the others first
         return entry
+    if check and (refused := _read_json(rejected_path(entry))) is not None:
+        raise Int8Disagrees(str(refused.get("reason", "INT8 disagreed with FP32 on this CPU")),
+                            list(refused.get("agreements", [])))
     read_model_info(source)  # a bad model fails before any frame is decoded
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
@@ -129,19 +162,85 @@ def int8_model(
         "building the INT8 model of %s (%d calibration frames of %s, %s); once, cached at %s",
         source.name, settings.frames, video.name, settings.calibration, entry,
     )
+    measured: list[dict[str, Any]] = []
     with workspace as tmp:
         frames = spread_frames(video, settings.frames)
         if not frames:
             raise ModelNotFound(f"{video}: no video frames to calibrate on")
-        built = Path(tmp) / "model.onnx"
-        try:
-            quantize(source, built, frames, settings)
-        except Exception as exc:  # the quantizer's passes raise whatever they raise
-            raise ModelLoadError(f"{source}: cannot quantize it: {exc}".splitlines()[0]) from exc
-        os.replace(built, entry)  # atomic: a reader never sees half a file
+        for variant in variants(settings) if check else [settings]:
+            built = Path(tmp) / "model.onnx"
+            try:
+                quantize(source, built, frames, variant)
+            except Exception as exc:  # the quantizer's passes raise whatever they raise
+                raise ModelLoadError(f"{source}: cannot quantize it: {exc}".splitlines()[0]) from exc
+            agreement = _check(source, built, frames) if check else None
+            if agreement is not None:
+                measured.append({"variant": _variant_name(variant), **agreement.as_dict()})
+                log.warning("INT8 %s against FP32 on this CPU: %s", _variant_name(variant), agreement.describe())
+                if not agreement.holds:
+                    continue
+            _write_json(report_path(entry), {"variant": _variant_name(variant), "settings": asdict(variant),
+                                             "cpu": list(cpu_int8_features()), "agreements": measured})
+            os.replace(built, entry)  # atomic: a reader never sees half a file
+            break
+        else:
+            reason = (f"no INT8 copy of {source.name} finds FP32's boxes on this CPU (features: "
+                      f"{', '.join(cpu_int8_features()) or 'unknown'}): " + "; ".join(
+                          f"{m['variant']} recall {m['recall']:.3f}" for m in measured))
+            _write_json(rejected_path(entry), {"reason": reason, "agreements": measured})
+            raise Int8Disagrees(reason, measured)
     prune(entry.parent, keep=MAX_CACHED)
     log.warning("INT8 model of %s built in %.0f s: %s", source.name, time.monotonic() - started, entry)
     return entry
+
+
+def _check(source: Path, built: Path, frames: Sequence[np.ndarray]) -> Agreement:
+    from engines import int8_agreement
+
+    return int8_agreement.measure(source, built, frames)
+
+
+def _variant_name(settings: QuantizeSettings) -> str:
+    kind = "u8u8" if settings.weights == "uint8" else "u8s8" if settings.activations == "uint8" else "s8s8"
+    return kind + (", 7-bit weights" if settings.reduce_range else "")
+
+
+def report_path(entry: Path) -> Path:
+    """What the build measured, beside the model it kept."""
+    return entry.with_suffix(".json")
+
+
+def rejected_path(entry: Path) -> Path:
+    return entry.with_suffix(".rejected.json")
+
+
+def report(model_path: str | Path, calibration_video: str | Path | None = None,
+           settings: QuantizeSettings | None = None, cache_dir: str | Path | None = None) -> dict[str, Any] | None:
+    """What the build of this model's INT8 copy measured on this CPU ({"rejected": True, ...} when
+    no variant held); None when it has not been built here."""
+    try:
+        video = Path(calibration_video) if calibration_video is not None else default_calibration_video()
+        entry = cache_path(Path(model_path), video, settings or DEFAULT_SETTINGS, cache_dir)
+    except (ModelNotFound, OSError):
+        return None
+    if (refused := _read_json(rejected_path(entry))) is not None:
+        return {"rejected": True, **refused}
+    return _read_json(report_path(entry)) if entry.is_file() else None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):  # the model still serves without its report
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(value, indent=1))
+        os.replace(tmp, path)
 
 
 def prune(cache_dir: Path, keep: int) -> list[Path]:
@@ -150,6 +249,7 @@ def prune(cache_dir: Path, keep: int) -> list[Path]:
     removed = []
     for old in entries[keep:]:
         old.unlink(missing_ok=True)
+        report_path(old).unlink(missing_ok=True)
         removed.append(old)
     return removed
 
@@ -163,6 +263,7 @@ def cache_path(source: Path, video: Path, settings: QuantizeSettings, cache_dir:
         "settings": asdict(settings),
         "onnxruntime": onnxruntime.__version__,
         "format": FORMAT_VERSION,
+        "cpu": list(cpu_int8_features()),  # a copy checked on one CPU is not taken for another
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return Path(cache_dir or DEFAULT_CACHE_DIR) / f"{source.stem}-int8-{digest}.onnx"
@@ -269,7 +370,8 @@ def quantize(source: Path, target: Path, frames: Sequence[np.ndarray], settings:
             quant_format=QuantFormat.QDQ,
             per_channel=settings.per_channel,
             activation_type=QuantType.QUInt8 if settings.activations == "uint8" else QuantType.QInt8,
-            weight_type=QuantType.QInt8,
+            weight_type=QuantType.QUInt8 if settings.weights == "uint8" else QuantType.QInt8,
+            reduce_range=settings.reduce_range,
             op_types_to_quantize=["Conv"] if settings.ops == "conv" else None,
             nodes_to_exclude=head_nodes(onnx.load(str(prepared)), settings.head),
             calibrate_method=method,

@@ -212,7 +212,32 @@ def doctor() -> list[EngineCheck]:
     checks.append(EngineCheck("onnxruntime-cpu", *_onnx_cpu_status()))
     checks.append(EngineCheck("faster-whisper", *_whisper_status()))
     checks.append(EngineCheck("default-detector-model", *_default_model_status()))
+    checks.append(EngineCheck("int8", *_int8_status()))
     return checks
+
+
+def _int8_status() -> tuple[bool, str]:
+    """The CPU's INT8 features and what the people model's INT8 build measured on it. INT8 is a
+    speed-up, not a requirement: a copy that did not hold means FP32, not a failure."""
+    from engines.int8_agreement import cpu_int8_features, has_vnni
+    from engines.quantize import report
+
+    features = cpu_int8_features()
+    cpu = (f"CPU {', '.join(features) or 'without AVX2'}" +
+           ("" if has_vnni(features) else " (no VNNI: u8 x s8 kernels may saturate; the build checks)"))
+    try:
+        built = report(default_detector_model())
+    except ModelNotFound:
+        built = None
+    if built is None:
+        return True, (f"{cpu}; the people model's INT8 copy is not built here yet (deploy/setup.sh or the first "
+                      "start builds it and checks it against FP32)")
+    if built.get("rejected"):
+        return True, f"{cpu}; precision auto runs the people model in FP32: {built.get('reason', '')}"
+    kept = (built.get("agreements") or [{}])[-1]
+    measured = (f", recall {kept['recall']:.3f}, score drift {kept['drift']:.3f} against FP32"
+                if "recall" in kept else "")
+    return True, f"{cpu}; precision auto runs the people model in INT8 ({built.get('variant')}{measured})"
 
 
 def _onnx_cpu_status() -> tuple[bool, str]:
