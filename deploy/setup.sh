@@ -53,7 +53,7 @@ step "samples: building the sample clip (vtest.avi + spoken narration)"
 # detector.precision auto runs the bundled people model as INT8 on a CPU: build that copy now (once,
 # cached under ~/.cache/vidsentry/int8) rather than at the first start. Without it the service
 # builds it at its first start, or runs FP32 if it cannot.
-step "models: building the INT8 copy of the people model (once; about 20 seconds, under 1 GB of memory)"
+step "models: building the INT8 copy of the people model (once; about 30 seconds with its check against FP32, under 1 GB of memory)"
 "$PY" - <<'PY' || echo "warning: the INT8 model was not built; vidsentry will build it at first start or use FP32" >&2
 from engines.models import default_detector_model
 from engines.quantize import int8_model
