@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engines.vlm.answers import read_fields
+from engines.vlm.answers import FORMS, read_fields
 from engines.vlm.errors import (
     VlmCacheMiss,
     VlmError,
@@ -33,9 +33,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_MISSES_IN_A_ROW = 3  # an endpoint whose cache never holds an image (caching off) gets the data
-# How a server that does not take images by uuid says so: pydantic's refusal of `"image_url": null`
-# (vLLM before 0.11, SGLang, LM Studio) is a 400, FastAPI's own a 422; llama.cpp and Ollama answer 400.
-UUID_REFUSAL_STATUSES = (400, 422)
+# How a server refuses the shape of a request (images by uuid, a field it does not know): pydantic's
+# refusal of `"image_url": null` (vLLM before 0.11, SGLang, LM Studio) is a 400, FastAPI's own a
+# 422; llama.cpp, Ollama and OpenAI's API answer 400.
+SHAPE_REFUSAL_STATUSES = (400, 422)
+REFUSAL_LOGGED = 160  # characters of a refusal kept for a log line
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,8 +146,8 @@ class VlmClient:
         self._counts = dict.fromkeys(
             ("requests", "succeeded", "failed", "retries", "retries_denied", "timeouts", "in_flight",
              "prompt_tokens", "cached_tokens", "completion_tokens", "request_bytes", "images_sent",
-             "images_by_uuid", "cache_misses", "uuid_refusals", "answers_json", "answers_extracted", "answers_text",
-             "fields_refused"), 0)
+             "images_by_uuid", "cache_misses", "uuid_refusals", "fields_refused",
+             *(f"answers_{form}" for form in FORMS)), 0)
 
     async def complete(self, request: VlmRequest, *, on_delta: DeltaSink | None = None) -> VlmResponse:
         """One chat completion. Raises VlmUnavailable (fast while every circuit is open),
@@ -222,7 +224,7 @@ class VlmClient:
                 self._counts["fields_refused"] += 1
                 endpoint.omit.add(exc.field)
                 log.warning("VLM endpoint %s refused the field %r (%s): sending requests without it",
-                            endpoint.url, exc.field, " ".join(str(exc.error).split())[:160])
+                            endpoint.url, exc.field, _one_line(exc.error))
                 if on_delta is not None:
                     on_delta(None)
                 continue
@@ -286,12 +288,11 @@ class VlmClient:
             raise
         except VlmError as exc:
             self._answered(endpoint)  # with a refusal, but it answered: the endpoint is up
-            if (type(exc) is VlmRequestError and exc.status in UUID_REFUSAL_STATUSES
-                    and (field := refused_field(str(exc), body)) is not None):
-                raise _FieldRefused(field, exc) from None
-            if (send_uuids and request.image_count() and type(exc) is VlmRequestError
-                    and exc.status in UUID_REFUSAL_STATUSES):
-                raise _UuidsRefused(exc) from None
+            if type(exc) is VlmRequestError and exc.status in SHAPE_REFUSAL_STATUSES:
+                if (field := refused_field(str(exc), body)) is not None:
+                    raise _FieldRefused(field, exc) from None
+                if send_uuids and request.image_count():
+                    raise _UuidsRefused(exc) from None
             if endpoint.data_only_unconfirmed and isinstance(exc, VlmRequestError):
                 # The same refusal without uuids: it was about something else. Undo the verdict.
                 endpoint.data_only_until, endpoint.data_only_unconfirmed = 0.0, False
@@ -316,7 +317,7 @@ class VlmClient:
         Unconfirmed until the same request goes through without uuids."""
         endpoint.data_only_until = time.monotonic() + self._settings.uuid_reprobe_s
         endpoint.data_only_unconfirmed = True
-        endpoint.last_refusal = " ".join(str(error).split())[:160]
+        endpoint.last_refusal = _one_line(error)
         endpoint.sent.clear()
 
     def _count_body(self, body: dict[str, Any], size: int) -> int:
@@ -420,6 +421,10 @@ class VlmClient:
             self._session = self._transport.new_session(
                 connect_timeout_s=s.connect_timeout_s, max_connections=s.max_in_flight, api_key=s.api_key)
         return self._session
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())[:REFUSAL_LOGGED]
 
 
 class _FieldRefused(Exception):

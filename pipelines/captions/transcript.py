@@ -211,9 +211,9 @@ def piece_cut(
     speech since `start` is short: after the newest segment that ends a sentence PIECE_MIN_S or
     more in; else, once the speech is PIECE_MAX_S long, after the segment followed by the widest
     gap (a pause is the best place to cut a sentence) among those ending in the last GAP_CHOICE_S.
-    Only segments ending by
-    `heard_to` are candidates: the audio after a cut is the decode's context for the piece's last
-    words, which are otherwise heard cut short and mended by nobody (they are the next prefix)."""
+    Only segments ending by `heard_to` are candidates: the audio after a cut is the decode's context
+    for the piece's last words, which are otherwise heard cut short and mended by nobody (they are
+    the next prefix)."""
     segments = [s for s in segments if s.end <= heard_to]
     if not segments or segments[-1].end - start < PIECE_MIN_S:
         return None

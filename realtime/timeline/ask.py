@@ -262,7 +262,7 @@ class Asker:
         if response.fields is None:  # a server that ignores the schema: prose cannot confirm a citation
             raise VlmBadResponse("the checker answered without the JSON it was asked for", text=response.text)
         verdicts: dict[tuple[int, str], bool] = {}
-        for item in (response.fields or {}).get("verdicts") or ():
+        for item in response.fields.get("verdicts") or ():
             if isinstance(item, dict) and isinstance(item.get("supported"), bool):
                 try:
                     verdicts[(int(item["claim"]), str(item["evidence"]).strip("[]"))] = item["supported"]
