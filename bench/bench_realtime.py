@@ -919,11 +919,10 @@ def int8_cached(settings: DetectorSettings) -> bool | None:
     """Whether the INT8 copy of the settings' model is in the cache already (None: cannot tell)."""
     try:
         from engines.models import default_detector_model
-        from engines.quantize import DEFAULT_SETTINGS, cache_path, default_calibration_video
+        from engines.quantize import DEFAULT_SETTINGS, cache_path, calibration_video_path
 
         model = Path(settings.model or default_detector_model())
-        video = Path(settings.calibration or default_calibration_video())
-        return cache_path(model, video, DEFAULT_SETTINGS).is_file()
+        return cache_path(model, calibration_video_path(settings.calibration), DEFAULT_SETTINGS).is_file()
     except Exception:  # only for the progress line: the build itself says what is wrong
         return None
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from engines.detector import box_iou
-from engines.types import Detections
+from engines.types import Detections, ModelInfo
 
 MIN_RECALL = 0.95  # of FP32's boxes found by the copy; the people model measures 0.98-0.99 with VNNI
 MAX_DRIFT = 0.05  # mean |score difference| of matched boxes; 0.02-0.03 here (VNNI)
@@ -55,25 +55,44 @@ class Agreement:
         return asdict(self)
 
 
-def measure(fp32: Path, int8: Path, frames: Sequence[np.ndarray]) -> Agreement:
-    """Both models, one CPU session each, on `frames` (RGB)."""
-    from engines.detector import YoloDetector
-    from engines.onnx_backend import OnnxRuntimeBackend
-    from engines.registry import create_detector
+class Reference:
+    """FP32's detections on the calibration frames (RGB), run once on a CPU session and measured
+    against every variant the build tries."""
 
-    reference = create_detector(fp32, "onnx-cpu", conf=LOW_CONF * SLACK, workers=1)
-    assert isinstance(reference, YoloDetector)
-    copy = YoloDetector(OnnxRuntimeBackend(int8, "cpu", sessions=1), reference.info, conf=LOW_CONF * SLACK)
-    try:
-        expected = [reference.detect([frame])[0] for frame in frames]
-        found = [copy.detect([frame])[0] for frame in frames]
-    finally:
-        reference.close()
-        copy.close()
-    conf = REFERENCE_CONF
-    if sum(int((d.scores >= conf).sum()) for d in expected) < MIN_BOXES:
-        conf = LOW_CONF
-    return compare(expected, found, conf)
+    def __init__(self, fp32: Path, frames: Sequence[np.ndarray]) -> None:
+        self._fp32 = fp32
+        self._frames = frames
+        self._expected: list[Detections] | None = None
+        self._info: ModelInfo | None = None
+
+    def measure(self, int8: Path) -> Agreement:
+        from engines.detector import YoloDetector
+        from engines.onnx_backend import OnnxRuntimeBackend
+
+        expected, info = self._detections()
+        copy = YoloDetector(OnnxRuntimeBackend(int8, "cpu", sessions=1), info, conf=LOW_CONF * SLACK)
+        try:
+            found = [copy.detect([frame])[0] for frame in self._frames]
+        finally:
+            copy.close()
+        conf = REFERENCE_CONF
+        if sum(int((d.scores >= conf).sum()) for d in expected) < MIN_BOXES:
+            conf = LOW_CONF
+        return compare(expected, found, conf)
+
+    def _detections(self) -> tuple[list[Detections], ModelInfo]:
+        if self._expected is None or self._info is None:
+            from engines.detector import YoloDetector
+            from engines.registry import create_detector
+
+            reference = create_detector(self._fp32, "onnx-cpu", conf=LOW_CONF * SLACK, workers=1)
+            assert isinstance(reference, YoloDetector)
+            try:
+                self._expected = [reference.detect([frame])[0] for frame in self._frames]
+                self._info = reference.info
+            finally:
+                reference.close()
+        return self._expected, self._info
 
 
 def compare(expected: Sequence[Detections], found: Sequence[Detections], conf: float) -> Agreement:

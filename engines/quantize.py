@@ -32,7 +32,7 @@ from onnxruntime.quantization import CalibrationDataReader
 
 from engines.detector import PAD_VALUE, Letterbox, letterbox_image
 from engines.errors import EngineUnavailable, ModelLoadError
-from engines.int8_agreement import Agreement, cpu_int8_features
+from engines.int8_agreement import Reference, cpu_int8_features
 from engines.model_info import read_model_info
 from engines.models import ModelNotFound
 
@@ -97,6 +97,11 @@ class QuantizeSettings:
 DEFAULT_SETTINGS = QuantizeSettings()
 
 
+def calibration_video_path(calibration_video: str | Path | None) -> Path:
+    """The clip to calibrate on: the one given, else the sample clip."""
+    return Path(calibration_video) if calibration_video is not None else default_calibration_video()
+
+
 def default_calibration_video() -> Path:
     if not SAMPLE_VIDEO.is_file():
         raise ModelNotFound(
@@ -137,7 +142,7 @@ def int8_model(
     raises at once) until the cache entry is removed."""
     settings = settings or DEFAULT_SETTINGS
     source = Path(model_path)
-    video = Path(calibration_video) if calibration_video is not None else default_calibration_video()
+    video = calibration_video_path(calibration_video)
     if not video.is_file():
         raise ModelNotFound(f"{video}: no such calibration video")
     entry = cache_path(source, video, settings, cache_dir)
@@ -167,13 +172,14 @@ def int8_model(
         frames = spread_frames(video, settings.frames)
         if not frames:
             raise ModelNotFound(f"{video}: no video frames to calibrate on")
+        reference = Reference(source, frames) if check else None
         for variant in variants(settings) if check else [settings]:
             built = Path(tmp) / "model.onnx"
             try:
                 quantize(source, built, frames, variant)
             except Exception as exc:  # the quantizer's passes raise whatever they raise
                 raise ModelLoadError(f"{source}: cannot quantize it: {exc}".splitlines()[0]) from exc
-            agreement = _check(source, built, frames) if check else None
+            agreement = reference.measure(built) if reference is not None else None
             if agreement is not None:
                 measured.append({"variant": _variant_name(variant), **agreement.as_dict()})
                 log.warning("INT8 %s against FP32 on this CPU: %s", _variant_name(variant), agreement.describe())
@@ -188,16 +194,11 @@ def int8_model(
                       f"{', '.join(cpu_int8_features()) or 'unknown'}): " + "; ".join(
                           f"{m['variant']} recall {m['recall']:.3f}" for m in measured))
             _write_json(rejected_path(entry), {"reason": reason, "agreements": measured})
+            prune(entry.parent, keep=MAX_CACHED)
             raise Int8Disagrees(reason, measured)
     prune(entry.parent, keep=MAX_CACHED)
     log.warning("INT8 model of %s built in %.0f s: %s", source.name, time.monotonic() - started, entry)
     return entry
-
-
-def _check(source: Path, built: Path, frames: Sequence[np.ndarray]) -> Agreement:
-    from engines import int8_agreement
-
-    return int8_agreement.measure(source, built, frames)
 
 
 def _variant_name(settings: QuantizeSettings) -> str:
@@ -219,8 +220,8 @@ def report(model_path: str | Path, calibration_video: str | Path | None = None,
     """What the build of this model's INT8 copy measured on this CPU ({"rejected": True, ...} when
     no variant held); None when it has not been built here."""
     try:
-        video = Path(calibration_video) if calibration_video is not None else default_calibration_video()
-        entry = cache_path(Path(model_path), video, settings or DEFAULT_SETTINGS, cache_dir)
+        entry = cache_path(Path(model_path), calibration_video_path(calibration_video), settings or DEFAULT_SETTINGS,
+                           cache_dir)
     except (ModelNotFound, OSError):
         return None
     if (refused := _read_json(rejected_path(entry))) is not None:
@@ -244,12 +245,15 @@ def _write_json(path: Path, value: dict[str, Any]) -> None:
 
 
 def prune(cache_dir: Path, keep: int) -> list[Path]:
-    """Delete all but the `keep` most recently used models in `cache_dir`; returns those deleted."""
-    entries = sorted(cache_dir.glob("*-int8-*.onnx"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    """Delete all but the `keep` most recently used entries in `cache_dir` (models with their
+    reports, and refusals: a build that held on no variant); returns those deleted."""
+    entries = sorted([*cache_dir.glob("*-int8-*.onnx"), *cache_dir.glob("*-int8-*.rejected.json")],
+                     key=lambda p: p.stat().st_mtime_ns, reverse=True)
     removed = []
     for old in entries[keep:]:
         old.unlink(missing_ok=True)
-        report_path(old).unlink(missing_ok=True)
+        if old.suffix == ".onnx":
+            report_path(old).unlink(missing_ok=True)
         removed.append(old)
     return removed
 

@@ -113,11 +113,10 @@ INT8_BUILD_BYTES = 2 * 1024**3
 def _int8_buildable(model_path: str | Path, calibration: str | Path | None) -> bool:
     """Whether `precision: auto` may use the INT8 copy: it is cached, or there is memory to build it
     (a build that runs the machine out of memory would take the service down with it)."""
-    from engines.quantize import DEFAULT_SETTINGS, cache_path, default_calibration_video
+    from engines.quantize import DEFAULT_SETTINGS, cache_path, calibration_video_path
 
     try:
-        video = Path(calibration) if calibration is not None else default_calibration_video()
-        if cache_path(Path(model_path), video, DEFAULT_SETTINGS).is_file():
+        if cache_path(Path(model_path), calibration_video_path(calibration), DEFAULT_SETTINGS).is_file():
             return True
     except (ModelNotFound, OSError):
         return True  # int8_model says what is wrong, and auto falls back to FP32

@@ -122,6 +122,16 @@ def test_the_cache_keeps_the_most_recently_used_models(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b-int8-0.onnx", "c-int8-0.onnx", "notes.txt"]
 
 
+def test_the_cache_bound_counts_refusals_and_takes_reports_with_their_models(tmp_path: Path) -> None:
+    names = ["c-int8-0.onnx", "c-int8-0.json", "b-int8-0.rejected.json", "a-int8-0.onnx", "a-int8-0.json"]
+    for age, name in enumerate(names):
+        (tmp_path / name).write_text("{}")
+        os.utime(tmp_path / name, (1000 - age, 1000 - age))
+    removed = quantize.prune(tmp_path, keep=1)
+    assert sorted(p.name for p in removed) == ["a-int8-0.onnx", "b-int8-0.rejected.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c-int8-0.json", "c-int8-0.onnx"]
+
+
 def test_settings_the_model_and_the_clip_each_change_the_key(
     nudenet_model: Path, fall_model: Path, vtest_avi: Path, sample_clip: Path, int8_path: Path, *, int8_cache: Path
 ) -> None:
@@ -181,12 +191,12 @@ def test_when_no_variant_holds_the_build_says_so_and_remembers(
 ) -> None:
     tried: list[str] = []
 
-    def disagreeing(source: Path, built: Path, frames: list[np.ndarray]) -> int8_agreement.Agreement:
+    def disagreeing(self: int8_agreement.Reference, built: Path) -> int8_agreement.Agreement:
         tried.append(onnx.load(str(built)).graph.name or "built")
         return int8_agreement.Agreement(recall=0.9, precision=0.9, drift=0.01, fp32_boxes=40, int8_boxes=38,
                                         conf=0.25)
 
-    monkeypatch.setattr(quantize, "_check", disagreeing)
+    monkeypatch.setattr(int8_agreement.Reference, "measure", disagreeing)
     settings = QuantizeSettings(frames=2)
     with pytest.raises(quantize.Int8Disagrees, match="u8s8 recall 0.900; u8s8, 7-bit weights recall 0.900; "
                                                       "u8u8 recall 0.900") as caught:
