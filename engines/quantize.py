@@ -338,14 +338,15 @@ def quantize(source: Path, target: Path, frames: Sequence[np.ndarray], settings:
 
     work = target.parent
     model = onnx.load(str(source))
-    if has_float16(model):
-        model = to_float32(model)
     info = read_model_info(source)
     float_copy, prepared = work / "float32.onnx", work / "prepared.onnx"
-    onnx.save(model, str(float_copy))  # the pre-processor mishandles in-memory models (external data)
-    # Fold and fuse first (conv+bias, constant shapes) so quantization sees the graph ORT runs.
-    # Symbolic shape inference needs sympy; ONNX's own inference covers these exports.
-    quant_pre_process(str(float_copy), str(prepared), skip_symbolic_shape=True)
+    if not prepared.is_file():  # the variants of one build share its workspace: prepared once
+        if has_float16(model):
+            model = to_float32(model)
+        onnx.save(model, str(float_copy))  # the pre-processor mishandles in-memory models (external data)
+        # Fold and fuse first (conv+bias, constant shapes) so quantization sees the graph ORT runs.
+        # Symbolic shape inference needs sympy; ONNX's own inference covers these exports.
+        quant_pre_process(str(float_copy), str(prepared), skip_symbolic_shape=True)
     method = {
         "minmax": CalibrationMethod.MinMax,
         "entropy": CalibrationMethod.Entropy,
