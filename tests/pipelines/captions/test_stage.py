@@ -37,7 +37,10 @@ def narration(sample_dir: Path) -> np.ndarray:
 
 
 async def test_finals_transcribe_the_narration_and_never_change(engine: CaptionEngine, narration: np.ndarray) -> None:
-    sink = await caption(engine, narration)
+    # At the pace live audio arrives: the stage steers its windows by how far it trails, so audio fed
+    # faster than real time reads as a stage falling behind, and its words then depend on how busy
+    # the machine is (CI failed it at 4x beside another test worker).
+    sink = await caption(engine, narration, speed=1.0)
     finals = sink.of(EventKind.CAPTIONS)
     text = " ".join(str(f["text"]) for f in finals)
     assert script_prefix_wer(text) <= 0.25, text
