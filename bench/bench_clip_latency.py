@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _common import ensure_sample, pct, table, write_results  # noqa: E402
 
 from realtime.bus.embedded import EmbeddedNatsServer  # noqa: E402
-from tests.service.serve_process import ServeProcess  # noqa: E402
 from tests.support.rtsp import RtspServer  # noqa: E402
+from tests.support.serve_process import ServeProcess  # noqa: E402
 
 RUN_S = 85.0
 CLEAR_S = 0.5

@@ -53,7 +53,7 @@ from realtime.timeline.entries import Entry  # noqa: E402
 from realtime.timeline.errors import QueryTooBroad  # noqa: E402
 from realtime.timeline.index import Filters, TimelineIndex  # noqa: E402
 from realtime.timeline.query import parse  # noqa: E402
-from tests.service.serve_process import ServeProcess  # noqa: E402
+from tests.support.serve_process import ServeProcess  # noqa: E402
 
 MARK = "zqmark"
 

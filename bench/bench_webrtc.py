@@ -76,7 +76,7 @@ from tests.support.peer import Peer, connect, load_frames
 if TYPE_CHECKING:
     from engines.detector import Detector
     from realtime.bus.embedded import EmbeddedNatsServer
-    from tests.service.conftest import LiveService
+    from tests.support.service import LiveService
 
 MODELS = ("default", "320n")
 FPS = 15.0
@@ -286,7 +286,7 @@ def is_realtime(row: dict[str, Any]) -> bool:
 
 @contextlib.asynccontextmanager
 async def service(detector: Detector, nats_url: str, sessions: int) -> AsyncIterator[LiveService]:
-    from tests.service.conftest import live_service, make_config
+    from tests.support.service import live_service, make_config
 
     config = make_config(
         node="bench",
@@ -425,7 +425,7 @@ async def lag_part(
 async def sessions_part(
     args: argparse.Namespace, frames: list[np.ndarray], nats: EmbeddedNatsServer
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    from tests.service.conftest import wait_until
+    from tests.support.service import wait_until
 
     natives = native_threads()  # numpy's and OpenCV's pools: not the model's
     detector = open_detector("320n")  # starts ONNX Runtime's pool threads
@@ -564,7 +564,7 @@ def sent_frames(peer: Peer) -> int:
 
 async def peers_part(args: argparse.Namespace, frames: list[np.ndarray], counts: int) -> list[dict[str, Any]]:
     """The same peers, the same ramp, to a receiver elsewhere: this process's CPU is theirs."""
-    from tests.service.conftest import wait_until
+    from tests.support.service import wait_until
 
     rows: list[dict[str, Any]] = []
     seconds = min(args.seconds, 8.0)

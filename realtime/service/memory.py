@@ -5,7 +5,7 @@ glibc gives threads their own malloc arenas (up to 8 per core), and a megabyte-s
 allocated on a reader thread goes back to that thread's arena when the frame loop frees it,
 so freed frames end up scattered over many arenas that each keep their free memory.
 
-Measured with tests/service/test_churn.py (`vidsentry serve`, 200 add/remove cycles after 10
+Measured with tests/realtime/service/test_churn.py (`vidsentry serve`, 200 add/remove cycles after 10
 of warm-up, 2 cores): RSS +2.5 % with glibc's default arenas, +0.5 % with at most two
 arenas and a trim after each stream goes. Allocating, filling and freeing one
 768x576 RGB frame costs 0.037 ms instead of 0.016 ms, noise next to a model call. (Pinning

@@ -122,7 +122,7 @@ async def test_readyz_and_metrics_report_an_outbox_that_cannot_write(
     from engines.registry import create_detector
     from pipelines.detect import DetectionBatcher
     from realtime.service.service import Service
-    from tests.service.conftest import make_config
+    from tests.support.service import make_config
 
     detector = create_detector(nudenet_model, "onnx-cpu", threads=1)
     with small_disk(tmp_path / "disk", 128 * 1024) as disk:

@@ -141,7 +141,7 @@ async def test_readiness_is_false_while_the_stream_cannot_be_made_and_the_counte
     from engines.registry import create_detector
     from pipelines.detect import DetectionBatcher
     from realtime.service.service import Service
-    from tests.service.conftest import make_config
+    from tests.support.service import make_config
 
     produced = Produced()
     detector = create_detector(nudenet_model, "onnx-cpu", threads=1)
