@@ -22,7 +22,7 @@ from realtime.fleet.buckets import FleetBuckets
 from realtime.fleet.desired import DesiredStreams, encode_stream
 from realtime.fleet.membership import NATS_ERRORS, FleetUnavailable, Membership
 from realtime.fleet.mirror import KvMirror
-from realtime.service.registry import RegistryClosed, StreamExists, StreamLimitReached, StreamRegistry, UnknownStream
+from realtime.streams.registry import RegistryClosed, StreamExists, StreamLimitReached, StreamRegistry, UnknownStream
 
 log = logging.getLogger("realtime.fleet.worker")  # the worker's log name: filters on it keep matching
 

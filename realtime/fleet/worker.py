@@ -44,7 +44,7 @@ from realtime.fleet.owners import LeaseReader
 from realtime.fleet.records import LEASE_PREFIX, LeaseRecord
 from realtime.fleet.runs import LeasedRuns
 from realtime.fleet.views import FleetViews
-from realtime.service.registry import StreamRegistry
+from realtime.streams.registry import StreamRegistry
 
 __all__ = ["DuplicateNode", "FleetCounters", "FleetLimitReached", "FleetUnavailable", "FleetWorker"]
 

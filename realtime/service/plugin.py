@@ -33,7 +33,7 @@ from realtime.config import Config
 from realtime.fleet.options import FleetOptions
 from realtime.http.context import HttpContext
 from realtime.http.search import TimelineApi
-from realtime.service.registry import StreamRegistry
+from realtime.streams.registry import StreamRegistry
 
 
 @dataclass(eq=False)

@@ -35,8 +35,8 @@ from realtime.service.engine_metrics import ComputeCollector, capability_collect
 from realtime.service.memory import release_free_memory
 from realtime.service.plugin import Attached, PluginContext
 from realtime.service.plugins import SERVICE_PLUGINS
-from realtime.service.registry import RegistryClosed, StreamRegistry, UnknownStream
 from realtime.streams.fanout import EventFanout
+from realtime.streams.registry import RegistryClosed, StreamRegistry, UnknownStream
 from realtime.streams.runner import StreamRunner
 from realtime.streams.spec import stream_spec
 from realtime.streams.view import StreamView

@@ -24,11 +24,11 @@ from realtime.fleet.metrics import FleetCollector
 from realtime.fleet.options import FleetOptions
 from realtime.fleet.records import desired_bucket
 from realtime.fleet.worker import DuplicateNode, FleetWorker
-from realtime.service.registry import StreamRegistry
 from realtime.sources import policy as policy_module
 from realtime.sources.policy import SourcePolicy
 from realtime.sources.spec import parse_source
 from realtime.sources.supervisor import CameraSupervisor, SupervisorPolicy
+from realtime.streams.registry import StreamRegistry
 from tests.service.serve_process import ServeProcess, http, poll, write_config
 from tests.support.rtsp import RtspServer
 from tests.support.waiting import wait_until
