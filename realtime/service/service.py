@@ -23,7 +23,6 @@ from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
 from realtime.fleet.metrics import FleetCollector
-from realtime.fleet.options import fleet_options
 from realtime.fleet.worker import FleetWorker
 from realtime.http import HttpContext, HttpServer, compute, create_app, search
 from realtime.http.api import FLEET, SOURCE_POLICY
@@ -31,6 +30,7 @@ from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
 from realtime.http.metrics import MetricSources, ServiceMetrics
 from realtime.http.resume import ResumeSettings
+from realtime.leases.options import fleet_options
 from realtime.service.engine_metrics import ComputeCollector, capability_collector
 from realtime.service.memory import release_free_memory
 from realtime.service.plugin import Attached, PluginContext

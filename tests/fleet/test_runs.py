@@ -11,8 +11,8 @@ import pytest
 
 from realtime.config import AnyStreamSettings, CameraStreamSettings
 from realtime.fleet.desired import DesiredStreams
-from realtime.fleet.keeper import LeaseKeeper
 from realtime.fleet.runs import LeasedRuns
+from realtime.leases.keeper import LeaseKeeper
 from realtime.streams.registry import StreamRegistry
 
 
