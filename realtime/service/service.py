@@ -24,7 +24,7 @@ from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
 from realtime.fleet.metrics import FleetCollector
 from realtime.fleet.worker import FleetWorker
-from realtime.http import HttpContext, HttpServer, compute, create_app, search
+from realtime.http import HttpContext, HttpServer, compute, create_app, search, signalling
 from realtime.http.api import FLEET, SOURCE_POLICY
 from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
@@ -41,7 +41,6 @@ from realtime.streams.runner import StreamRunner
 from realtime.streams.spec import stream_spec
 from realtime.streams.view import StreamView
 from realtime.timeline.timeline import Timeline, TimelineCollector
-from realtime.webrtc import signalling
 from realtime.webrtc.metrics import SessionCollector
 from realtime.webrtc.sessions import SessionTable
 
