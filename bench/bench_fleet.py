@@ -36,7 +36,7 @@ from _common import pct, table, write_results  # noqa: E402
 
 from engines.models import nudenet_model_path  # noqa: E402
 from realtime.bus.embedded import EmbeddedNatsServer  # noqa: E402
-from realtime.fleet.records import desired_bucket, lease_bucket  # noqa: E402
+from realtime.leases.records import desired_bucket, lease_bucket  # noqa: E402
 from tests.realtime.fleet.fleet_support import Fleet, Worker, http, poll  # noqa: E402
 from tests.support.rtsp import RtspServer  # noqa: E402
 

@@ -57,7 +57,6 @@ from realtime.config_yaml import (
 from realtime.sources.policy import SourcePolicy
 from realtime.sources.spec import parse_source
 from realtime.sources.supervisor import SupervisorPolicy
-from realtime.timeline.config import TimelineSettings
 
 MAX_PROBLEMS_SHOWN = 20  # in one error message; the rest are counted
 NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
@@ -360,6 +359,19 @@ class FleetSettings(Section):
     @property
     def renew_every_s(self) -> float:
         return self.renew_interval_s if self.renew_interval_s is not None else self.lease_ttl_s / 3
+
+
+class TimelineSettings(Section):
+    """Captions, descriptions, alerts, track summaries and clips, searchable (GET /api/search); see
+    realtime.timeline."""
+
+    enabled: bool = True
+    # One SQLite file. None: a temporary one for this run, filled from JetStream at start (the
+    # embedded NATS keeps its events for the run only, so that is all there is to index).
+    path: Path | None = None
+    max_entries: int = Field(5_000_000, ge=1000, le=1_000_000_000)  # the oldest go first
+    max_age_s: float = Field(30 * 86400.0, gt=0, le=10 * 366 * 86400.0)  # older entries are deleted
+    batch: int = Field(256, ge=1, le=10_000)  # events read and committed at once
 
 
 class ComputeSettings(Section):

@@ -32,9 +32,9 @@ from realtime.cli.bootstrap import (
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
 from realtime.config import Config, ConfigError, load_config
 from realtime.config_checks import config_class_problems, config_vlm_problems
-from realtime.fleet.options import fleet_options, with_flags
 from realtime.fleet.worker import DuplicateNode, FleetUnavailable
 from realtime.http import ListenError
+from realtime.leases.options import fleet_options, with_flags
 from realtime.service.memory import cap_malloc_arenas
 from realtime.service.service import Service
 from realtime.timeline.errors import TimelineIndexError

@@ -66,7 +66,7 @@ from realtime.fleet.clip_objects import (
     sidecar_of,
 )
 from realtime.fleet.clip_retention import BACKSTOP_GRACE_S, ClipRetention
-from realtime.fleet.records import check_fleet_name
+from realtime.leases.records import check_fleet_name
 
 log = logging.getLogger(__name__)
 

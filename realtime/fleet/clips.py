@@ -49,7 +49,7 @@ from pipelines.events import Event
 from pipelines.frames import validate_stream_id
 from realtime.bus.publisher import NatsEventPublisher, live_client
 from realtime.fleet.clip_bucket import MP4, ClipBucket, ClipBucketError, clip_bucket_name
-from realtime.fleet.options import FleetOptions
+from realtime.leases.options import FleetOptions
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ from collections.abc import Callable, Collection
 import nats.js.errors
 
 from realtime.config import AnyStreamSettings
-from realtime.fleet.buckets import FleetBuckets
 from realtime.fleet.desired import DesiredStreams, encode_stream
 from realtime.fleet.membership import NATS_ERRORS, FleetUnavailable, Membership
 from realtime.fleet.mirror import KvMirror
-from realtime.service.registry import RegistryClosed, StreamExists, StreamLimitReached, StreamRegistry, UnknownStream
+from realtime.leases.buckets import FleetBuckets
+from realtime.streams.registry import RegistryClosed, StreamExists, StreamLimitReached, StreamRegistry, UnknownStream
 
 log = logging.getLogger("realtime.fleet.worker")  # the worker's log name: filters on it keep matching
 

@@ -28,11 +28,11 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
-from realtime.fleet.buckets import FleetBuckets, open_buckets
-from realtime.fleet.keeper import LeaseKeeper
 from realtime.fleet.mirror import KvMirror
-from realtime.fleet.options import FleetOptions
-from realtime.fleet.records import NodeRecord, lease_bucket, node_key
+from realtime.leases.buckets import FleetBuckets, open_buckets
+from realtime.leases.keeper import LeaseKeeper
+from realtime.leases.options import FleetOptions
+from realtime.leases.records import NodeRecord, lease_bucket, node_key
 
 log = logging.getLogger("realtime.fleet.worker")  # the worker's log name: filters on it keep matching
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from realtime.fleet.keeper import LeaseKeeper
 from realtime.fleet.mirror import KvMirror
-from realtime.fleet.records import LEASE_PREFIX, NODE_PREFIX, LeaseRecord, NodeRecord
+from realtime.leases.keeper import LeaseKeeper
+from realtime.leases.records import LEASE_PREFIX, NODE_PREFIX, LeaseRecord, NodeRecord
 
 
 class LeaseReader:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 from realtime.config import AnyStreamSettings
 from realtime.fleet.desired import DesiredStreams
-from realtime.fleet.keeper import LeaseKeeper
-from realtime.service.registry import (
+from realtime.leases.keeper import LeaseKeeper
+from realtime.streams.registry import (
     RegistryClosed,
     StreamExists,
     StreamLimitReached,

@@ -13,8 +13,8 @@ from pipelines.graph.counters import zero_counters
 from realtime.config import CameraStreamSettings, WebRtcStreamSettings
 from realtime.fleet.desired import DesiredStreams
 from realtime.fleet.owners import LeaseReader
-from realtime.fleet.records import NodeRecord
-from realtime.service.registry import StreamRegistry, UnknownStream
+from realtime.leases.records import NodeRecord
+from realtime.streams.registry import StreamRegistry, UnknownStream
 from realtime.streams.view import PENDING, StreamView, public_url
 
 UNOWNED_REASON = "waiting for a worker with room to take it"

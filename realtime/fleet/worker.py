@@ -37,14 +37,14 @@ from realtime.fleet import claim
 from realtime.fleet.desired import DesiredStreams
 from realtime.fleet.desired_writes import DesiredWriter, FleetLimitReached
 from realtime.fleet.fence import FencedSink
-from realtime.fleet.keeper import LeaseKeeper
 from realtime.fleet.membership import NATS_ERRORS, DuplicateNode, FleetUnavailable, Membership
-from realtime.fleet.options import FleetOptions
 from realtime.fleet.owners import LeaseReader
-from realtime.fleet.records import LEASE_PREFIX, LeaseRecord
 from realtime.fleet.runs import LeasedRuns
 from realtime.fleet.views import FleetViews
-from realtime.service.registry import StreamRegistry
+from realtime.leases.keeper import LeaseKeeper
+from realtime.leases.options import FleetOptions
+from realtime.leases.records import LEASE_PREFIX, LeaseRecord
+from realtime.streams.registry import StreamRegistry
 
 __all__ = ["DuplicateNode", "FleetCounters", "FleetLimitReached", "FleetUnavailable", "FleetWorker"]
 

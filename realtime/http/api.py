@@ -40,9 +40,9 @@ from realtime.config_yaml import float_problem, integer_problem
 from realtime.fleet.worker import FleetUnavailable, FleetWorker
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
-from realtime.service.registry import RegistryClosed, StreamExists, StreamLimitReached, UnknownStream
 from realtime.sources.policy import SourcePolicy
 from realtime.sources.spec import InvalidSource
+from realtime.streams.registry import RegistryClosed, StreamExists, StreamLimitReached, UnknownStream
 
 # What URLs API clients may add; the service sets it from `sources:`. Without it, the strictest.
 SOURCE_POLICY = web.AppKey("vidsentry_source_policy", SourcePolicy)

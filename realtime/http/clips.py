@@ -42,7 +42,7 @@ from realtime.fleet.clips import ClipsUnavailable, ExportForwardRefused, FleetCl
 from realtime.http.api import owner_elsewhere, read_json_object, runs_elsewhere, stream_id_of
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
-from realtime.service.registry import StreamRegistry
+from realtime.streams.registry import StreamRegistry
 
 MAX_DOWNLOADS = 8
 MAX_LISTED = 1000

@@ -12,8 +12,8 @@ from realtime.http.hosts import HostPolicy
 from realtime.http.metrics import ServiceMetrics
 from realtime.http.resume import ResumeSettings
 from realtime.http.signed import UrlSigner
-from realtime.service.registry import StreamRegistry
 from realtime.streams.fanout import EventFanout
+from realtime.streams.registry import StreamRegistry
 
 
 @dataclass(eq=False)

@@ -28,7 +28,7 @@ from realtime.http.api import require_local_stream, stream_id_of, unknown_stream
 from realtime.http.clips import clip_stage, query_number
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
-from realtime.service.registry import StreamRegistry, UnknownStream
+from realtime.streams.registry import StreamRegistry, UnknownStream
 from realtime.streams.runner import StreamRunner
 
 ENCODE_WINDOW_S = 0.5  # the page polls at ~2/s; a faster poller sees the same frame twice

@@ -26,7 +26,7 @@ from realtime.http.api import read_json_object
 from realtime.http.clips import clip_stage
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
-from realtime.service.registry import StreamRegistry
+from realtime.streams.registry import StreamRegistry
 from realtime.timeline.ask import Asker, AskError
 from realtime.timeline.errors import IndexUnavailable, QueryTooBroad, RemoteRefusal
 from realtime.timeline.index import Filters, Hit

@@ -29,8 +29,8 @@ from realtime.http.api import stream_id_of, unknown_stream
 from realtime.http.context import HttpContext, context_of
 from realtime.http.errors import ApiError
 from realtime.http.resume import resume
-from realtime.service.registry import UnknownStream
 from realtime.streams.fanout import SseMessage, Viewer, ViewerClosed, ViewerLimitReached
+from realtime.streams.registry import UnknownStream
 
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,1 @@
-"""The long-running service: its composition root (service.py) and the desired-state registry."""
+"""The long-running service: its composition root (service.py), which wires every floor below it."""

@@ -30,10 +30,10 @@ from pipelines.events import Event
 from pipelines.graph import SharedEngines
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.config import Config
-from realtime.fleet.options import FleetOptions
 from realtime.http.context import HttpContext
 from realtime.http.search import TimelineApi
-from realtime.service.registry import StreamRegistry
+from realtime.leases.options import FleetOptions
+from realtime.streams.registry import StreamRegistry
 
 
 @dataclass(eq=False)

@@ -23,25 +23,24 @@ from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
 from realtime.fleet.metrics import FleetCollector
-from realtime.fleet.options import fleet_options
 from realtime.fleet.worker import FleetWorker
-from realtime.http import HttpContext, HttpServer, compute, create_app, search
+from realtime.http import HttpContext, HttpServer, compute, create_app, search, signalling
 from realtime.http.api import FLEET, SOURCE_POLICY
 from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
 from realtime.http.metrics import MetricSources, ServiceMetrics
 from realtime.http.resume import ResumeSettings
+from realtime.leases.options import fleet_options
 from realtime.service.engine_metrics import ComputeCollector, capability_collector
 from realtime.service.memory import release_free_memory
 from realtime.service.plugin import Attached, PluginContext
 from realtime.service.plugins import SERVICE_PLUGINS
-from realtime.service.registry import RegistryClosed, StreamRegistry, UnknownStream
 from realtime.streams.fanout import EventFanout
+from realtime.streams.registry import RegistryClosed, StreamRegistry, UnknownStream
 from realtime.streams.runner import StreamRunner
 from realtime.streams.spec import stream_spec
 from realtime.streams.view import StreamView
 from realtime.timeline.timeline import Timeline, TimelineCollector
-from realtime.webrtc import signalling
 from realtime.webrtc.metrics import SessionCollector
 from realtime.webrtc.sessions import SessionTable
 

@@ -26,9 +26,9 @@ import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from realtime.fleet.buckets import open_roles
-from realtime.fleet.keeper import LeaseKeeper
-from realtime.fleet.options import FleetOptions
+from realtime.leases.buckets import open_roles
+from realtime.leases.keeper import LeaseKeeper
+from realtime.leases.options import FleetOptions
 from realtime.timeline.errors import IndexUnavailable, QueryTooBroad, RemoteRefusal
 from realtime.timeline.index import Filters, Hit
 from realtime.timeline.query import QueryError, parse, retrieval_query

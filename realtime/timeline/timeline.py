@@ -15,9 +15,9 @@ from nats.aio.client import Client as NatsClient
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from realtime.fleet.options import FleetOptions
+from realtime.config import TimelineSettings
+from realtime.leases.options import FleetOptions
 from realtime.timeline.ask import Asker
-from realtime.timeline.config import TimelineSettings
 from realtime.timeline.index import MAX_LIMIT, MAX_OFFSET, Filters, Hit, TimelineIndex
 from realtime.timeline.indexer import TimelineIndexer
 from realtime.timeline.query import Query, retrieval_query

@@ -8,7 +8,7 @@ from pipelines.events import Event, EventKind
 from realtime.bus import cloudevents
 from realtime.fleet.claim import NodeLoad, fair_share, plan
 from realtime.fleet.fence import FencedSink
-from realtime.fleet.records import NodeRecord, node_key
+from realtime.leases.records import NodeRecord, node_key
 from tests.support.bodies import any_event
 
 IDS = [f"s{i}" for i in range(6)]

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from realtime.bus.jetstream import STREAM_NAME
-from realtime.fleet.records import lease_bucket
+from realtime.leases.records import lease_bucket
 from tests.realtime.fleet.fleet_support import EventRecorder, Fleet, Worker, http, poll, stored_ce_ids
 from tests.support.nats_cluster import ClusterNode, NatsCluster, move_stream_leader, start_cluster
 from tests.support.rtsp import RtspServer

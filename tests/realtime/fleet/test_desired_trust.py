@@ -21,14 +21,14 @@ from pipelines.frames import StatusChange, StreamState
 from pipelines.mailbox import FrameMailbox
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.fleet.metrics import FleetCollector
-from realtime.fleet.options import FleetOptions
-from realtime.fleet.records import desired_bucket
 from realtime.fleet.worker import DuplicateNode, FleetWorker
-from realtime.service.registry import StreamRegistry
+from realtime.leases.options import FleetOptions
+from realtime.leases.records import desired_bucket
 from realtime.sources import policy as policy_module
 from realtime.sources.policy import SourcePolicy
 from realtime.sources.spec import parse_source
 from realtime.sources.supervisor import CameraSupervisor, SupervisorPolicy
+from realtime.streams.registry import StreamRegistry
 from tests.support.rtsp import RtspServer
 from tests.support.serve_process import ServeProcess, http, poll, write_config
 from tests.support.waiting import wait_until

@@ -11,13 +11,13 @@ import pytest
 
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.config import CameraStreamSettings
-from realtime.fleet.buckets import open_buckets
 from realtime.fleet.desired import decode_stream
-from realtime.fleet.keeper import LeaseKeeper
-from realtime.fleet.options import FleetOptions
-from realtime.fleet.records import LeaseRecord, desired_bucket, lease_key
 from realtime.fleet.worker import FleetWorker
-from realtime.service.registry import StreamExists, StreamRegistry, UnknownStream
+from realtime.leases.buckets import open_buckets
+from realtime.leases.keeper import LeaseKeeper
+from realtime.leases.options import FleetOptions
+from realtime.leases.records import LeaseRecord, desired_bucket, lease_key
+from realtime.streams.registry import StreamExists, StreamRegistry, UnknownStream
 
 
 def test_one_owner_at_a_time_and_a_paused_owner_is_fenced_before_another_can_take_over(

@@ -11,9 +11,9 @@ import pytest
 
 from realtime.config import AnyStreamSettings, CameraStreamSettings
 from realtime.fleet.desired import DesiredStreams
-from realtime.fleet.keeper import LeaseKeeper
 from realtime.fleet.runs import LeasedRuns
-from realtime.service.registry import StreamRegistry
+from realtime.leases.keeper import LeaseKeeper
+from realtime.streams.registry import StreamRegistry
 
 
 def camera(stream_id: str, url: str = "rtsp://cam.example/live") -> CameraStreamSettings:

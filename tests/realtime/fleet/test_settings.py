@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from realtime.config import Config, ConfigError, load_config
-from realtime.fleet.options import default_capacity, fleet_options, with_flags
+from realtime.leases.options import default_capacity, fleet_options, with_flags
 
 
 def config_from(tmp_path: Path, text: str) -> Config:

@@ -17,7 +17,7 @@ import pytest
 from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.config import CameraStreamSettings, ConfigError, HttpSettings, load_config
-from realtime.service.registry import StreamLimitReached, StreamRegistry
+from realtime.streams.registry import StreamLimitReached, StreamRegistry
 from realtime.streams.runner import StreamRunner
 from tests.realtime.http.test_api import assert_error
 from tests.support.service import LiveService, live_service, make_config

@@ -23,9 +23,9 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from realtime.fleet.records import LeaseRecord, lease_key
+from realtime.leases.records import LeaseRecord, lease_key
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("realtime.fleet.keeper")  # the keeper's log, under the name it always had
 
 
 @dataclass(slots=True)

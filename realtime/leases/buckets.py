@@ -16,9 +16,9 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
-from realtime.fleet.records import desired_bucket, lease_bucket
+from realtime.leases.records import desired_bucket, lease_bucket
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("realtime.fleet.buckets")  # the buckets' log, under the name it always had
 
 _STREAM_IN_USE = 10058  # "stream name already in use with a different configuration"
 MARKER_TTL_S = 1.0  # expiry markers live this long: watchers see them, nobody keeps them

@@ -15,8 +15,8 @@ from pipelines.detect import DetectionBatcher
 from pipelines.frames import StreamState
 from pipelines.graph import SharedEngines
 from realtime.config import CameraStreamSettings
-from realtime.service.registry import RegistryClosed, RestartPolicy, StreamExists, StreamRegistry, UnknownStream
 from realtime.sources.supervisor import SupervisorPolicy
+from realtime.streams.registry import RegistryClosed, RestartPolicy, StreamExists, StreamRegistry, UnknownStream
 from realtime.streams.runner import StreamRunner
 from realtime.streams.spec import stream_spec
 from tests.support.sinks import ListSink

@@ -33,7 +33,7 @@ from realtime.sources.spec import InvalidSource, parse_source
 from realtime.streams.runner import StreamRunner
 from realtime.streams.view import PENDING, StreamView, public_url
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("realtime.service.registry")  # the registry's log, under the name it always had
 
 RunnerFactory = Callable[[AnyStreamSettings], StreamRunner]
 

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 
 from realtime.config import Config
-from realtime.fleet.records import InvalidFleetName, check_fleet_name
+from realtime.leases.records import InvalidFleetName, check_fleet_name
 from realtime.sources.policy import SourcePolicy
 
 STREAMS_PER_CORE = 2  # a 2-core box runs a handful of cameras at the default detection rate

@@ -17,7 +17,7 @@ from aiohttp import web
 from realtime.http.api import read_json_object
 from realtime.http.errors import ApiError
 from realtime.http.guards import BEACON_ROUTE
-from realtime.service.registry import RegistryClosed, StreamExists, StreamLimitReached
+from realtime.streams.registry import RegistryClosed, StreamExists, StreamLimitReached
 from realtime.webrtc.offer import BadOffer, parse_offer
 from realtime.webrtc.sessions import (
     NegotiationFailed,
