@@ -256,10 +256,12 @@ class Outbox:
         severity = msg.severity if msg.severity in SEVERITY_CODE else None
         seq = self._next_seq
         enqueued_at = time.time()
+        # The write path, one way: codec, then segments, then index.
         frame = frame_record(encode(seq, enqueued_at, msg, severity))
-        entry = self._segments.append(seq, frame, msg.kind.value, drop_rank(msg.kind.value, severity), enqueued_at)
+        segment, offset = self._segments.append(seq, frame)
         self._next_seq += 1
-        self._index.add(entry)
+        kind = msg.kind.value
+        self._index.add(Entry(seq, segment, offset, len(frame), kind, drop_rank(kind, severity), enqueued_at))
         self._appended += 1
         self._housekeeping.dirty = True
         self._enforce_bounds()
@@ -280,7 +282,7 @@ class Outbox:
                 break
             if entry.leased:
                 continue
-            record = self._segments.read(entry)
+            record = self._segments.read(entry.seq, entry.segment, entry.offset, entry.size)
             if record is None:
                 damaged.append(entry)
                 continue
@@ -372,14 +374,14 @@ class Outbox:
 
     def _remove(self, entry: Entry) -> None:
         self._index.discard(entry)
-        self._segments.release(entry)
+        self._segments.release(entry.seq, entry.segment)
         # Logged even when the files go next: a deletion can fail, and then acks.log must know.
         if self._acks.log_removal(entry.seq):
             self._housekeeping.dirty = True
         if not self._index:
             self._reset()  # all gone: drop the files
             return
-        self._segments.mark_dead(entry)
+        self._segments.mark_dead(entry.seq, entry.segment)
         self._compactor.maybe_compact()
         self._maybe_sync()
 
@@ -413,8 +415,8 @@ class Outbox:
         self._corrupt += corrupt
         removed, corrupt = self._acks.read()
         self._corrupt += corrupt
-        for entry in self._segments.recover(found, removed):
-            self._index.add(entry)
+        for record in self._segments.recover(found, removed):
+            self._index.add(Entry.found(record))
         self._next_seq = max([*found, *removed, 0]) + 1
         self._recovered = len(self._index)
         self._segments.delete_empty()

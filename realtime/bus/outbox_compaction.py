@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import os
 import time
 from functools import partial
@@ -123,7 +122,7 @@ class Compactor:
         """Copy the live records of `group` into one file that replaces the first, as file work;
         the commit then points the index at the new file and deletes the rest of the group."""
         self._compacting = True
-        entries = list(itertools.chain.from_iterable(s.entries.values() for s in group))
+        entries = [self._index[seq] for segment in group for seq in segment.records]
         self._io.run(partial(self._copy_live_records, group, entries))
 
     def _copy_live_records(self, group: list[Segment], entries: list[Entry]) -> Commit:
@@ -168,7 +167,8 @@ class Compactor:
             if self._index.get(entry.seq) is not entry:
                 dead.add(entry.seq)  # removed while it was copied: a dead record of the new file
                 continue
-            self._segments.move(entry, target, offset)
+            self._segments.move(entry.seq, entry.segment, target)
+            entry.segment, entry.offset = target, offset
             live_bytes += entry.size
         for segment in group[1:]:
             if self._segments.holds(segment):
