@@ -145,9 +145,7 @@ class Outbox:
         self._io = FileWork(self.directory, self._health, fsync=fsync_interval_s is not None)
         self._segments = Segments(self.directory, self._io, self._health, segment_bytes=segment_bytes)
         self._acks = AcksLog(self.directory, self._io, self._health, max_events=max_events)
-        self._compactor = Compactor(
-            self._segments, self._index, self._acks, self._io, self._health, max_bytes=max_bytes
-        )
+        self._compactor = Compactor(self._io, self._health, max_bytes=max_bytes, segment_bytes=segment_bytes)
         self._housekeeping = Housekeeping(
             self._segments, self._acks, self._io, self._health, fsync_interval_s=fsync_interval_s
         )
@@ -157,7 +155,7 @@ class Outbox:
         try:
             self._load()
             self._acks.open()
-            self._compactor.rewrite_acks()
+            self._compactor.rewrite_acks(self._segments, self._acks)
             self._enforce_bounds()
         except BaseException:
             self._close_fds()
@@ -382,7 +380,7 @@ class Outbox:
             self._reset()  # all gone: drop the files
             return
         self._segments.mark_dead(entry.seq, entry.segment)
-        self._compactor.maybe_compact()
+        self._compactor.maybe_compact(self._segments, self._index, self._acks)
         self._maybe_sync()
 
     def _reset(self) -> None:
@@ -390,7 +388,7 @@ class Outbox:
         # (harmless), never records without their acks (re-sent).
         self._segments.delete_all()
         self._index.clear_ranks()
-        self._compactor.rewrite_acks(empty=True)
+        self._compactor.empty_acks(self._acks)
 
     def _enforce_bounds(self) -> None:
         while self._index.over_bounds():
