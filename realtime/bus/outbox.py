@@ -146,9 +146,7 @@ class Outbox:
         self._segments = Segments(self.directory, self._io, self._health, segment_bytes=segment_bytes)
         self._acks = AcksLog(self.directory, self._io, self._health, max_events=max_events)
         self._compactor = Compactor(self._io, self._health, max_bytes=max_bytes, segment_bytes=segment_bytes)
-        self._housekeeping = Housekeeping(
-            self._segments, self._acks, self._io, self._health, fsync_interval_s=fsync_interval_s
-        )
+        self._housekeeping = Housekeeping(self._io, self._health, fsync_interval_s=fsync_interval_s)
 
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd: int | None = _lock(self.directory)
@@ -335,7 +333,8 @@ class Outbox:
         self._io.apply_finished()
         if self._closed:
             return
-        self._housekeeping.sync()
+        active = self._segments.active
+        self._housekeeping.sync(self._acks, active.fd if active else None)
 
     def close(self) -> None:
         """fsync and close; queued records stay on disk for the next Outbox on this directory."""
