@@ -48,17 +48,21 @@ raises (OutboxWriteError): that one record was not queued.
 Not thread-safe: call it from one thread (the publisher's event loop); only the worker thread it
 starts itself shares it, as described above.
 
-`Outbox` coordinates the parts, each in its own module with the details in its docstring; it
-decides the order of their steps (a removal is logged in acks.log before its file may go; on a
-reset the segments go before acks.log is emptied; bounds are enforced on open and after each
-append):
+`Outbox` is the one facade; the parts, each in its own module with the details in its docstring,
+hold no reference to one another (only to `FileWork` and `DiskHealth`, below them all). Data flows
+one way. A record is written along the write path: the codec frames it, the segments store it and
+say where, the index keeps that location (an index entry points at its segment; a segment knows
+only the seqs and sizes of its records). Removals, compaction and housekeeping are passes the
+facade runs over that state, handing each what it needs on the call; the facade decides the order
+of their steps (a removal is logged in acks.log before its file may go; on a reset the segments go
+before acks.log is emptied; bounds are enforced on open and after each append):
 
     outbox_codec         the record format: framing, encoding, scanning with resync
-    outbox_index         RecordIndex: the records in replay order, their leases, the drop policy
     outbox_segments      Segments: the segment files, each one's live and dead records, recovery
+    outbox_index         RecordIndex: the records in replay order, their leases, the drop policy
     outbox_acks          AcksLog: acks.log, the removals it refused, its rewrite
-    outbox_compaction    Compactor: when and what to merge or rewrite, the merge itself
-    outbox_housekeeping  Housekeeping: fsync on an interval, retrying the file work that failed
+    outbox_compaction    Compactor: the pass that decides when and what to merge or rewrite
+    outbox_housekeeping  Housekeeping: the pass that fsyncs on an interval and retries failed work
     outbox_io            FileWork / DiskWorker: where file work runs (inline or on the worker)
     outbox_health        DiskHealth: which kinds of file work fail, counted and logged
     outbox_errors        the exceptions (re-exported here)
