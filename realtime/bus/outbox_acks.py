@@ -18,7 +18,8 @@ what it does not list. So acks.log is the source of truth for what left:
   takes over. A rewrite waits while a file that should be gone is still there: acks.log must go on
   listing its records' removals.
 
-AcksLog holds only its file and the removals it refused; it calls nothing above it.
+Besides FileWork and DiskHealth (below every part), AcksLog holds only its file and the removals
+it refused; it calls nothing above it.
 """
 
 from __future__ import annotations
