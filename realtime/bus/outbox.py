@@ -48,17 +48,21 @@ raises (OutboxWriteError): that one record was not queued.
 Not thread-safe: call it from one thread (the publisher's event loop); only the worker thread it
 starts itself shares it, as described above.
 
-`Outbox` coordinates the parts, each in its own module with the details in its docstring; it
-decides the order of their steps (a removal is logged in acks.log before its file may go; on a
-reset the segments go before acks.log is emptied; bounds are enforced on open and after each
-append):
+`Outbox` is the one facade; the parts, each in its own module with the details in its docstring,
+hold no reference to one another (only to `FileWork` and `DiskHealth`, below them all). Data flows
+one way. A record is written along the write path: the codec frames it, the segments store it and
+say where, the index keeps that location (an index entry points at its segment; a segment knows
+only the seqs and sizes of its records). Removals, compaction and housekeeping are passes the
+facade runs over that state, handing each what it needs on the call; the facade decides the order
+of their steps (a removal is logged in acks.log before its file may go; on a reset the segments go
+before acks.log is emptied; bounds are enforced on open and after each append):
 
     outbox_codec         the record format: framing, encoding, scanning with resync
-    outbox_index         RecordIndex: the records in replay order, their leases, the drop policy
     outbox_segments      Segments: the segment files, each one's live and dead records, recovery
+    outbox_index         RecordIndex: the records in replay order, their leases, the drop policy
     outbox_acks          AcksLog: acks.log, the removals it refused, its rewrite
-    outbox_compaction    Compactor: when and what to merge or rewrite, the merge itself
-    outbox_housekeeping  Housekeeping: fsync on an interval, retrying the file work that failed
+    outbox_compaction    Compactor: the pass that decides when and what to merge or rewrite
+    outbox_housekeeping  Housekeeping: the pass that fsyncs on an interval and retries failed work
     outbox_io            FileWork / DiskWorker: where file work runs (inline or on the worker)
     outbox_health        DiskHealth: which kinds of file work fail, counted and logged
     outbox_errors        the exceptions (re-exported here)
@@ -145,19 +149,15 @@ class Outbox:
         self._io = FileWork(self.directory, self._health, fsync=fsync_interval_s is not None)
         self._segments = Segments(self.directory, self._io, self._health, segment_bytes=segment_bytes)
         self._acks = AcksLog(self.directory, self._io, self._health, max_events=max_events)
-        self._compactor = Compactor(
-            self._segments, self._index, self._acks, self._io, self._health, max_bytes=max_bytes
-        )
-        self._housekeeping = Housekeeping(
-            self._segments, self._acks, self._io, self._health, fsync_interval_s=fsync_interval_s
-        )
+        self._compactor = Compactor(self._io, self._health, max_bytes=max_bytes, segment_bytes=segment_bytes)
+        self._housekeeping = Housekeeping(self._io, self._health, fsync_interval_s=fsync_interval_s)
 
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock_fd: int | None = _lock(self.directory)
         try:
             self._load()
             self._acks.open()
-            self._compactor.rewrite_acks()
+            self._compactor.rewrite_acks(self._segments, self._acks)
             self._enforce_bounds()
         except BaseException:
             self._close_fds()
@@ -256,10 +256,12 @@ class Outbox:
         severity = msg.severity if msg.severity in SEVERITY_CODE else None
         seq = self._next_seq
         enqueued_at = time.time()
+        # The write path, one way: codec, then segments, then index.
         frame = frame_record(encode(seq, enqueued_at, msg, severity))
-        entry = self._segments.append(seq, frame, msg.kind.value, drop_rank(msg.kind.value, severity), enqueued_at)
+        segment, offset = self._segments.append(seq, frame)
         self._next_seq += 1
-        self._index.add(entry)
+        kind = msg.kind.value
+        self._index.add(Entry(seq, segment, offset, len(frame), kind, drop_rank(kind, severity), enqueued_at))
         self._appended += 1
         self._housekeeping.dirty = True
         self._enforce_bounds()
@@ -280,7 +282,7 @@ class Outbox:
                 break
             if entry.leased:
                 continue
-            record = self._segments.read(entry)
+            record = self._segments.read(entry.seq, entry.segment, entry.offset, entry.size)
             if record is None:
                 damaged.append(entry)
                 continue
@@ -335,7 +337,8 @@ class Outbox:
         self._io.apply_finished()
         if self._closed:
             return
-        self._housekeeping.sync()
+        active = self._segments.active
+        self._housekeeping.sync(self._acks, active.fd if active else None)
 
     def close(self) -> None:
         """fsync and close; queued records stay on disk for the next Outbox on this directory."""
@@ -372,15 +375,15 @@ class Outbox:
 
     def _remove(self, entry: Entry) -> None:
         self._index.discard(entry)
-        self._segments.release(entry)
+        self._segments.release(entry.seq, entry.segment)
         # Logged even when the files go next: a deletion can fail, and then acks.log must know.
         if self._acks.log_removal(entry.seq):
             self._housekeeping.dirty = True
         if not self._index:
             self._reset()  # all gone: drop the files
             return
-        self._segments.mark_dead(entry)
-        self._compactor.maybe_compact()
+        self._segments.mark_dead(entry.seq, entry.segment)
+        self._compactor.maybe_compact(self._segments, self._index, self._acks)
         self._maybe_sync()
 
     def _reset(self) -> None:
@@ -388,7 +391,7 @@ class Outbox:
         # (harmless), never records without their acks (re-sent).
         self._segments.delete_all()
         self._index.clear_ranks()
-        self._compactor.rewrite_acks(empty=True)
+        self._compactor.empty_acks(self._acks)
 
     def _enforce_bounds(self) -> None:
         while self._index.over_bounds():
@@ -413,8 +416,8 @@ class Outbox:
         self._corrupt += corrupt
         removed, corrupt = self._acks.read()
         self._corrupt += corrupt
-        for entry in self._segments.recover(found, removed):
-            self._index.add(entry)
+        for record in self._segments.recover(found, removed):
+            self._index.add(Entry.found(record))
         self._next_seq = max([*found, *removed, 0]) + 1
         self._recovered = len(self._index)
         self._segments.delete_empty()

@@ -11,10 +11,15 @@ what it does not list. So acks.log is the source of truth for what left:
   goes and is counted as forgotten (a re-send, which JetStream drops as a duplicate only within
   its window); a torn frame is cut off again;
 - it only grows, so it is rewritten to the removals that still matter (those of records still in
-  some segment file; none after a reset): a new file, fsynced, renamed over it. The rewrite runs as
-  file work (on the outbox's worker thread, or inline); a removal logged while it runs also goes
-  into the new file, under a lock held only while the new file takes over. A rewrite waits while a
-  file that should be gone is still there: acks.log must go on listing its records' removals.
+  some segment file; none after a reset): a new file, fsynced, renamed over it. What to rewrite,
+  and when, is the compaction pass's decision (`outbox_compaction`): it starts a rewrite here on
+  the outbox's thread and runs `replace()` as file work (on the worker thread, or inline); a
+  removal logged in between also goes into the new file, under a lock held only while the new file
+  takes over. A rewrite waits while a file that should be gone is still there: acks.log must go on
+  listing its records' removals.
+
+Besides FileWork and DiskHealth (below every part), AcksLog holds only its file and the removals
+it refused; it calls nothing above it.
 """
 
 from __future__ import annotations
@@ -26,14 +31,12 @@ import os
 import struct
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 from realtime.bus.outbox_codec import SEQ, frame_record, scan
 from realtime.bus.outbox_health import DiskHealth
-from realtime.bus.outbox_io import Commit, FileWork, close_quietly, required, write_all
+from realtime.bus.outbox_io import FileWork, close_quietly, required, write_all
 
 log = logging.getLogger("realtime.bus.outbox")  # the outbox's log, under the name it always had
 
@@ -41,11 +44,9 @@ ACKS_NAME = "acks.log"
 _ACKS_PER_FRAME = 4096
 _MIN_UNRECORDED_CAP = 4096  # removals kept in memory while acks.log refuses them: at least this many
 
-RewriteDone = Callable[[bool], None]  # called on the outbox's thread with failed=True/False
-
 
 @dataclass(slots=True, eq=False)
-class _Rewrite:
+class Rewrite:
     """acks.log rewritten to `seqs`, plus the removals logged while the rewrite runs (`tail`)."""
 
     seqs: list[int]
@@ -66,7 +67,7 @@ class AcksLog:
         self._fd: int | None = None
         self._entries = 0  # frames in the file: what a rewrite would shrink
         self._size = 0  # bytes in the file, to cut a torn removal off again
-        self._rewrites: list[_Rewrite] = []
+        self._rewrites: list[Rewrite] = []
         # Removals acks.log refused, written with the next one; bounded, what goes is counted.
         self._unrecorded: set[int] = set()
         self._unrecorded_cap = max(max_events, _MIN_UNRECORDED_CAP)
@@ -166,22 +167,24 @@ class AcksLog:
 
     # -- the rewrite ------------------------------------------------------------------------------
 
-    def rewrite(self, seqs: list[int], done: RewriteDone) -> None:
-        """Replace acks.log with `seqs` (plus what is logged meanwhile), as file work; `done(failed)`
-        then runs on the outbox's thread."""
-        rewrite = _Rewrite(seqs)
+    def start_rewrite(self, seqs: list[int]) -> Rewrite:
+        """On the outbox's thread: acks.log is to become `seqs`; every removal logged from now on
+        goes into the new file too. Hand the result to `replace()`, as file work."""
+        rewrite = Rewrite(seqs)
         with self._lock:
             self._rewrites.append(rewrite)
-        self._io.run(partial(self._write_file, rewrite, done))
+        return rewrite
 
-    def _write_file(self, rewrite: _Rewrite, done: RewriteDone) -> Commit:
-        # File work. The new file gets the seqs, then (under the lock, so no removal slips
-        # between) the removals logged meanwhile, and replaces acks.log.
+    def replace(self, rewrite: Rewrite) -> bool:
+        """File work: write the new file and put it in place of acks.log; False when it failed or
+        had to wait for a file that could not be deleted (acks.log is then as it was)."""
+        # The new file gets the seqs, then (under the lock, so no removal slips between) the
+        # removals logged meanwhile, and replaces acks.log.
         if not self._io.retry_deletions():
             # A file that should be gone is still there: acks.log must go on listing the removals
             # of its records, so it is not rewritten until the file is gone.
             self._forget(rewrite)
-            return partial(done, True)
+            return False
         path = self.path
         tmp = path.with_name(ACKS_NAME + ".tmp")
         fd: int | None = None
@@ -203,14 +206,14 @@ class AcksLog:
             with contextlib.suppress(OSError):  # a read-only directory refuses this too
                 tmp.unlink(missing_ok=True)
             self._health.failed("compact", exc)
-            return partial(done, True)
+            return False
         self._health.ok("compact")
         self._io.fsync_dir()
         if old_fd is not None:
             close_quietly(old_fd)
-        return partial(done, False)
+        return True
 
-    def _forget(self, rewrite: _Rewrite) -> None:
+    def _forget(self, rewrite: Rewrite) -> None:
         with self._lock:
             if rewrite in self._rewrites:
                 self._rewrites.remove(rewrite)

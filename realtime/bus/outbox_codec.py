@@ -48,8 +48,6 @@ class OutboxRecord:
         return WireMessage(self.event_id, self.kind, self.subject, self.payload, self.headers, created, self.severity)
 
 
-
-
 def frame_record(body: bytes) -> bytes:
     return _FRAME.pack(_MAGIC, len(body), zlib.crc32(body)) + body
 

@@ -20,18 +20,24 @@ next removal looks again. After one failed, or had to wait for a file that could
 (see `outbox_acks`), none starts for 5 seconds. The decisions and the merge's commit run on the
 outbox's thread; the copy itself is file work, which reads each record's segment, offset and size
 (only this merge's commit changes them).
+
+Compaction is a pass over the write path's state, not a part of it: the outbox hands
+`maybe_compact` the segments, the index and acks.log on each call, and the compactor keeps only its
+own state (whether one runs, when the next may start) and its bounds. No part holds the compactor,
+and it holds none of them between calls (a job under way holds what its commit will need).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
-from realtime.bus.outbox_acks import AcksLog
+from realtime.bus.outbox_acks import AcksLog, Rewrite
 from realtime.bus.outbox_health import DiskHealth
 from realtime.bus.outbox_index import Entry, RecordIndex
 from realtime.bus.outbox_io import Commit, FileWork, close_quietly, write_all
@@ -42,52 +48,51 @@ _MERGE_GAP_BYTES = 64 << 10  # records closer than this in one file are read tog
 _COMPACT_RETRY_S = 5.0  # after a compaction failed or had to wait for a deletion
 
 
+@dataclass(frozen=True, slots=True)
+class _Merge:
+    """A merge under way: what its copy reads, and what its commit is handed back."""
+
+    segments: Segments
+    index: RecordIndex
+    group: list[Segment]  # adjacent old segments; the new file replaces the first
+    entries: list[Entry]  # their live records when the copy was queued, in seq order
+
+
 class Compactor:
     """Decides when to merge segments or rewrite acks.log, and runs the merges; see the module
-    docstring."""
+    docstring. The state it works on is handed to each call."""
 
-    def __init__(
-        self,
-        segments: Segments,
-        index: RecordIndex,
-        acks: AcksLog,
-        io: FileWork,
-        health: DiskHealth,
-        *,
-        max_bytes: int,
-    ) -> None:
-        self._segments = segments
-        self._index = index
-        self._acks = acks
+    def __init__(self, io: FileWork, health: DiskHealth, *, max_bytes: int, segment_bytes: int) -> None:
         self._io = io
         self._health = health
+        self._segment_bytes = segment_bytes
         # Scattered survivors (old alerts) could pin one file each: merge past this many files.
-        self._max_segments = 2 * -(-max_bytes // segments.segment_bytes) + 8
+        self._max_segments = 2 * -(-max_bytes // segment_bytes) + 8
         self._compacting = False  # a merge or an acks-log rewrite is under way
         self._not_before = 0.0  # a failed compaction waits before the next try
 
-    def maybe_compact(self) -> None:
+    def maybe_compact(self, segments: Segments, index: RecordIndex, acks: AcksLog) -> None:
         # One compaction at a time (with background I/O the next removal looks again).
-        segments, live_bytes = self._segments, self._index.bytes
-        too_much_dead = segments.disk_bytes - live_bytes > live_bytes + 2 * segments.segment_bytes
+        live_bytes = index.bytes
+        too_much_dead = segments.disk_bytes - live_bytes > live_bytes + 2 * self._segment_bytes
         too_many_files = len(segments) > self._max_segments
         if self._not_before and time.monotonic() < self._not_before:
             return
         if not self._compacting and (too_much_dead or too_many_files):
-            group = self._pick_merge(by_files=too_many_files)
+            group = self._pick_merge(segments.old(), by_files=too_many_files)
             if group:
-                self._merge(group)
-        if not self._compacting and self._acks.entries > 2 * segments.dead_total + 1024:
-            self.rewrite_acks()  # most listed removals belong to files that are gone
+                self._merge(group, segments, index)
+        if not self._compacting and acks.entries > 2 * segments.dead_total + 1024:
+            self.rewrite_acks(segments, acks)  # most listed removals belong to files that are gone
 
-    def rewrite_acks(self, *, empty: bool = False) -> None:
-        """Keep only the removals that still matter: those of records still in some file (none
-        after a reset, whose segment deletions are queued before this)."""
-        if empty:
-            self._acks.rewrite([], self._acks_emptied)
-            return
+    def rewrite_acks(self, segments: Segments, acks: AcksLog) -> None:
+        """Keep only the removals that still matter: those of records still in some file."""
         self._compacting = True  # the rewrite counts as the one compaction under way
-        self._acks.rewrite(self._segments.dead_seqs(), self._acks_compacted)
+        self._io.run(partial(_replace_acks, acks, acks.start_rewrite(segments.dead_seqs()), self._acks_compacted))
+
+    def empty_acks(self, acks: AcksLog) -> None:
+        """After a reset, whose segment deletions are queued before this: no removal matters."""
+        self._io.run(partial(_replace_acks, acks, acks.start_rewrite([]), self._acks_emptied))
 
     def _acks_compacted(self, failed: bool) -> None:
         self._compacting = False
@@ -100,17 +105,16 @@ class Compactor:
 
     # -- merges -----------------------------------------------------------------------------------
 
-    def _pick_merge(self, *, by_files: bool) -> list[Segment]:
+    def _pick_merge(self, old: list[Segment], *, by_files: bool) -> list[Segment]:
         """The run of adjacent old segments, at most one segment of live data together, whose
         merge frees the most: files when there are too many, else dead bytes."""
-        old = self._segments.old()
         best: list[Segment] = []
         best_gain = 0
         for start in range(len(old)):
             group: list[Segment] = []
             live = 0
             for segment in old[start:]:
-                if group and live + segment.live_bytes > self._segments.segment_bytes:
+                if group and live + segment.live_bytes > self._segment_bytes:
                     break
                 group.append(segment)
                 live += segment.live_bytes
@@ -119,16 +123,17 @@ class Compactor:
                 best, best_gain = group, gain
         return best
 
-    def _merge(self, group: list[Segment]) -> None:
+    def _merge(self, group: list[Segment], segments: Segments, index: RecordIndex) -> None:
         """Copy the live records of `group` into one file that replaces the first, as file work;
         the commit then points the index at the new file and deletes the rest of the group."""
         self._compacting = True
-        entries = list(itertools.chain.from_iterable(s.entries.values() for s in group))
-        self._io.run(partial(self._copy_live_records, group, entries))
+        entries = [index[seq] for segment in group for seq in segment.records]
+        self._io.run(partial(self._copy_live_records, _Merge(segments, index, group, entries)))
 
-    def _copy_live_records(self, group: list[Segment], entries: list[Entry]) -> Commit:
+    def _copy_live_records(self, merge: _Merge) -> Commit:
         # File work: reads entry.segment/offset/size, which only this merge's commit changes.
-        target = group[0]
+        entries = merge.entries
+        target = merge.group[0]
         tmp = target.path.with_name(target.path.name + ".tmp")
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -146,17 +151,18 @@ class Compactor:
             self._health.failed("compact", exc)
             return self._merge_failed
         self._health.ok("compact")
-        return partial(self._merge_done, group, entries, fd, offsets)
+        return partial(self._merge_done, merge, fd, offsets)
 
     def _merge_failed(self) -> None:
         self._compacting = False
         self._not_before = time.monotonic() + _COMPACT_RETRY_S
 
-    def _merge_done(self, group: list[Segment], entries: list[Entry], fd: int, offsets: list[int]) -> None:
+    def _merge_done(self, merge: _Merge, fd: int, offsets: list[int]) -> None:
         self._compacting = False
         self._not_before = 0.0
+        segments, index, group, entries = merge.segments, merge.index, merge.group, merge.entries
         target = group[0]
-        if not self._segments.holds(target):
+        if not segments.holds(target):
             # All its records went meanwhile: its deletion, queued after the copy, removes the new
             # file too; the rest of the group keeps its files as they are.
             self._io.run(partial(close_quietly, fd))
@@ -165,15 +171,21 @@ class Compactor:
         dead: set[int] = set()
         live_bytes = 0
         for entry, offset in zip(entries, offsets, strict=True):
-            if self._index.get(entry.seq) is not entry:
+            if index.get(entry.seq) is not entry:
                 dead.add(entry.seq)  # removed while it was copied: a dead record of the new file
                 continue
-            self._segments.move(entry, target, offset)
+            segments.move(entry.seq, entry.segment, target)
+            entry.segment, entry.offset = target, offset
             live_bytes += entry.size
         for segment in group[1:]:
-            if self._segments.holds(segment):
-                self._segments.delete(segment)
-        self._segments.replace_file(target, fd, size, dead, live_bytes)
+            if segments.holds(segment):
+                segments.delete(segment)
+        segments.replace_file(target, fd, size, dead, live_bytes)
+
+
+def _replace_acks(acks: AcksLog, rewrite: Rewrite, done: Callable[[bool], None]) -> Commit:
+    # File work; `done(failed)` runs on the outbox's thread.
+    return partial(done, not acks.replace(rewrite))
 
 
 def _copy_records(entries: list[Entry], fd: int) -> list[int]:

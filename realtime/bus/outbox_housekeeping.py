@@ -9,6 +9,9 @@ When some kind of file work fails (`DiskHealth` is not writable), `sync()` also 
 removals acks.log refused are written at once (they are the source of truth for what left), and
 one job at a time, as file work, deletes the files that could not be deleted, probes a directory
 that refused new files or compactions, and fsyncs again if fsync failed.
+
+Like compaction, housekeeping is a pass: the outbox hands `sync()` acks.log and the active
+segment's descriptor; it holds neither.
 """
 
 from __future__ import annotations
@@ -20,26 +23,15 @@ from functools import partial
 from realtime.bus.outbox_acks import AcksLog
 from realtime.bus.outbox_health import DiskHealth
 from realtime.bus.outbox_io import Commit, FileWork
-from realtime.bus.outbox_segments import Segments
 
 
 class Housekeeping:
     """When to fsync, and the fsync and retry jobs; see the module docstring. Lives on the
     outbox's thread; its jobs read only descriptors."""
 
-    def __init__(
-        self,
-        segments: Segments,
-        acks: AcksLog,
-        io: FileWork,
-        health: DiskHealth,
-        *,
-        fsync_interval_s: float | None,
-    ) -> None:
+    def __init__(self, io: FileWork, health: DiskHealth, *, fsync_interval_s: float | None) -> None:
         self.fsync_interval_s = fsync_interval_s
         self.dirty = False  # written since the last sync()
-        self._segments = segments
-        self._acks = acks
         self._io = io
         self._health = health
         self._last_sync = time.monotonic()
@@ -56,20 +48,21 @@ class Housekeeping:
         interval = self.fsync_interval_s
         return interval is not None and self.dirty and time.monotonic() - self._last_sync >= interval
 
-    def sync(self) -> None:
-        """Retry failed disk work, and start the fsync of what was written since the last one."""
+    def sync(self, acks: AcksLog, segment_fd: int | None) -> None:
+        """Retry failed disk work, and start the fsync of what was written since the last one
+        (acks.log and the active segment, `segment_fd`)."""
         if not self._health.writable:
-            self._retry_failed_work()
+            self._retry_failed_work(acks, segment_fd)
         if not self.dirty or self.fsync_interval_s is None:
             return
         self.dirty = False
         self._last_sync = time.monotonic()
-        self._io.run(partial(self._sync_files, self._active_fd()))
+        self._io.run(partial(self._sync_files, acks, segment_fd))
 
-    def _sync_files(self, segment_fd: int | None) -> None:
+    def _sync_files(self, acks: AcksLog, segment_fd: int | None) -> None:
         # File work; acks.log's descriptor is read here: only file work replaces it.
         self._io.retry_deletions()
-        for fd in (segment_fd, self._acks.fd):
+        for fd in (segment_fd, acks.fd):
             if fd is None:
                 continue
             try:
@@ -79,28 +72,24 @@ class Housekeeping:
                 return
         self._health.ok("fsync")
 
-    def _retry_failed_work(self) -> None:
+    def _retry_failed_work(self, acks: AcksLog, segment_fd: int | None) -> None:
         """Write the removals acks.log refused, then (as file work, one at a time) delete the
         files that could not be deleted, check that the directory takes files again and fsync."""
-        if self._acks.write_pending():
+        if acks.write_pending():
             self.dirty = True
         if self._retry_queued:
             return
         self._retry_queued = True
-        self._io.run(partial(self._retry_job, self._active_fd()))
+        self._io.run(partial(self._retry_job, acks, segment_fd))
 
-    def _retry_job(self, segment_fd: int | None) -> Commit:
+    def _retry_job(self, acks: AcksLog, segment_fd: int | None) -> Commit:
         # File work.
         self._io.retry_deletions()
         if self._health.failing("append") or self._health.failing("compact"):
             self._io.probe()
         if self._health.failing("fsync"):
-            self._sync_files(segment_fd)
+            self._sync_files(acks, segment_fd)
         return self._retry_done
 
     def _retry_done(self) -> None:
         self._retry_queued = False
-
-    def _active_fd(self) -> int | None:
-        active = self._segments.active
-        return active.fd if active else None

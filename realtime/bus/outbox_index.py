@@ -2,7 +2,9 @@
 
 Every queued record has an `Entry`: where it sits on disk (segment, offset, size), what the drop
 policy needs (kind and rank) and whether take() has leased it. The index keeps them in sequence
-order, which is replay order whatever file a record sits in, and the bytes they take on disk.
+order, which is replay order whatever file a record sits in, and the bytes they take on disk. It is
+the last step of the write path (codec → segments → index): an entry points at its segment, and no
+segment points back at an entry.
 
 Drop policy: past `max_events` or `max_bytes` (leased records count too) the oldest record of the
 lowest rank goes: other kinds first (rank 0), then info (1), warning (2, also an alert of unknown
@@ -22,13 +24,10 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pipelines.events import EventKind
 from realtime.bus.outbox_codec import SEVERITY_CODE
-
-if TYPE_CHECKING:
-    from realtime.bus.outbox_segments import Segment
+from realtime.bus.outbox_segments import Found, Segment
 
 log = logging.getLogger("realtime.bus.outbox")  # the outbox's log, under the name it always had
 
@@ -56,6 +55,12 @@ class Entry:
     enqueued_at: float
     leased: bool = False  # handed out by take() and not yet removed or requeued
 
+    @classmethod
+    def found(cls, record: Found) -> Entry:
+        """The entry of a record found on disk at open."""
+        rank = drop_rank(record.kind, record.severity)
+        return cls(record.seq, record.segment, record.offset, record.size, record.kind, rank, record.enqueued_at)
+
 
 class RecordIndex:
     """The queued records by sequence number, their bytes, and the drop order; see the module
@@ -79,6 +84,9 @@ class RecordIndex:
 
     def get(self, seq: int) -> Entry | None:
         return self._live.get(seq)
+
+    def __getitem__(self, seq: int) -> Entry:
+        return self._live[seq]
 
     def oldest(self) -> Entry | None:
         return next(iter(self._live.values()), None)

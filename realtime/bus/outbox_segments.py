@@ -4,8 +4,13 @@ Records are appended to the active segment, `seg-<first seq, 16 hex>.log`, frame
 `outbox_codec` describes; an append that would take it past `segment_bytes` retires it (fsynced
 as file work) and opens a new one. A record is never rewritten in place: a removed one stays in
 its file as a dead record (its removal is in acks.log) until the whole file goes, or a merge copies
-the live records of sparse files into one (see `outbox_compaction`). Every segment keeps its live
-records (by seq), their bytes, and its dead seqs, so that the outbox knows what each file is worth.
+the live records of sparse files into one (see `outbox_compaction`). Every segment keeps the seqs
+and sizes of its live records, their bytes, and its dead seqs, so that the outbox knows what each
+file is worth.
+
+The segments sit below the index in the write path (codec → segments → index): they hand back
+where a record went (its segment and offset) and know nothing of the index's entries, leases or
+drop ranks; `RecordIndex` keeps those, pointing at the segment that holds each record.
 
 A failed append leaves nothing behind: the partial frame is cut off again, or, when even that
 fails, the segment is retired so that nothing follows the damage (reopening skips it).
@@ -31,7 +36,6 @@ from pathlib import Path
 from realtime.bus.outbox_codec import OutboxRecord, decode, decode_head, frame_at, scan
 from realtime.bus.outbox_errors import OutboxWriteError
 from realtime.bus.outbox_health import DiskHealth
-from realtime.bus.outbox_index import Entry, drop_rank
 from realtime.bus.outbox_io import FileWork, close_quietly, write_all
 
 log = logging.getLogger("realtime.bus.outbox")  # the outbox's log, under the name it always had
@@ -43,12 +47,25 @@ class Segment:
     fd: int
     size: int = 0  # bytes in the file
     live_bytes: int = 0
-    entries: dict[int, Entry] = field(default_factory=dict)  # live records in the file, seq order
+    records: dict[int, int] = field(default_factory=dict)  # live records in the file: seq -> size, seq order
     dead: set[int] = field(default_factory=set)  # removed seqs still in the file (so listed in acks.log)
 
     @property
     def live(self) -> int:
-        return len(self.entries)
+        return len(self.records)
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """An intact record found on disk at open: where it is, and what the index needs of it."""
+
+    seq: int
+    segment: Segment
+    offset: int
+    size: int
+    kind: str
+    severity: str | None
+    enqueued_at: float
 
 
 class Segments:
@@ -82,10 +99,10 @@ class Segments:
 
     # -- recovery ---------------------------------------------------------------------------------
 
-    def scan(self) -> tuple[dict[int, Entry], int]:
-        """Open every segment file and index its intact records (the first copy of each); returns
+    def scan(self) -> tuple[dict[int, Found], int]:
+        """Open every segment file and find its intact records (the first copy of each); returns
         them by seq, and how many damaged stretches were skipped."""
-        found: dict[int, Entry] = {}
+        found: dict[int, Found] = {}
         corrupt = 0
         for path in sorted(self.directory.glob("seg-*.log")):
             data = path.read_bytes()
@@ -100,23 +117,23 @@ class Segments:
                     log.warning("outbox %s: skipped %d damaged bytes at offset %d", path.name, size, offset)
                     continue
                 seq, enqueued_at, kind, severity = head
-                rank = drop_rank(kind, severity)
-                found[seq] = Entry(seq, segment, offset, size, kind, rank, enqueued_at)
+                found[seq] = Found(seq, segment, offset, size, kind, severity, enqueued_at)
         return found, corrupt
 
-    def recover(self, found: dict[int, Entry], removed: set[int]) -> list[Entry]:
+    def recover(self, found: dict[int, Found], removed: set[int]) -> list[Found]:
         """Sort what scan() found into dead records (acks.log lists them) and live ones; returns
         the live ones in seq order."""
-        live: list[Entry] = []
+        live: list[Found] = []
         for seq in sorted(found):
-            entry = found[seq]
+            record = found[seq]
+            segment = record.segment
             if seq in removed:
-                entry.segment.dead.add(seq)
+                segment.dead.add(seq)
                 self.dead_total += 1
                 continue
-            entry.segment.entries[seq] = entry
-            entry.segment.live_bytes += entry.size
-            live.append(entry)
+            segment.records[seq] = record.size
+            segment.live_bytes += record.size
+            live.append(record)
         return live
 
     def delete_empty(self) -> None:
@@ -126,9 +143,10 @@ class Segments:
 
     # -- appending and reading --------------------------------------------------------------------
 
-    def append(self, seq: int, frame: bytes, kind: str, rank: int, enqueued_at: float) -> Entry:
-        """Write one framed record (to a new segment when the active one is full) and index it as
-        live in its segment. Raises OutboxWriteError when the disk refuses: nothing was queued."""
+    def append(self, seq: int, frame: bytes) -> tuple[Segment, int]:
+        """Write one framed record (to a new segment when the active one is full), count it as
+        live there, and return where it went: the segment and the offset. Raises
+        OutboxWriteError when the disk refuses: nothing was queued."""
         segment = self._writable(len(frame), seq)
         offset = segment.size
         try:
@@ -141,19 +159,19 @@ class Segments:
         segment.size += len(frame)
         segment.live_bytes += len(frame)
         self.disk_bytes += len(frame)
-        entry = Entry(seq, segment, offset, len(frame), kind, rank, enqueued_at)
-        segment.entries[seq] = entry
-        return entry
+        segment.records[seq] = len(frame)
+        return segment, offset
 
-    def read(self, entry: Entry) -> OutboxRecord | None:
-        """The record back from disk, or None when it is unreadable or not the one indexed."""
+    @staticmethod
+    def read(seq: int, segment: Segment, offset: int, size: int) -> OutboxRecord | None:
+        """Record `seq` back from disk, or None when it is unreadable or another record is there."""
         try:
-            data = os.pread(entry.segment.fd, entry.size, entry.offset)
+            data = os.pread(segment.fd, size, offset)
         except OSError:
             return None
         body = frame_at(data, 0)
         record = decode(body) if body is not None else None
-        return record if record is not None and record.seq == entry.seq else None
+        return record if record is not None and record.seq == seq else None
 
     def _writable(self, size: int, seq: int) -> Segment:
         active = self.active
@@ -203,17 +221,15 @@ class Segments:
 
     # -- removal ----------------------------------------------------------------------------------
 
-    def release(self, entry: Entry) -> None:
+    @staticmethod
+    def release(seq: int, segment: Segment) -> None:
         """The record is no longer live in its segment (see mark_dead)."""
-        segment = entry.segment
-        del segment.entries[entry.seq]
-        segment.live_bytes -= entry.size
+        segment.live_bytes -= segment.records.pop(seq)
 
-    def mark_dead(self, entry: Entry) -> None:
+    def mark_dead(self, seq: int, segment: Segment) -> None:
         """A released record stays in its file as a dead one; a file with nothing live left goes
         (unless appends still go to it)."""
-        segment = entry.segment
-        segment.dead.add(entry.seq)
+        segment.dead.add(seq)
         self.dead_total += 1
         if segment.live == 0 and segment is not self.active:
             self.delete(segment)
@@ -235,12 +251,11 @@ class Segments:
 
     # -- merges -----------------------------------------------------------------------------------
 
-    def move(self, entry: Entry, target: Segment, offset: int) -> None:
-        """A live record copied by a merge: from now on it is read from `target` at `offset`."""
-        if entry.segment is not target:
-            del entry.segment.entries[entry.seq]
-            target.entries[entry.seq] = entry
-        entry.segment, entry.offset = target, offset
+    @staticmethod
+    def move(seq: int, source: Segment, target: Segment) -> None:
+        """A live record copied by a merge now lives in `target` (the index is told its offset)."""
+        if source is not target:
+            target.records[seq] = source.records.pop(seq)
 
     def replace_file(self, target: Segment, fd: int, size: int, dead: set[int], live_bytes: int) -> None:
         """A merge's new file (`fd`, renamed over target's path) takes target's place; the old
