@@ -16,7 +16,8 @@ cards on the page (`panels`, realtime.http.page.Panel): data, shown whether its 
 or off, as its routes answer either way.
 
 Adding a capability with service parts: its pipelines package, one module in
-`realtime/service/plugins/` building its `ServicePlugin`, and one line in `SERVICE_PLUGINS`.
+`realtime/service/plugins/` building its `ServicePlugin` (with a card: its JS module too, named by
+a `Panel`), and one line in `SERVICE_PLUGINS`.
 """
 
 from __future__ import annotations
