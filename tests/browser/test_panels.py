@@ -1,5 +1,5 @@
 """The page's cards are declared, not written into it: a capability that only tests know (the probe,
-tests/browser/probe) declares a card with its own module for its own event kind, and the real
+tests/support/probe) declares a card with its own module for its own event kind, and the real
 service and a real headless Chromium show it, filled from the DataChannel in Go live and from SSE
 in Watch, with no file of the project edited for it. The page serves what is declared and nothing
 else."""
@@ -11,7 +11,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest_asyncio
-from playwright.async_api import Browser, Page
+from playwright.async_api import Browser, Page, ViewportSize
 
 from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
@@ -19,13 +19,13 @@ from realtime.http import page as page_module
 from realtime.service import service as service_module
 from realtime.service.plugin import Attached, ServicePlugin
 from realtime.service.plugins import SERVICE_PLUGINS
-from tests.browser import probe
-from tests.browser.test_page import WIDE
 from tests.service.conftest import LiveService, live_service
+from tests.support import probe
 from tests.support.browser import open_page, start_session
 from tests.support.waiting import wait_until
 
 STATIC = Path(page_module.__file__).with_name("static")
+WIDE = ViewportSize(width=1100, height=760)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
