@@ -11,10 +11,13 @@ A plugin may use (`PluginContext`): the config, the shared engines (its own with
 options (None outside a fleet), the HTTP context (e.g. `http.vlm`) and the search routes' object
 (it may give the timeline an asker). It adds (`Attached`): taps that see every event (read-back
 stores), its HTTP routes, `/metrics` collectors, background tasks (run while the service runs,
-cancelled at stop, named for logs), and what to forget when a stream is gone.
+cancelled at stop, named for logs), and what to forget when a stream is gone. It declares its
+cards on the page (`panels`, realtime.http.page.Panel): data, shown whether its capability is on
+or off, as its routes answer either way.
 
 Adding a capability with service parts: its pipelines package, one module in
-`realtime/service/plugins/` building its `ServicePlugin`, and one line in `SERVICE_PLUGINS`.
+`realtime/service/plugins/` building its `ServicePlugin` (with a card: its JS module too, named by
+a `Panel`), and one line in `SERVICE_PLUGINS`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pipelines.graph import SharedEngines
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.config import Config
 from realtime.http.context import HttpContext
+from realtime.http.page import Panel
 from realtime.http.search import TimelineApi
 from realtime.leases.options import FleetOptions
 from realtime.streams.registry import StreamRegistry
@@ -65,3 +69,4 @@ class Attached:
 class ServicePlugin:
     capability: str  # its capability's name (pipelines.capabilities.CAPABILITIES)
     attach: Callable[[PluginContext], Attached]
+    panels: tuple[Panel, ...] = ()  # its cards on the page: a module, a title, the kinds it shows

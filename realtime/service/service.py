@@ -24,7 +24,7 @@ from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
 from realtime.fleet.metrics import FleetCollector
 from realtime.fleet.worker import FleetWorker
-from realtime.http import HttpContext, HttpServer, compute, create_app, search, signalling
+from realtime.http import HttpContext, HttpServer, compute, create_app, page, search, signalling
 from realtime.http.api import FLEET, SOURCE_POLICY
 from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
@@ -145,6 +145,7 @@ class Service:
                                        timeline_api=timeline_api)
         for plugin in SERVICE_PLUGINS:  # each attaches with its capability off too (its routes answer)
             attached = self._attached[plugin.capability] = plugin.attach(plugin_context)
+            page.add_panels(self.app, plugin.panels)
             self._taps.extend(attached.taps)
             if attached.routes is not None:
                 attached.routes(self.app)

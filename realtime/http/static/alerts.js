@@ -1,11 +1,11 @@
-// The alerts of the live session or the watched stream: newest first, active ones marked, and which
-// tracks they name so those boxes are drawn in the warning colour.
+// The alerts of the live session or the watched stream: newest first, active ones marked. A view's
+// stage keeps its own book of them too, for which tracks to draw in the warning colour.
 
 const KEEP_ALERTS = 20;
 
-export class AlertList {
-  constructor(list) {
-    this.list = list;
+// The alerts as their events leave them, by alert_id, oldest first, at most KEEP_ALERTS.
+export class AlertBook {
+  constructor() {
     this.alerts = new Map(); // alert_id -> {body, active, at}
   }
 
@@ -18,12 +18,10 @@ export class AlertList {
       const oldest = [...this.alerts].find(([, e]) => !e.active) || [...this.alerts][0];
       this.alerts.delete(oldest[0]);
     }
-    this.render();
   }
 
   clear() {
     this.alerts.clear();
-    this.render();
   }
 
   // Track ids named by alerts still active: their boxes are drawn in the warning colour.
@@ -35,8 +33,29 @@ export class AlertList {
     return ids;
   }
 
+  activeCount() {
+    return [...this.alerts.values()].filter((a) => a.active).length;
+  }
+}
+
+export class AlertList {
+  constructor(list) {
+    this.list = list;
+    this.book = new AlertBook();
+  }
+
+  show(_kind, body) {
+    this.book.update(body);
+    this.render();
+  }
+
+  clear() {
+    this.book.clear();
+    this.render();
+  }
+
   render() {
-    const items = [...this.alerts.values()].reverse().map(({ body, active, at }) => {
+    const items = [...this.book.alerts.values()].reverse().map(({ body, active, at }) => {
       const li = document.createElement("li");
       li.className = `alert ${active ? "active" : "ended"} severity-${body.severity || "info"}`;
       const what = document.createElement("div");
@@ -53,4 +72,11 @@ export class AlertList {
     });
     this.list.replaceChildren(...items);
   }
+}
+
+// The core's Alerts card (realtime/http/page.py: CORE_PANELS), in either mode.
+export default function mount(card, { mode }) {
+  card.insertAdjacentHTML("beforeend",
+    `<ul id="${mode}-alerts" class="alerts"></ul><p class="muted small empty-note">No alerts.</p>`);
+  return new AlertList(card.querySelector("ul.alerts"));
 }

@@ -1,15 +1,13 @@
 // vidsentry's page: go live from this browser over WebRTC, or watch the service's cameras.
 // Plain modern JavaScript served as is: no build step, no framework, nothing from another origin.
-// This entry module finds the page's elements and hands each panel (its own module) what it needs:
-// its elements, the authenticated API call, the test hooks and the panels it shows beside its own.
+// This entry module finds the page's elements and hands each mode what it needs: its elements, the
+// authenticated API call, the test hooks, and a router to the cards the server declared for it
+// (realtime/http/page.py renders their shells; router.js loads their modules). It names no card.
 
-import { AlertList } from "./alerts.js";
 import { Unauthorized, createApi, errorText } from "./api.js";
-import { CaptionPanel } from "./captions.js";
-import { ClipPanel } from "./clips.js";
 import { LivePanel } from "./golive.js";
 import { drawBoxes } from "./overlay.js";
-import { ScenePanel } from "./scene.js";
+import { mountPanels } from "./router.js";
 import { TimelinePanel } from "./timeline.js";
 import { WatchPanel } from "./watch.js";
 
@@ -57,24 +55,19 @@ async function boot() {
       message: $("token-message"), notice: $("page-notice") },
     { onLocked: () => watch.stop(), onUnlocked: () => showMode(currentMode(), watch) },
   );
+  const [liveRouter, watchRouter] = await Promise.all(["live", "watch"].map(
+    (mode) => mountPanels($(mode), { mode, api, errorText, drawBoxes }),
+  ));
   new LivePanel(
     { start: $("start"), stop: $("stop"), state: $("live-state"), notice: $("live-notice"), session: $("live-session"),
       fps: $("live-fps"), lag: $("live-lag"), box: $("live-box"), video: $("live-video"), overlay: $("live-overlay"),
       placeholder: $("live-placeholder") },
-    { api, errorText, hooks, alerts: new AlertList($("live-alerts")),
-      captions: new CaptionPanel($("captions"), $("captions-empty")),
-      scene: new ScenePanel($("live-scene"), $("live-scene-meta"), $("live-scene-meta").textContent) },
+    { api, errorText, hooks, router: liveRouter },
   );
   const watch = new WatchPanel(
     { title: $("watch-title"), meta: $("watch-meta"), canvas: $("watch-canvas"), placeholder: $("watch-placeholder"),
-      frame: $("watch-frame"), clipInfo: $("clip-info"), streams: { list: $("streams"), empty: $("streams-empty") } },
-    { api, errorText, pageNotice, hooks, alerts: new AlertList($("watch-alerts")),
-      scene: new ScenePanel($("watch-scene"), $("watch-scene-meta"), $("watch-scene-meta").textContent),
-      clips: new ClipPanel(
-        { list: $("watch-clips"), empty: $("watch-clips-empty"), box: $("clip-box"), video: $("clip-video"),
-          overlay: $("clip-overlay"), info: $("clip-info"), said: $("clip-said") },
-        { api, drawBoxes },
-      ) },
+      frame: $("watch-frame"), streams: { list: $("streams"), empty: $("streams-empty") } },
+    { api, errorText, pageNotice, hooks, router: watchRouter },
   );
   new TimelinePanel(
     { form: $("ask-form"), input: $("ask-input"), search: $("ask-search"), ask: $("ask-ask"), status: $("ask-status"),

@@ -16,6 +16,12 @@ export class CaptionPanel {
     this.line = null; // the <li> new spans go to
   }
 
+  show(kind, body) {
+    if (kind === "partials") this.partial(body);
+    else if (kind === "captions") this.final(body);
+    else if (kind === "transcript") this.transcript(body);
+  }
+
   partial(body) {
     const key = String(body.segment_id);
     let span = this.spans.get(key);
@@ -104,4 +110,12 @@ export class CaptionPanel {
     this.line = null;
     this.empty.hidden = false;
   }
+}
+
+// The captions plugin's card (realtime/service/plugins/captions.py), in Go live.
+export default function mount(card) {
+  card.insertAdjacentHTML("beforeend",
+    '<ol id="captions" class="captions" aria-live="polite"></ol>' +
+    '<p id="captions-empty" class="muted small">Captions appear here as the server transcribes speech.</p>');
+  return new CaptionPanel(card.querySelector("ol.captions"), card.querySelector("#captions-empty"));
 }

@@ -1,6 +1,9 @@
 // The clips of the selected stream: a list, and a player that draws each frame's boxes over the
-// video in step with its time and shows its captions as a track. Its own module: it gets what it
-// needs from the page (the authenticated `api` call, `drawBoxes`) instead of importing the page.
+// video in step with its time and shows its captions as a track. The clips plugin's card
+// (realtime/service/plugins/clips.py), in Watch: it gets what it needs from the page (the
+// authenticated `api` call, `drawBoxes`) instead of importing the page.
+
+import { Unauthorized } from "./api.js";
 
 const FRAME_SLACK_S = 0.06; // a box set belongs to the frame on screen when within this of its time
 
@@ -174,4 +177,31 @@ export class ClipPanel {
     overlay.dataset.boxes = String(counts.drawn);
     overlay.dataset.time = video.currentTime.toFixed(2);
   }
+}
+
+const MARKUP = `<ul id="watch-clips" class="clips"></ul>
+<p id="watch-clips-empty" class="muted small">No clips. With <code>clips.enabled</code> each alert
+  leaves one: the seconds around it, with its boxes and captions.</p>
+<div id="clip-box" class="media-box" hidden>
+  <video id="clip-video" controls muted playsinline></video>
+  <canvas id="clip-overlay" class="overlay" data-boxes="0"></canvas>
+</div>
+<p id="clip-info" class="muted small"></p>
+<ul id="clip-said" class="said" aria-label="What the clip's alerts and descriptions say"></ul>`;
+
+export default function mount(card, { api, drawBoxes }) {
+  card.insertAdjacentHTML("beforeend", MARKUP);
+  const $ = (selector) => card.querySelector(selector);
+  const clips = new ClipPanel(
+    { list: $("ul.clips"), empty: $("#watch-clips-empty"), box: $(".media-box"), video: $("video"),
+      overlay: $("canvas.overlay"), info: $("#clip-info"), said: $("ul.said") },
+    { api, drawBoxes },
+  );
+  return {
+    show: () => clips.load(clips.streamId).catch(() => {}), // a clip was cut: list them again
+    clear: () => {}, // the next selection's list replaces this one (load closes the player)
+    select: (id) => clips.load(id).catch((error) => {
+      if (!(error instanceof Unauthorized)) clips.el.info.textContent = `Could not list the clips: ${error.message}`;
+    }),
+  };
 }

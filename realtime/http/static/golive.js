@@ -1,8 +1,10 @@
 // Go live: this browser's camera and microphone sent to the service over WebRTC, and what the
-// service makes of them (boxes, alerts, captions, the scene) read back over a DataChannel and shown
-// over and beside the video. Its own module: it gets the authenticated `api` call, its side panels
-// and the test hooks from the page instead of importing the page.
+// service makes of them read back over a DataChannel: boxes drawn over the video here, every event
+// handed to the mode's router for the cards beside it (captions, the scene, alerts: whatever the
+// server declared). Its own module: it gets the authenticated `api` call, the router and the test
+// hooks from the page instead of importing the page.
 
+import { AlertBook } from "./alerts.js";
 import { Unauthorized } from "./api.js";
 import { drawBoxes } from "./overlay.js";
 
@@ -53,14 +55,21 @@ function iceGatheringDone(pc) {
 }
 
 export class LivePanel {
-  constructor(el, { api, errorText, hooks, alerts, captions, scene }) {
+  constructor(el, { api, errorText, hooks, router }) {
     this.el = el; // start, stop, state, notice, session, fps, lag, box, video, overlay, placeholder
     this.api = api;
     this.errorText = errorText;
     this.hooks = hooks;
-    this.alerts = alerts; // AlertList
-    this.captions = captions; // CaptionPanel
-    this.scene = scene; // ScenePanel
+    this.router = router; // EventRouter: the cards beside the video, and the kinds drawn here
+    this.alerts = new AlertBook(); // which tracks to draw in the warning colour
+    router.on(["detections"], (_kind, body, message) => this.showDetections(body, message));
+    router.on(["alerts"], (_kind, body) => {
+      this.alerts.update(body);
+      this.drawOverlay();
+    });
+    router.on(["status"], (_kind, body) => {
+      if (body.reason && (body.state === "failed" || body.state === "stopped")) this.notice(body.reason, "info");
+    });
     this.attempt = 0; // counts Starts and Stops: an older Start that resumes after either gives up
     this.pc = null;
     this.media = null;
@@ -260,8 +269,7 @@ export class LivePanel {
     this.el.overlay.dataset.frames = "0";
     this.el.session.textContent = "–";
     this.alerts.clear();
-    this.captions.clear();
-    this.scene.clear();
+    this.router.clear();
     this.renderStats();
   }
 
@@ -275,41 +283,19 @@ export class LivePanel {
     const { kind, body } = message || {};
     if (!body) return;
     this.hooks.messages += 1;
-    switch (kind) {
-      case "detections": {
-        const now = performance.now();
-        this.frames += 1;
-        this.el.overlay.dataset.frames = String(this.frames);
-        this.arrivals.push(now);
-        if (typeof message.lag_ms === "number") {
-          this.lagMs = this.lagMs === null ? message.lag_ms : this.lagMs + 0.2 * (message.lag_ms - this.lagMs);
-        }
-        this.last = { body, at: now };
-        this.drawOverlay();
-        break;
-      }
-      case "alerts":
-        this.alerts.update(body);
-        this.drawOverlay();
-        break;
-      case "partials":
-        this.captions.partial(body);
-        break;
-      case "captions":
-        this.captions.final(body);
-        break;
-      case "transcript":
-        this.captions.transcript(body);
-        break;
-      case "descriptions":
-        this.scene.show(body);
-        break;
-      case "status":
-        if (body.reason && (body.state === "failed" || body.state === "stopped")) this.notice(body.reason, "info");
-        break;
-      default:
-        break; // tracks: the boxes carry their track ids already
+    this.router.dispatch(kind, body, message); // tracks: none; the boxes carry their track ids already
+  }
+
+  showDetections(body, message) {
+    const now = performance.now();
+    this.frames += 1;
+    this.el.overlay.dataset.frames = String(this.frames);
+    this.arrivals.push(now);
+    if (typeof message.lag_ms === "number") {
+      this.lagMs = this.lagMs === null ? message.lag_ms : this.lagMs + 0.2 * (message.lag_ms - this.lagMs);
     }
+    this.last = { body, at: now };
+    this.drawOverlay();
   }
 
   drawOverlay() {

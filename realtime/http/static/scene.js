@@ -3,18 +3,32 @@
 
 // The newest description only: each one replaces the last (the server keeps the history on NATS).
 export class ScenePanel {
-  constructor(text, meta, empty) {
+  constructor(text, meta, empty, { api } = {}) {
     this.text = text;
     this.meta = meta;
     this.empty = empty;
+    this.api = api;
+  }
+
+  // A stream picked in Watch: the scene as it was last described, without waiting for the next
+  // description (its events bring that one).
+  async select(id, signal) {
+    try {
+      const response = await this.api(`/api/streams/${encodeURIComponent(id)}/description`, { signal });
+      if (!response.ok) return;
+      const { description } = await response.json();
+      if (description && !signal.aborted) this.offer(description);
+    } catch {
+      // the events bring the next one
+    }
   }
 
   // The description fetched on selection: only while the events have brought none (it is older).
   offer(body) {
-    if (!this.text.dataset.described) this.show(body);
+    if (!this.text.dataset.described) this.show("descriptions", body);
   }
 
-  show(body) {
+  show(_kind, body) {
     if (!body || typeof body.text !== "string") return;
     this.text.textContent = body.text;
     const parts = [];
@@ -33,4 +47,18 @@ export class ScenePanel {
     delete this.text.dataset.described;
     this.meta.textContent = this.empty;
   }
+}
+
+const EMPTY = {
+  live: "A description appears here when the server has a VLM.",
+  watch: "No description yet.",
+};
+
+// The descriptions plugin's card (realtime/service/plugins/descriptions.py), in either mode.
+export default function mount(card, { mode, api }) {
+  card.insertAdjacentHTML("beforeend",
+    `<p id="${mode}-scene" class="scene" aria-live="polite"></p><p id="${mode}-scene-meta" class="muted small"></p>`);
+  const meta = card.querySelector(`#${mode}-scene-meta`);
+  meta.textContent = EMPTY[mode];
+  return new ScenePanel(card.querySelector("p.scene"), meta, EMPTY[mode], { api });
 }

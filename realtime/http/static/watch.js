@@ -1,8 +1,10 @@
 // Watch cameras: one selected stream at a time, its latest frame polled as a JPEG with the boxes of
-// that frame drawn over it, and its events (detections, alerts, descriptions, clips, state) read as
-// server-sent events. Its own module: it gets the authenticated `api` call, its panels and the test
-// hooks from the page instead of importing the page; the stream list it picks from is its own.
+// that frame drawn over it, and its events read as server-sent events: each handed to the mode's
+// router, for the frame drawn here and for the cards below it (whatever the server declared). Its
+// own module: it gets the authenticated `api` call, the router and the test hooks from the page
+// instead of importing the page; the stream list it picks from is its own.
 
+import { AlertBook } from "./alerts.js";
 import { Unauthorized } from "./api.js";
 import { drawBoxes } from "./overlay.js";
 import { readSse } from "./sse.js";
@@ -23,14 +25,21 @@ function sleep(ms, signal) {
 }
 
 export class WatchPanel {
-  constructor(el, { api, errorText, pageNotice, hooks, alerts, scene, clips }) {
-    this.el = el; // title, meta, canvas, placeholder, frame, clipInfo, streams: {list, empty}
+  constructor(el, { api, errorText, pageNotice, hooks, router }) {
+    this.el = el; // title, meta, canvas, placeholder, frame, streams: {list, empty}
     this.api = api;
     this.errorText = errorText;
     this.hooks = hooks;
-    this.alerts = alerts; // AlertList
-    this.scene = scene; // ScenePanel
-    this.clips = clips; // ClipPanel
+    this.router = router; // EventRouter: the cards below the frame, and the kinds drawn here
+    this.alerts = new AlertBook(); // which tracks to draw in the warning colour
+    // "stream" is no kind: the SSE stream's own first event, the stream as listed.
+    router.on(["stream"], (_kind, body) => this.showStreamMeta(body));
+    router.on(["detections"], (_kind, body) => this.showDetections(body));
+    router.on(["alerts"], (_kind, body) => {
+      this.alerts.update(body);
+      this.draw();
+    });
+    router.on(["status"], (_kind, body) => this.showStreamMeta({ ...this.meta, state: body.state, reason: body.reason }));
     this.streams = new StreamList(el.streams, {
       api,
       errorText,
@@ -82,7 +91,7 @@ export class WatchPanel {
       this.detections = [];
       this.frames = 0;
       this.alerts.clear();
-      this.scene.clear();
+      this.router.clear();
       this.seq = null;
       this.meta = {};
       this.el.meta.textContent = "";
@@ -96,27 +105,12 @@ export class WatchPanel {
       canvas.dataset.frames = "0";
     }
     this.hooks.watch = { streamId: id, boxesDrawn: 0, messages: 0 };
-    this.clips.load(id).catch((error) => {
-      if (!(error instanceof Unauthorized)) this.el.clipInfo.textContent = `Could not list the clips: ${error.message}`;
-    });
+    this.router.select(id, abort.signal); // e.g. the clips listed, the scene as last described
     this.el.title.textContent = id;
     this.streams.mark(id);
     this.note(this.bitmap ? "" : "Loading the latest frame…");
     this.readEvents(id, abort.signal);
     this.pollFrames(id, abort.signal);
-    this.showLatestDescription(id, abort.signal);
-  }
-
-  // The scene as it was last described, without waiting for the next description.
-  async showLatestDescription(id, signal) {
-    try {
-      const response = await this.api(`/api/streams/${encodeURIComponent(id)}/description`, { signal });
-      if (!response.ok) return;
-      const { description } = await response.json();
-      if (description && !signal.aborted && this.selected === id) this.scene.offer(description);
-    } catch {
-      // the events bring the next one
-    }
   }
 
   async readEvents(id, signal) {
@@ -148,34 +142,16 @@ export class WatchPanel {
       return;
     }
     this.hooks.watch.messages += 1;
-    switch (name) {
-      case "stream":
-        this.showStreamMeta(body);
-        break;
-      case "detections":
-        this.frames += 1;
-        this.el.canvas.dataset.frames = String(this.frames);
-        this.detections.push(body);
-        if (this.detections.length > KEEP_DETECTIONS) this.detections.shift();
-        // The JPEG can arrive before its frame's event: redraw once the boxes that match it are in.
-        if (body.frame_seq === this.seq) this.draw();
-        break;
-      case "alerts":
-        this.alerts.update(body);
-        this.draw();
-        break;
-      case "descriptions":
-        this.scene.show(body);
-        break;
-      case "clips":
-        this.clips.load(this.selected).catch(() => {});
-        break;
-      case "status":
-        this.showStreamMeta({ ...this.meta, state: body.state, reason: body.reason });
-        break;
-      default:
-        break;
-    }
+    this.router.dispatch(name, body);
+  }
+
+  showDetections(body) {
+    this.frames += 1;
+    this.el.canvas.dataset.frames = String(this.frames);
+    this.detections.push(body);
+    if (this.detections.length > KEEP_DETECTIONS) this.detections.shift();
+    // The JPEG can arrive before its frame's event: redraw once the boxes that match it are in.
+    if (body.frame_seq === this.seq) this.draw();
   }
 
   async pollFrames(id, signal) {
@@ -242,7 +218,7 @@ export class WatchPanel {
     this.hooks.watch.boxesDrawn = drawn;
     const matched = body && body.frame_seq === this.seq ? "" : " (boxes of a nearby frame)";
     const tracked = body ? (body.objects || []).filter((o) => o.track_id != null).length : 0;
-    const active = [...this.alerts.alerts.values()].filter((a) => a.active).length;
+    const active = this.alerts.activeCount();
     this.el.frame.textContent = [
       `frame ${this.seq}`,
       `${drawn} box${drawn === 1 ? "" : "es"}${matched}`,

@@ -6,6 +6,7 @@ import functools
 
 from pipelines.captions.engine import CAPTIONS
 from realtime.http import transcript
+from realtime.http.page import Panel, static
 from realtime.service.plugin import Attached, PluginContext, ServicePlugin
 from realtime.streams.transcripts import TranscriptStore
 
@@ -16,4 +17,14 @@ def attach(_ctx: PluginContext) -> Attached:
                     forget=(store.forget,), state=store)
 
 
-PLUGIN = ServicePlugin(CAPTIONS.name, attach)
+# Partials, finals and each utterance's transcript in place of its finals, beside Go live's video.
+PANEL = Panel(
+    "captions",
+    "Captions",
+    static("captions.js"),
+    kinds=("partials", "captions", "transcript"),
+    modes=("live",),
+    order=10,
+)
+
+PLUGIN = ServicePlugin(CAPTIONS.name, attach, panels=(PANEL,))

@@ -11,6 +11,7 @@ from aiohttp import web
 from pipelines.clips.engine import CLIPS
 from realtime.fleet.clips import open_fleet_clips
 from realtime.http import clips
+from realtime.http.page import Panel, static
 from realtime.service.engine_metrics import SampleCollector
 from realtime.service.plugin import Attached, PluginContext, ServicePlugin
 
@@ -29,4 +30,7 @@ def attach(ctx: PluginContext) -> Attached:
                     tasks=(("fleet-clips", fleet_clips.run),), state=fleet_clips)
 
 
-PLUGIN = ServicePlugin(CLIPS.name, attach)
+# The watched stream's clips and their player; a `clips` event lists them again.
+PANEL = Panel("clips", "Clips", static("clips.js"), kinds=("clips",), modes=("watch",), order=40)
+
+PLUGIN = ServicePlugin(CLIPS.name, attach, panels=(PANEL,))

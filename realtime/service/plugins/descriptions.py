@@ -8,6 +8,7 @@ import functools
 from pipelines.describe.settings import DESCRIPTIONS
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.http import description
+from realtime.http.page import Panel, static
 from realtime.service.plugin import Attached, PluginContext, ServicePlugin
 from realtime.streams.descriptions import LatestDescriptions
 from realtime.timeline.ask import Asker
@@ -29,4 +30,7 @@ def attach(ctx: PluginContext) -> Attached:
                     forget=(store.forget,), state=store)
 
 
-PLUGIN = ServicePlugin(DESCRIPTIONS.name, attach)
+# The newest description, in both modes; Watch fetches the last one when a stream is picked.
+PANEL = Panel("scene", "Scene", static("scene.js"), kinds=("descriptions",), order=20)
+
+PLUGIN = ServicePlugin(DESCRIPTIONS.name, attach, panels=(PANEL,))

@@ -40,8 +40,9 @@ from tests.support.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[3]
 SERVICE_SOURCE = ROOT / "realtime" / "service" / "service.py"
 PLUGINS_DIR = ROOT / "realtime" / "service" / "plugins"
-# What a plugin imports that is not its capability's own: the contract and shared machinery.
-SHARED = {"realtime.http", "realtime.service.plugin", "realtime.service.engine_metrics", "realtime.bus.snapshots"}
+# What a plugin imports that is not its capability's own: the contract (its panels' too) and shared machinery.
+SHARED = {"realtime.http", "realtime.http.page", "realtime.service.plugin", "realtime.service.engine_metrics",
+          "realtime.bus.snapshots"}
 
 
 def is_module(name: str) -> bool:
