@@ -87,7 +87,7 @@ class Outcome(Generic[Out]):
     result: Out
     elapsed_ms: float  # wall time of the model call this item rode in
     batch_size: int
-    started_at: float  # wall clock when that model call began
+    started_mono: float  # time.monotonic() when that model call began
 
 
 @dataclass(slots=True)
@@ -350,7 +350,7 @@ class ModelBatcher(Generic[In, Out]):
     ) -> None:
         """One model call on a worker thread; raises _Dead once the model is found broken."""
         items = [item for item, _ in live]
-        started_wall = time.time()
+        started_mono = time.monotonic()
         started = time.perf_counter()
         try:
             try:
@@ -393,7 +393,7 @@ class ModelBatcher(Generic[In, Out]):
         self._recent.append((time.perf_counter(), elapsed_ms / 1000))
         for (_, fut), result in zip(live, results, strict=True):
             if not fut.done():
-                fut.set_result(Outcome(result, elapsed_ms, len(items), started_wall))
+                fut.set_result(Outcome(result, elapsed_ms, len(items), started_mono))
 
     def _timed_call(self, items: list[In], grant: Grant | None = None) -> tuple[list[Out], float]:
         if grant is not None:  # threads granted before the items were chosen
