@@ -43,6 +43,7 @@ from typing import Generic, Self, TypeVar
 
 from engines.cpu_grant import granted
 from pipelines.compute import ComputeBudget, Grant
+from pipelines.errors import PipelineError
 from pipelines.tasks import describe_error
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ DEFAULT_MAX_CONSECUTIVE_FAILURES = 5
 DEFAULT_STUCK_AFTER_S = 20.0
 
 
-class ModelFailed(RuntimeError):
+class ModelFailed(PipelineError, RuntimeError):
     """The shared model is unusable (crashed, broken, or closed); `reason` says why.
 
     Not transient: every later `submit()` raises it too."""
@@ -74,11 +75,11 @@ class ModelFailed(RuntimeError):
         self.reason = reason
 
 
-class _Dead(Exception):
+class _Dead(PipelineError):
     """Raised by a model call that found the model broken (after `_die`): ends the runner."""
 
 
-class QueueFull(RuntimeError):
+class QueueFull(PipelineError, RuntimeError):
     """`max_pending` items are already waiting; this one was refused, not queued."""
 
 

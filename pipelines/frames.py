@@ -21,12 +21,13 @@ import numpy as np
 from pydantic import AfterValidator
 
 from engines.types import Detections
+from pipelines.errors import PipelineError
 
 STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 AUDIO_SAMPLE_RATE = 16_000
 
 
-class InvalidStreamId(ValueError):
+class InvalidStreamId(PipelineError, ValueError):
     pass
 
 

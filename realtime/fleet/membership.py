@@ -28,6 +28,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
+from realtime.errors import ServiceError
 from realtime.fleet.buckets import FleetBuckets, open_buckets
 from realtime.fleet.keeper import LeaseKeeper
 from realtime.fleet.mirror import KvMirror
@@ -42,11 +43,11 @@ STALL_MIN_S = 3.0  # ... and at least this long: the watch is stalled
 NATS_ERRORS = (nats.errors.Error, TimeoutError, OSError)
 
 
-class FleetUnavailable(Exception):
+class FleetUnavailable(ServiceError):
     """The fleet's key-value store cannot be reached; nothing changed."""
 
 
-class DuplicateNode(Exception):
+class DuplicateNode(ServiceError):
     """Another live worker of this fleet runs under this worker's node name."""
 
     def __init__(self, fleet: str, node: str) -> None:
