@@ -165,6 +165,10 @@ class ServiceMetrics:
         self._rendered = (time.monotonic(), body)
         return body
 
+    async def aclose(self) -> None:
+        """Cancel a render still running and wait for it (the service is shutting down)."""
+        await self._tasks.cancel_all()
+
     def _render_done(self, task: asyncio.Task[bytes]) -> None:
         self._rendering = None
         if not task.cancelled():

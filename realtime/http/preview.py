@@ -105,6 +105,10 @@ class FramePreviews:
     def forget(self, stream_id: str) -> None:
         self._entries.pop(stream_id, None)
 
+    async def aclose(self) -> None:
+        """Cancel an encode still running and wait for it (the server is shutting down)."""
+        await self._tasks.cancel_all()
+
     def _forget_gone(self, registry: StreamRegistry) -> None:
         # Runs whenever an entry is made, so the cache never holds more than the streams running.
         for stream_id, entry in list(self._entries.items()):
@@ -166,5 +170,10 @@ async def frame_jpeg(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app[PREVIEWS] = FramePreviews()
+    previews = app[PREVIEWS] = FramePreviews()
+
+    async def close_previews(_app: web.Application) -> None:
+        await previews.aclose()
+
+    app.on_cleanup.append(close_previews)
     app.router.add_get("/api/streams/{stream_id}/frame.jpg", frame_jpeg)
