@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from engines.errors import EngineError
 
-class ModelNotFound(FileNotFoundError):
+
+class ModelNotFound(EngineError, FileNotFoundError):
     pass
 
 

@@ -43,6 +43,7 @@ from typing import Generic, Self, TypeVar
 
 from engines.cpu_grant import granted
 from pipelines.compute import ComputeBudget, Grant
+from pipelines.errors import PipelineError
 from pipelines.tasks import describe_error
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ DEFAULT_MAX_CONSECUTIVE_FAILURES = 5
 DEFAULT_STUCK_AFTER_S = 20.0
 
 
-class ModelFailed(RuntimeError):
+class ModelFailed(PipelineError, RuntimeError):
     """The shared model is unusable (crashed, broken, or closed); `reason` says why.
 
     Not transient: every later `submit()` raises it too."""
@@ -74,11 +75,11 @@ class ModelFailed(RuntimeError):
         self.reason = reason
 
 
-class _Dead(Exception):
+class _Dead(PipelineError):
     """Raised by a model call that found the model broken (after `_die`): ends the runner."""
 
 
-class QueueFull(RuntimeError):
+class QueueFull(PipelineError, RuntimeError):
     """`max_pending` items are already waiting; this one was refused, not queued."""
 
 
@@ -87,7 +88,7 @@ class Outcome(Generic[Out]):
     result: Out
     elapsed_ms: float  # wall time of the model call this item rode in
     batch_size: int
-    started_at: float  # wall clock when that model call began
+    started_mono: float  # time.monotonic() when that model call began
 
 
 @dataclass(slots=True)
@@ -350,7 +351,7 @@ class ModelBatcher(Generic[In, Out]):
     ) -> None:
         """One model call on a worker thread; raises _Dead once the model is found broken."""
         items = [item for item, _ in live]
-        started_wall = time.time()
+        started_mono = time.monotonic()
         started = time.perf_counter()
         try:
             try:
@@ -393,7 +394,7 @@ class ModelBatcher(Generic[In, Out]):
         self._recent.append((time.perf_counter(), elapsed_ms / 1000))
         for (_, fut), result in zip(live, results, strict=True):
             if not fut.done():
-                fut.set_result(Outcome(result, elapsed_ms, len(items), started_wall))
+                fut.set_result(Outcome(result, elapsed_ms, len(items), started_mono))
 
     def _timed_call(self, items: list[In], grant: Grant | None = None) -> tuple[list[Out], float]:
         if grant is not None:  # threads granted before the items were chosen

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 from pipelines.compute import ComputeBudget
+from pipelines.errors import PipelineError
 from pipelines.events import EventKind
 from pipelines.graph.engines import EngineKey
 from pipelines.graph.stage import StageFactory
@@ -30,7 +31,7 @@ E = TypeVar("E")
 S = TypeVar("S", bound=Section)
 
 
-class CapabilityError(Exception):
+class CapabilityError(PipelineError):
     """A capability cannot open as configured; the message says which setting and what to do."""
 
 

@@ -9,15 +9,43 @@ A stream has one clock (`StageContext.clock`): the graph's frame tee stamps each
 time (`VideoFrame.t`) as the source delivers it, so every stage reads the same moment for the same
 frame, however late it takes it. The source's reader thread stamps while the frame loop may move
 the clock on through an outage (`idle`), hence the lock.
+
+The process's two clocks come through one injectable `Clock`: the wall clock only for timestamps
+that leave the process (`captured_at`, event times), the monotonic clock for every duration and
+latency, so an NTP step moves a timestamp but never shows up as latency. Tests hand in their own
+to step either one.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import NamedTuple
+from time import monotonic as _monotonic
+from time import time as _wall
+from typing import NamedTuple, Protocol
 
 # A backwards step larger than this is a restart of the source's clock, not jitter.
 REBASE_THRESHOLD_S = 0.5
+
+
+class Clock(Protocol):
+    def wall(self) -> float:
+        """Epoch seconds: for timestamps only; it can step (NTP, an operator)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary origin that never steps: for durations and latencies."""
+        ...
+
+
+class SystemClock:
+    def wall(self) -> float:
+        return _wall()
+
+    def monotonic(self) -> float:
+        return _monotonic()
+
+
+SYSTEM_CLOCK: Clock = SystemClock()
 
 
 class Moment(NamedTuple):

@@ -46,7 +46,7 @@ class DetectionOutcome:
     detections: Detections
     inference_ms: float  # wall time of the model call this frame rode in (pre/post-processing included)
     batch_size: int
-    started_at: float  # wall clock when that model call began
+    started_mono: float  # time.monotonic() when that model call began
 
 
 def detector_claim(detector: BatchDetector, cores: int) -> ModelClaim:
@@ -111,4 +111,4 @@ class DetectionBatcher(ModelBatcher["np.ndarray | DeferredImage", Detections]):
         """Detect on one RGB frame (see `submit` for what it raises); with a compute `grant`, at
         once on the threads it holds (see `submit_granted`)."""
         outcome = await (self.submit(image) if grant is None else self.submit_granted(image, grant))
-        return DetectionOutcome(outcome.result, outcome.elapsed_ms, outcome.batch_size, outcome.started_at)
+        return DetectionOutcome(outcome.result, outcome.elapsed_ms, outcome.batch_size, outcome.started_mono)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from engines.types import Detections
-from pipelines.clock import Moment, StreamClock
+from pipelines.clock import SYSTEM_CLOCK, Clock, Moment, StreamClock
 from pipelines.compute import ComputeBudget, Grant
 from pipelines.detect import DETECTOR, DetectionBatcher, DetectionOutcome, DetectorFailed
 from pipelines.event_bodies import detections_event, track_event
@@ -117,8 +117,10 @@ class FrameLoop:
         snapshots: SnapshotStore | None = None,
         on_frame: FrameObserver | None = None,
         clock: StreamClock | None = None,
+        system_clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.stream_id = stream_id
+        self.system_clock = system_clock  # monotonic for latencies, wall only for timestamps
         self.rules = tuple(rules)
         self.snapshots = snapshots
         self.on_frame = on_frame
@@ -360,11 +362,11 @@ class FrameLoop:
         stats.track_events += len(tracked.events)
         stats.tracks_started += sum(1 for e in tracked.events if e.kind == LifecycleKind.NEW)
         await self.sink.publish(events[0])
-        latency_ms = (time.time() - frame.captured_at) * 1000
+        latency_ms = self._latency_ms(frame)
         stats.latency_ms.append(latency_ms)
         if self.on_frame is not None:
             self.on_frame(result, latency_ms)
-        stats.wait_ms.append((outcome.started_at - frame.captured_at) * 1000)
+        stats.wait_ms.append((outcome.started_mono - frame.captured_mono) * 1000)
         stats.inference_ms.append(outcome.inference_ms)
         for event in events[1:]:
             await self.sink.publish(event)
@@ -400,9 +402,13 @@ class FrameLoop:
         )
         await self.sink.publish(event)
         if self.on_frame is not None:
-            self.on_frame(result, (time.time() - frame.captured_at) * 1000)
+            self.on_frame(result, self._latency_ms(frame))
         if alert_changes and self.alerts is not None:
             await self.alerts.publish(alert_changes, captured_at=frame.captured_at, frame=frame)
+
+    def _latency_ms(self, frame: VideoFrame) -> float:
+        """Capture → now on the monotonic clock: a wall-clock step is not latency."""
+        return (self.system_clock.monotonic() - frame.captured_mono) * 1000
 
     def _result(
         self, frame: VideoFrame, now: Moment, detections: Detections, inference_ms: float, *, predicted: bool = False
@@ -442,7 +448,7 @@ class FrameLoop:
         frame = self._last_frame
         if frame is None or not self.tracker.has_tracks:
             return
-        t = self.clock.idle(time.time())
+        t = self.clock.idle(self.system_clock.wall())  # the stream clock is stamped with captured_at
         if t is None:
             return
         ended = self.tracker.expire(t)
@@ -463,7 +469,7 @@ class FrameLoop:
     async def _finish_tracks(self) -> None:
         frame = self._last_frame
         pts = frame.pts if frame else 0.0
-        captured_at = frame.captured_at if frame else time.time()
+        captured_at = frame.captured_at if frame else self.system_clock.wall()
         for change in self.tracker.finish():
             self.stats.track_events += 1
             await self.sink.publish(

@@ -2,15 +2,18 @@
 
 Times: `pts` is media time in seconds (from the container / RTP clock, rebased so a
 session starts near 0); `captured_at` is wall-clock epoch seconds (time.time()) at the
-moment the decoded frame or audio reached the service. Both travel with every result.
+moment the decoded frame or audio reached the service. Both travel with every result. A frame
+also carries `captured_mono`, the monotonic clock at that moment: latencies are measured from it,
+so a step of the wall clock never reads as latency (`captured_at` stays what the wire carries).
 """
 
 from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated
 
@@ -18,12 +21,13 @@ import numpy as np
 from pydantic import AfterValidator
 
 from engines.types import Detections
+from pipelines.errors import PipelineError
 
 STREAM_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 AUDIO_SAMPLE_RATE = 16_000
 
 
-class InvalidStreamId(ValueError):
+class InvalidStreamId(PipelineError, ValueError):
     pass
 
 
@@ -80,6 +84,9 @@ class VideoFrame:
     # H x W x 3 uint8 RGB, C-contiguous, or a decoded picture converted to that on first use
     pixels: np.ndarray | DeferredImage
     t: float | None = None  # the stream clock's time (pipelines.clock), stamped by the graph's frame tee
+    # time.monotonic() when it reached the service: the origin of its latency. Sources stamp it
+    # beside `captured_at`; a frame built without one (a test, a bench) reads "now".
+    captured_mono: float = field(default_factory=time.monotonic)
 
     @property
     def image(self) -> np.ndarray:

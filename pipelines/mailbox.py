@@ -19,10 +19,11 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+from pipelines.errors import PipelineError
 from pipelines.frames import AudioChunk, VideoFrame
 
 
-class MailboxClosed(Exception):
+class MailboxClosed(PipelineError):
     pass
 
 

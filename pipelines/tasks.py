@@ -8,6 +8,12 @@ a TaskOwner, which keeps each referenced until it ends, names it, and knows how 
 (`crashes`); a `critical` one also marks the owner failed for good (`failure`, the first such
 death). Cancelling is how the owner stops them (`cancel_all`, which waits for each), so a
 cancelled task is no crash.
+
+It is the one way to start a task outside a TaskGroup: `realtime/` calls no bare
+`asyncio.create_task` or `ensure_future` (a test holds it to that). A task whose result someone
+awaits (a render or a download several callers share) is spawned `awaited`: its failure goes to
+them, so it is logged here at debug level only. `until_set` is the one race of a piece of work
+against a stop event: whichever side loses is cancelled and awaited, never left behind.
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def describe_error(exc: BaseException) -> str:
@@ -32,8 +40,9 @@ def describe_error(exc: BaseException) -> str:
 @dataclass(frozen=True, slots=True)
 class _Spawned:
     critical: bool
+    awaited: bool  # its result is awaited: a failure is the awaiter's to handle
     started: float  # time.monotonic()
-    on_done: Callable[[asyncio.Task[None]], None] | None
+    on_done: Callable[[asyncio.Task[Any]], None] | None
 
 
 class TaskOwner:
@@ -41,7 +50,7 @@ class TaskOwner:
         self.owner = owner  # "NATS publisher", "cam1 describer": in logs and reasons
         self.crashes = 0
         self._failure: str | None = None
-        self._tasks: dict[asyncio.Task[None], _Spawned] = {}  # running, in start order
+        self._tasks: dict[asyncio.Task[Any], _Spawned] = {}  # running, in start order
 
     @property
     def failure(self) -> str | None:
@@ -50,15 +59,17 @@ class TaskOwner:
 
     def spawn(
         self,
-        coro: Coroutine[Any, Any, None],
+        coro: Coroutine[Any, Any, T],
         name: str,
         *,
         critical: bool = True,
-        on_done: Callable[[asyncio.Task[None]], None] | None = None,
-    ) -> asyncio.Task[None]:
-        """Start `coro` as a task named `name`; `on_done` runs when it ends, however it ends."""
+        awaited: bool = False,
+        on_done: Callable[[asyncio.Task[Any]], None] | None = None,
+    ) -> asyncio.Task[T]:
+        """Start `coro` as a task named `name`; `on_done` runs when it ends, however it ends.
+        `awaited`: the caller awaits its result, so a failure reaches it and is no crash here."""
         task = asyncio.create_task(coro, name=name)
-        self._tasks[task] = _Spawned(critical, time.monotonic(), on_done)
+        self._tasks[task] = _Spawned(critical and not awaited, awaited, time.monotonic(), on_done)
         task.add_done_callback(self._task_done)
         return task
 
@@ -77,13 +88,16 @@ class TaskOwner:
             with contextlib.suppress(asyncio.CancelledError, Exception):  # a crash is already logged
                 await task
 
-    def _task_done(self, task: asyncio.Task[None]) -> None:
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
         spawned = self._tasks.pop(task)
         try:
             if task.cancelled():
                 return
             exc = task.exception()  # retrieving it also keeps asyncio from logging it again
             if exc is None:
+                return
+            if spawned.awaited:
+                log.debug("%s task %s failed: %s", self.owner, task.get_name(), describe_error(exc))
                 return
             self.crashes += 1
             reason = f"{task.get_name()} crashed: {describe_error(exc)}"
@@ -93,3 +107,18 @@ class TaskOwner:
         finally:
             if spawned.on_done is not None:
                 spawned.on_done(task)
+
+
+async def until_set(stop: asyncio.Event, work: Coroutine[Any, Any, T], name: str) -> tuple[bool, T | None]:
+    """`(True, work's result)`, or `(False, None)` when `stop` is set before `work` ends; then `work`
+    is cancelled and awaited. Whatever `work` raises reaches the caller."""
+    owner = TaskOwner(name)
+    task = owner.spawn(work, name, awaited=True)
+    stopping = owner.spawn(stop.wait(), f"{name}-stop", awaited=True)
+    try:
+        await asyncio.wait((task, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await owner.cancel_all()  # the loser; or both, when the caller is cancelled
+    if task.cancelled():
+        return False, None
+    return True, task.result()

@@ -28,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from realtime.errors import ServiceError
+
 # A config is a few KiB; the cap keeps `--config /dev/zero` or a wrong huge file from eating memory.
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 # What a config may expand to, YAML aliases counted once per use (mappings, lists and scalars, keys
@@ -40,7 +42,7 @@ MAX_INT_DIGITS = 18
 MAX_PROBLEM_CHARS = 300  # of one problem's field or message (a key or value may be megabytes)
 
 
-class ConfigError(ValueError):
+class ConfigError(ServiceError, ValueError):
     """A config that cannot be used; the message names the file and the key."""
 
 
@@ -58,7 +60,7 @@ _FLOAT_TAG = "tag:yaml.org,2002:float"
 _PLAIN_NUMBER = re.compile(r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?\Z")
 
 
-class YamlProblem(ValueError):
+class YamlProblem(ServiceError, ValueError):
     """A YAML document that cannot be a config, found before it is built; names the key."""
 
     def __init__(self, key: str, message: str) -> None:

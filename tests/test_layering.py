@@ -33,6 +33,7 @@ FORBIDDEN = {"engines": {"pipelines", "realtime"}, "pipelines": {"realtime"}}
 #   service             the composition root: builds and wires everything below
 #   cli                 the commands, each a composition of its own
 FLOORS: tuple[tuple[str, ...], ...] = (
+    ("errors",),
     ("logs", "bus", "sources"),
     ("config",),
     ("leases", "streams"),

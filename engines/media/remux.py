@@ -21,12 +21,13 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from engines.errors import EngineError
 from engines.media.files import replacing
 
 MP4_FLAGS = "frag_keyframe+empty_moov+default_base_moof"
 
 
-class RemuxError(ValueError):
+class RemuxError(EngineError, ValueError):
     """Packets that cannot be written as asked (none, not starting at a keyframe, mixed sources)."""
 
 

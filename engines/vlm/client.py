@@ -11,6 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from engines.errors import EngineError
 from engines.vlm.answers import FORMS, read_fields
 from engines.vlm.errors import (
     VlmCacheMiss,
@@ -427,7 +428,7 @@ def _one_line(error: Exception) -> str:
     return " ".join(str(error).split())[:REFUSAL_LOGGED]
 
 
-class _FieldRefused(Exception):
+class _FieldRefused(EngineError):
     """A 4xx naming an optional field the request carried: the server does not know it."""
 
     def __init__(self, field: str, error: VlmRequestError) -> None:
@@ -435,7 +436,7 @@ class _FieldRefused(Exception):
         self.field, self.error = field, error
 
 
-class _UuidsRefused(Exception):
+class _UuidsRefused(EngineError):
     """A 4xx to a request that named its images by uuid: the server may take data URLs only."""
 
     def __init__(self, error: VlmRequestError) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from engines.errors import EngineError
 
-class VlmError(Exception):
+
+class VlmError(EngineError):
     """Base class of every VLM client failure."""
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 
+from engines.errors import EngineError
 from engines.vlm.errors import VlmBadResponse
 from engines.vlm.sse import DONE, SseParser
 from engines.vlm.types import DeltaSink
@@ -19,7 +20,7 @@ MAX_ANSWER_CHARS = 1 << 20  # a runaway stream is cut here; max_tokens keeps rea
 MAX_ERROR_BODY = 64 * 1024
 
 
-class TransientFailure(Exception):
+class TransientFailure(EngineError):
     """Worth another try later or elsewhere: 5xx/429, a refused or dropped connection, a cut stream."""
 
     def __init__(self, reason: str, *, status: int | None = None) -> None:

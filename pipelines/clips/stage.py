@@ -34,6 +34,7 @@ from pipelines.clips.engine import CLIPS, ClipEngine
 from pipelines.clips.ring import PacketRing
 from pipelines.clips.store import ClipInfo
 from pipelines.compute import ComputeBudget, ModelClaim, Priority
+from pipelines.errors import PipelineError
 from pipelines.event_bodies import AlertBody, CaptionBody, DescriptionBody, DetectionsBody
 from pipelines.events import Event, EventBody, EventKind, EventSink
 from pipelines.frames import VideoFrame
@@ -71,7 +72,7 @@ register_counters(
 )
 
 
-class ExportRefused(ValueError):
+class ExportRefused(PipelineError, ValueError):
     """A span that cannot be cut into a clip; the message says why."""
 
 

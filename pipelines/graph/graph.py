@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from pipelines.clock import StreamClock
+from pipelines.errors import PipelineError
 from pipelines.events import EventSink
 from pipelines.frames import StatusChange, StreamState
 from pipelines.graph.counters import Counters, merge_counters, zero_counters
@@ -28,7 +29,7 @@ from pipelines.tasks import TaskOwner
 log = logging.getLogger(__name__)
 
 
-class StageFailed(RuntimeError):
+class StageFailed(PipelineError, RuntimeError):
     """A stage cannot go on; `str()` is the reason shown to operators (the stream goes `failed`)."""
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 
+from pipelines.errors import PipelineError
 from pipelines.rules.evaluators import Evaluator, FrameView, LiveTrack, evaluator_for
 from pipelines.rules.specs import AnyRule, FallRule, VlmRule, check_unique_ids
 from pipelines.rules.types import AlertChange, AlertEventKind, Moment, TrackedObject
@@ -22,7 +23,7 @@ log = logging.getLogger(__name__)
 DEFAULT_LOST_TIMEOUT_S = 3.0
 
 
-class RuleError(ValueError):
+class RuleError(PipelineError, ValueError):
     """The rules cannot run against this stream's model (unknown class, duplicate id, ...)."""
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from pipelines.events import Event, EventKind
 from pipelines.frames import validate_stream_id
+from realtime.errors import ServiceError
 
 SPEC_VERSION = "1.0"
 SUBJECT_PREFIX = "vidsentry"
@@ -30,7 +31,7 @@ LEASE_HEADER = "ce-leaserev"  # the same value as a CloudEvents extension attrib
 _EVENT_ID_PATTERN = re.compile(r"[!-~]{1,256}")
 
 
-class EventEncodingError(ValueError):
+class EventEncodingError(ServiceError, ValueError):
     """The event cannot be put on the wire (bad id, NaN, a value JSON cannot carry, ...)."""
 
 

@@ -12,13 +12,15 @@ from urllib.parse import urlsplit
 
 from nats.aio.client import Client as NatsClient
 
+from realtime.errors import ServiceError
+
 log = logging.getLogger(__name__)
 
 _DEFAULT_PORTS = {"nats": 4222, "tls": 4222, "ws": 80, "wss": 443}
 _POLL_INTERVAL_S = 0.05
 
 
-class BusUnavailable(ConnectionError):
+class BusUnavailable(ServiceError, ConnectionError):
     """The NATS server could not be reached (or used) within the connect bound."""
 
 

@@ -17,6 +17,7 @@ import nats.errors
 import nats.js.errors
 
 from pipelines.events import DURABLE_KINDS, EventKind
+from realtime.errors import ServiceError
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,18 +57,14 @@ class NoHooks:
         return None
 
 
-class AckTimeoutError(nats.errors.TimeoutError):
+# Ours, not nats-py's subclasses: callers catch these names, which must not change with the client
+# library. What nats-py raises itself stays its own error (is_retryable and is_permanent read both).
+class AckTimeoutError(ServiceError, TimeoutError):
     """JetStream did not acknowledge a durable publish in time (lost with a dying server?)."""
 
-    def __str__(self) -> str:  # nats-py's errors print a fixed text; keep ours
-        return str(self.args[0]) if self.args else super().__str__()
 
-
-class PublisherClosedError(nats.errors.ConnectionClosedError):
+class PublisherClosedError(ServiceError):
     """A publish arrived before connect() or after close()."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else super().__str__()
 
 
 class UnconfirmedError(PublisherClosedError):
@@ -76,7 +73,8 @@ class UnconfirmedError(PublisherClosedError):
 
 # Worth another try with the same Nats-Msg-Id (dedup makes the retry idempotent).
 RETRYABLE_ERRORS: tuple[type[BaseException], ...] = (
-    nats.errors.TimeoutError,  # includes AckTimeoutError
+    AckTimeoutError,
+    nats.errors.TimeoutError,
     nats.errors.OutboundBufferLimitError,  # reconnect buffer full; may drain after reconnect
     nats.errors.ConnectionReconnectingError,
     nats.js.errors.NoStreamResponseError,  # JetStream not (yet) answering: restart, leader change

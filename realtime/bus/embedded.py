@@ -15,6 +15,8 @@ import weakref
 from pathlib import Path
 from types import TracebackType
 
+from realtime.errors import ServiceError
+
 log = logging.getLogger(__name__)
 
 BINARY_NAME = "nats-server"
@@ -23,7 +25,7 @@ _STOP_GRACE_S = 5.0
 _LOG_TAIL_BYTES = 2000
 
 
-class NatsServerError(RuntimeError):
+class NatsServerError(ServiceError, RuntimeError):
     """The embedded server could not be found, started or stopped."""
 
 

@@ -17,6 +17,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, BadRequestError, NotFoundError
 
 from pipelines.events import DURABLE_KINDS, EventKind
+from realtime.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ _MAX_LIST_PAGES = 100  # STREAM.LIST pages (256 streams each) read to find a con
 MAX_REPLICAS = 5  # JetStream's own limit
 
 
-class StreamSetupError(RuntimeError):
+class StreamSetupError(ServiceError, RuntimeError):
     """The stream cannot be created or brought to the settings we need."""
 
 

@@ -16,10 +16,12 @@ from nats.js.api import ObjectStoreConfig, StorageType
 from nats.js.errors import BadRequestError, BucketNotFoundError
 from nats.js.object_store import OBJ_STREAM_TEMPLATE, ObjectStore
 
+from realtime.errors import ServiceError
+
 AGE_TOLERANCE_S = 1e-3  # JetStream keeps max_age in nanoseconds: a float read back may differ by that
 
 
-class BucketLimitsRefused(Exception):
+class BucketLimitsRefused(ServiceError):
     """JetStream refused to set an existing bucket's limits; the message is its reason."""
 
 

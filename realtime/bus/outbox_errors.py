@@ -4,8 +4,10 @@ re-exports them, and that is where callers import them from."""
 
 from __future__ import annotations
 
+from realtime.errors import ServiceError
 
-class OutboxError(OSError):
+
+class OutboxError(ServiceError, OSError):
     """Base class for outbox failures; an OSError, like the file errors it wraps."""
 
 

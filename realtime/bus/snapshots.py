@@ -22,6 +22,7 @@ from nats.js.object_store import ObjectStore
 
 from realtime.bus.object_buckets import BucketLimitsRefused, open_object_bucket
 from realtime.bus.publisher import NatsEventPublisher, live_client
+from realtime.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ _BUCKET_PATTERN = re.compile(r"[A-Za-z0-9_-]+")  # what JetStream accepts as a b
 _MAX_BYTES_EXCEEDED = 10077  # JetStream err_code
 
 
-class SnapshotStoreError(RuntimeError):
+class SnapshotStoreError(ServiceError, RuntimeError):
     """The store cannot be used right now (not connected, bucket cannot be created)."""
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from realtime.errors import ServiceError
+
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 
 
-class CommandError(Exception):
+class CommandError(ServiceError):
     """A failure to report as one line on stderr, with an exit code."""
 
     def __init__(self, message: str, code: int = EXIT_USAGE) -> None:

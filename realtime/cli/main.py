@@ -11,12 +11,14 @@ import os
 import sys
 
 from realtime.cli.args import LOG_LEVEL_ENV, LOG_LEVELS, build_parser
-from realtime.cli.errors import EXIT_USAGE, CommandError
 from realtime.logs import setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Once a command was chosen: CommandError derives from the project's error root, in engines/.
+    from realtime.cli.errors import EXIT_USAGE, CommandError
+
     # A service's progress is its log: info by default for serve, warnings only for the foreground tools.
     default_level = "INFO" if args.command == "serve" else None
     level, where = (args.log_level, "--log-level") if args.log_level else (os.environ.get(LOG_LEVEL_ENV), LOG_LEVEL_ENV)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import signal
@@ -24,6 +23,7 @@ from pipelines.events import DURABLE_KINDS, Event, EventSink
 from pipelines.frames import StatusChange, StreamState
 from pipelines.graph import SharedEngines
 from pipelines.graph.counters import summary_lines
+from pipelines.tasks import TaskOwner
 from realtime.cli import checks
 from realtime.cli.bootstrap import (
     compute_budget,
@@ -231,16 +231,15 @@ async def run_command(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, runner.stop)
-            progress = asyncio.create_task(report_progress(runner), name="progress")
+            progress = TaskOwner("vidsentry run")
+            progress.spawn(report_progress(runner), "progress", critical=False)
             timer = loop.call_later(args.duration, runner.stop) if args.duration else None
             try:
                 state = await runner.run()
             finally:
                 if timer is not None:
                     timer.cancel()
-                progress.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await progress
+                await progress.cancel_all()
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(sig)
             # Settle (or give up on) every event before the summary counts them: bounded, so a

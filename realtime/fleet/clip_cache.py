@@ -27,6 +27,7 @@ from typing import Any
 from nats.js.object_store import ObjectStore
 
 from engines.media.files import replacing
+from pipelines.tasks import TaskOwner
 from realtime.fleet.clip_objects import SUFFIXES, ClipBucketError, ClipBucketStats, split_name
 
 log = logging.getLogger("realtime.fleet.clip_bucket")  # the clip bucket's log, under the name it always had
@@ -46,6 +47,7 @@ class ClipCache:
         self._inflight: dict[str, asyncio.Future[Path | None]] = {}  # file name -> its download
         self._entries: OrderedDict[str, int] | None = None  # file name -> bytes, least recently served first
         self._bytes = 0
+        self._downloads = TaskOwner("clip cache")  # one per file, shared by whoever asks for it
 
     def path(self, name: str) -> Path:
         return self.directory / name
@@ -54,7 +56,7 @@ class ClipCache:
         """`load()`'s result, one run per file however many ask at once."""
         download = self._inflight.get(name)
         if download is None:
-            download = asyncio.ensure_future(load())
+            download = self._downloads.spawn(load(), f"clip-download-{name}", awaited=True)
             self._inflight[name] = download
             download.add_done_callback(lambda _: self._inflight.pop(name, None))
         return await asyncio.shield(download)  # a caller that gives up leaves it to the others

@@ -28,6 +28,7 @@ from nats.js.object_store import ObjectStore
 
 from pipelines.capability import Sample
 from pipelines.clips.store import CLIP_ID, EXTRAS
+from realtime.errors import ServiceError
 
 MP4 = ".mp4"
 SUFFIXES = (MP4, *EXTRAS)  # the objects of one clip, the MP4 first (deleting it unlists the clip at once)
@@ -36,7 +37,7 @@ LIST_TIMEOUT_S = 30.0  # one listing (a watch over every meta message)
 Sidecars = list[dict[str, Any]]  # (ClipBucket's own `list` hides the builtin in its annotations)
 
 
-class ClipBucketError(Exception):
+class ClipBucketError(ServiceError):
     """The bucket cannot be read now (not connected, timed out, an error from JetStream), or its
     limits cannot be set. Raised by `list`, `get` and `delete`; `put` and `fetch` report the same
     as False / None."""

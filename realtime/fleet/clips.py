@@ -48,6 +48,7 @@ from pipelines.clips.store import CLIP_ID, ClipInfo, ClipStore, retention
 from pipelines.events import Event
 from pipelines.frames import validate_stream_id
 from realtime.bus.publisher import NatsEventPublisher, live_client
+from realtime.errors import ServiceError
 from realtime.fleet.clip_bucket import MP4, ClipBucket, ClipBucketError, clip_bucket_name
 from realtime.leases.options import FleetOptions
 
@@ -63,11 +64,11 @@ UPLOADED_FILE = ".fleet-uploaded"  # under clips.dir: ids of local clips the buc
 RECONCILE_S = 60.0
 
 
-class ClipsUnavailable(Exception):
+class ClipsUnavailable(ServiceError):
     """The fleet's bucket cannot be read now; the message says what to do."""
 
 
-class ExportForwardRefused(Exception):
+class ExportForwardRefused(ServiceError):
     """The worker running the stream refused a forwarded export; `status` and the message are its."""
 
     def __init__(self, status: int, message: str) -> None:

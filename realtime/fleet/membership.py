@@ -28,6 +28,8 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
+from pipelines.tasks import TaskOwner
+from realtime.errors import ServiceError
 from realtime.fleet.mirror import KvMirror
 from realtime.leases.buckets import FleetBuckets, open_buckets
 from realtime.leases.keeper import LeaseKeeper
@@ -42,11 +44,11 @@ STALL_MIN_S = 3.0  # ... and at least this long: the watch is stalled
 NATS_ERRORS = (nats.errors.Error, TimeoutError, OSError)
 
 
-class FleetUnavailable(Exception):
+class FleetUnavailable(ServiceError):
     """The fleet's key-value store cannot be reached; nothing changed."""
 
 
-class DuplicateNode(Exception):
+class DuplicateNode(ServiceError):
     """Another live worker of this fleet runs under this worker's node name."""
 
     def __init__(self, fleet: str, node: str) -> None:
@@ -82,6 +84,7 @@ class Membership:
         self._joined = False  # past the node-name check: a record of this name by another is a duplicate
         self._reconnects = 0
         self._mirror_tasks: list[asyncio.Task[None]] = []
+        self._watches = TaskOwner("fleet membership")  # the two bucket watches; a crash is logged
 
     # -- joining and leaving ---------------------------------------------------------------
 
@@ -105,8 +108,8 @@ class Membership:
                                   on_write=leases.note, tombstone=leases.tombstone)
         self._reconnects = nc.stats.get("reconnects", 0)
         self._mirror_tasks = [
-            asyncio.create_task(self.desired_mirror.run(), name="fleet-desired-watch"),
-            asyncio.create_task(leases.run(), name="fleet-lease-watch"),
+            self._watches.spawn(self.desired_mirror.run(), "fleet-desired-watch"),
+            self._watches.spawn(leases.run(), "fleet-lease-watch"),
         ]
         try:
             async with asyncio.timeout(SYNC_TIMEOUT_S):
@@ -161,10 +164,8 @@ class Membership:
 
     async def stop_watches(self) -> None:
         """Cancel the bucket watches and wait for them to end (none is left behind unawaited)."""
-        tasks, self._mirror_tasks = self._mirror_tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        self._mirror_tasks = []
+        await self._watches.cancel_all()
 
     # -- the node record -------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
+from pipelines.tasks import until_set
+
 log = logging.getLogger(__name__)
 
 RESTART_DELAY_S = 1.0
@@ -129,15 +131,11 @@ class KvMirror:
         fresh: dict[str, Seen] = {}
         replayed_up_to = 0  # the newest revision the replay showed: its copy of the bucket is this recent
         replaying = True
-        restart = asyncio.create_task(self._restart.wait())
         try:
             while True:
-                nxt = asyncio.create_task(watcher.updates(timeout=None))
-                done, _ = await asyncio.wait({nxt, restart}, return_when=asyncio.FIRST_COMPLETED)
-                if restart in done:
-                    nxt.cancel()
+                got, entry = await until_set(self._restart, watcher.updates(timeout=None), "kv-watch-update")
+                if not got or self._restart.is_set():
                     return
-                entry = nxt.result()
                 if entry is not None:
                     self._delivered = max(self._delivered, entry.revision)
                 if entry is None:  # the replay of what exists is complete
@@ -160,7 +158,6 @@ class KvMirror:
                 else:
                     self._take(entry.key, None if gone else (entry.value or b""), entry.revision)
         finally:
-            restart.cancel()
             with contextlib.suppress(Exception):
                 await watcher.stop()
 

@@ -208,7 +208,9 @@ class FleetWorker:
     async def _renew_round(self, keeper: LeaseKeeper) -> None:
         self.membership.check_watches()
         keeper.drop_expired()
-        await asyncio.gather(*(keeper.renew(sid) for sid in keeper.held()))
+        async with asyncio.TaskGroup() as renewals:  # a bug in one leaves none running unawaited
+            for sid in keeper.held():
+                renewals.create_task(keeper.renew(sid), name=f"fleet-renew-{sid}")
         self.runs.sync()
         await self.runs.release_ended(keeper)
         await self._publish_node_record()

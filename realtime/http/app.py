@@ -8,6 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
+from realtime.errors import ServiceError
 from realtime.http import api, ops, page, preview, sse
 from realtime.http.connections import (
     AcceptErrorLog,
@@ -65,7 +66,7 @@ def create_app(context: HttpContext) -> web.Application:
     return app
 
 
-class ListenError(OSError):
+class ListenError(ServiceError, OSError):
     """The address cannot be listened on (in use, not local, no permission)."""
 
 

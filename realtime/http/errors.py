@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from realtime.errors import ServiceError
 from realtime.http.handlers import MAX_BODY_BYTES, Handler
 
 log = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 _KEPT_HEADERS = ("Allow", "WWW-Authenticate", "Retry-After")
 
 
-class ApiError(Exception):
+class ApiError(ServiceError):
     def __init__(self, status: int, error: str, detail: Any = None, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(error)
         self.status = status

@@ -22,13 +22,14 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from realtime.bus.cloudevents import MSG_ID_HEADER, SUBJECT_PREFIX
 from realtime.bus.jetstream import STREAM_NAME
+from realtime.errors import ServiceError
 from realtime.streams.fanout import SseMessage
 
 SCAN_TIMEOUT_S = 5.0
 MAX_CONCURRENT_SCANS = 4  # a reconnect storm must not open hundreds of consumers at once
 
 
-class HistoryUnavailable(Exception):
+class HistoryUnavailable(ServiceError):
     """JetStream cannot be read now (not connected, no stream, no answer in time)."""
 
 

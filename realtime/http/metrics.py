@@ -35,6 +35,7 @@ from pipelines.detect import BatcherStats
 from pipelines.frames import FrameResult, StreamState
 from pipelines.graph.counters import counter_info
 from pipelines.graph.stage import FrameObserver
+from pipelines.tasks import TaskOwner
 from realtime.bus.delivery import PublisherStats
 from realtime.streams.view import PENDING, StreamView
 
@@ -123,6 +124,7 @@ class ServiceMetrics:
         self.renders = 0  # exposition texts made (for tests: concurrent scrapes share one)
         self._rendered: tuple[float, bytes] | None = None  # (monotonic time, text)
         self._rendering: asyncio.Task[bytes] | None = None
+        self._tasks = TaskOwner("metrics")  # the render concurrent scrapes share
 
     def frame_observer(self, stream_id: str) -> FrameObserver:
         inference = self.inference.labels(stream_id)
@@ -150,7 +152,7 @@ class ServiceMetrics:
         if cached is not None and time.monotonic() - cached[0] < RENDER_TTL_S:
             return cached[1]
         if self._rendering is None:
-            self._rendering = asyncio.get_running_loop().create_task(self._render_off_loop(), name="metrics-render")
+            self._rendering = self._tasks.spawn(self._render_off_loop(), "metrics-render", awaited=True)
             self._rendering.add_done_callback(self._render_done)
         # Shielded: a scraper that hangs up must not cancel the render the others wait for.
         return await asyncio.shield(self._rendering)
@@ -162,6 +164,10 @@ class ServiceMetrics:
         self.renders += 1
         self._rendered = (time.monotonic(), body)
         return body
+
+    async def aclose(self) -> None:
+        """Cancel a render still running and wait for it (the service is shutting down)."""
+        await self._tasks.cancel_all()
 
     def _render_done(self, task: asyncio.Task[bytes]) -> None:
         self._rendering = None

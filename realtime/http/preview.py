@@ -24,6 +24,7 @@ from aiohttp import web
 
 from pipelines.clips.stage import ExportRefused
 from pipelines.frames import VideoFrame
+from pipelines.tasks import TaskOwner
 from realtime.http.api import require_local_stream, stream_id_of, unknown_stream
 from realtime.http.clips import clip_stage, query_number
 from realtime.http.context import context_of
@@ -66,6 +67,7 @@ class FramePreviews:
     def __init__(self, window_s: float = ENCODE_WINDOW_S) -> None:
         self.window_s = window_s
         self.encodes = 0
+        self._tasks = TaskOwner("frame previews")  # the encodes viewers share
         self._entries: dict[str, _Entry] = {}
 
     def __len__(self) -> int:
@@ -87,7 +89,7 @@ class FramePreviews:
             return latest
         if latest is not None and (latest.seq == frame.seq or time.monotonic() - latest.made_at < self.window_s):
             return latest
-        entry.pending = asyncio.ensure_future(self._encode(entry, frame, inference))
+        entry.pending = self._tasks.spawn(self._encode(entry, frame, inference), f"{stream_id}-preview", awaited=True)
         # Shielded: a viewer that leaves mid-encode must not cancel it for the others.
         return await asyncio.shield(entry.pending)
 
@@ -102,6 +104,10 @@ class FramePreviews:
 
     def forget(self, stream_id: str) -> None:
         self._entries.pop(stream_id, None)
+
+    async def aclose(self) -> None:
+        """Cancel an encode still running and wait for it (the server is shutting down)."""
+        await self._tasks.cancel_all()
 
     def _forget_gone(self, registry: StreamRegistry) -> None:
         # Runs whenever an entry is made, so the cache never holds more than the streams running.
@@ -164,5 +170,10 @@ async def frame_jpeg(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
-    app[PREVIEWS] = FramePreviews()
+    previews = app[PREVIEWS] = FramePreviews()
+
+    async def close_previews(_app: web.Application) -> None:
+        await previews.aclose()
+
+    app.on_cleanup.append(close_previews)
     app.router.add_get("/api/streams/{stream_id}/frame.jpg", frame_jpeg)

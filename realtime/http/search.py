@@ -15,13 +15,13 @@ question's faults are 400s naming the field; a VLM outage is 503. Asks at once a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from typing import Any
 
 from aiohttp import web
 
+from pipelines.tasks import TaskOwner
 from realtime.http.api import read_json_object
 from realtime.http.clips import clip_stage
 from realtime.http.context import context_of
@@ -128,7 +128,8 @@ class TimelineApi:
 
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
         await response.prepare(request)
-        task = asyncio.create_task(run(), name="ask")
+        asking = TaskOwner("search")
+        asking.spawn(run(), "ask")
         try:
             while True:
                 kind, data = await queue.get()
@@ -136,9 +137,7 @@ class TimelineApi:
                 if kind in ("answer", "error"):
                     break
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asking.cancel_all()
         await response.write_eof()
         return response
 

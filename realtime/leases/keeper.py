@@ -23,6 +23,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
+from realtime.errors import ServiceError
 from realtime.leases.records import LeaseRecord, lease_key
 
 log = logging.getLogger("realtime.fleet.keeper")  # the keeper's log, under the name it always had
@@ -46,7 +47,7 @@ class LeaseCounters:
     errors: int = 0  # requests that failed (timeouts, no connection)
 
 
-class LeaseLost(Exception):
+class LeaseLost(ServiceError):
     pass
 
 

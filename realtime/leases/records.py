@@ -7,13 +7,15 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from realtime.errors import ServiceError
+
 FLEET_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}")
 LEASE_PREFIX = "lease."
 NODE_PREFIX = "node."
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
-class InvalidFleetName(ValueError):
+class InvalidFleetName(ServiceError, ValueError):
     pass
 
 

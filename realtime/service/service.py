@@ -225,6 +225,7 @@ class Service:
         finally:
             self.fanout.close()
             await server.stop()
+            await self.metrics.aclose()
 
     async def _stop_streams(self, reconciler: asyncio.Task[None]) -> None:
         self.context.draining = True

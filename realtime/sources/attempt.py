@@ -195,11 +195,13 @@ class Feed:
                 attempt.long_gap_s = gap
                 attempt.long_gaps += 1
             attempt.delivering = True
+            captured_mono = time.monotonic()  # beside captured_at: the origin of the frame's latency
             try:
                 if not pacer.wait(pts, attempt.stop):
                     return False
                 if self.realtime:
                     captured_at = time.time()  # a paced file "arrives" when its frame is due
+                    captured_mono = time.monotonic()
                 elif self.spec.is_file and isinstance(image, DeferredImage):
                     # A file read as fast as it goes has every frame measured: convert it here, on
                     # this thread, beside the model's calls rather than inside them.
@@ -209,7 +211,7 @@ class Feed:
                         return False
                     seq = self._seq
                     self._seq += 1
-                frame = VideoFrame(self.stream_id, seq, pts, captured_at, image)
+                frame = VideoFrame(self.stream_id, seq, pts, captured_at, image, captured_mono=captured_mono)
                 if not self._video.put(frame):
                     if not self._stop_requested.is_set():
                         self.end_reason = "the frame consumer closed its mailbox"

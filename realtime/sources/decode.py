@@ -26,6 +26,7 @@ import av.error
 
 from engines.cuda_probe import cuda_device_count
 from pipelines.frames import DeferredImage
+from realtime.errors import ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ _SOURCE_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-class DecodeUnavailable(RuntimeError):
+class DecodeUnavailable(ServiceError, RuntimeError):
     """`cuda` decode was asked for on a host that cannot do it."""
 
 

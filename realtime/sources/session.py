@@ -26,6 +26,7 @@ import numpy as np
 
 from engines.media.remux import EncodedPacket
 from pipelines.frames import DeferredImage
+from realtime.errors import ServiceError
 
 # (image H x W x 3 uint8 RGB or one converted on first use, pts seconds, captured_at epoch seconds) -> keep going?
 VideoSink = Callable[[np.ndarray | DeferredImage, float, float], bool]
@@ -35,7 +36,7 @@ AudioSink = Callable[[np.ndarray, float, float], bool]
 PacketSink = Callable[[float, EncodedPacket], None]
 
 
-class SourceError(Exception):
+class SourceError(ServiceError):
     """A source could not be opened or read. `str(error)` is a one-line, user-facing reason
     that never contains a password."""
 

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
+from realtime.errors import ServiceError
+
 SourceKind = Literal["file", "rtsp", "http"]
 
 _NETWORK_SCHEMES: dict[str, SourceKind] = {
@@ -50,7 +52,7 @@ MIN_BARE_SECRET = 8  # shorter secrets are only replaced as part of the URL, use
 _CONTROL = frozenset({"Cc", "Cf", "Zl", "Zp"})  # control, format (bidi, zero-width), line separators
 
 
-class InvalidSource(ValueError):
+class InvalidSource(ServiceError, ValueError):
     """The source cannot be used as given (bad scheme, missing file, ...)."""
 
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 
 from pipelines.frames import StatusChange, StreamState, validate_stream_id
 from pipelines.graph.source import AudioInput, FrameInput, PacketInput
+from pipelines.tasks import until_set
 from realtime.sources.attempt import Attempt, Feed
 from realtime.sources.backends import create_session, normalize_backend
 from realtime.sources.policy import SourcePolicy
@@ -336,21 +337,12 @@ class CameraSupervisor:
         by the policy's resolve timeout, and by stop()."""
         if self.admit is None:
             return None
-        check = asyncio.ensure_future(self.admit.admit(self.spec.url))
-        stopping = asyncio.ensure_future(self._stopping.wait())
         try:
-            await asyncio.wait({check, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-        if not check.done():
-            check.cancel()
-            return "stopped"
-        try:
-            check.result()
+            checked, _ = await until_set(self._stopping, self.admit.admit(self.spec.url), f"{self.stream_id}-admit")
         except InvalidSource as exc:
             self._stats.refused_connects += 1
             return f"source not allowed: {exc}"
-        return None
+        return None if checked else "stopped"
 
     def _shown(self, outcome: _Outcome) -> str | None:
         """The reason status events may carry for a network source's failed session."""

@@ -30,6 +30,7 @@ from typing import TypeVar
 
 from pipelines.events import Event, EventSink
 from realtime.bus import cloudevents
+from realtime.errors import ServiceError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,11 +71,11 @@ def _unregister(table: dict[str, set[T]], stream_id: str, member: T) -> None:
             del table[stream_id]
 
 
-class ViewerClosed(Exception):
+class ViewerClosed(ServiceError):
     """The viewer was closed and everything queued has been taken."""
 
 
-class ViewerLimitReached(Exception):
+class ViewerLimitReached(ServiceError):
     """No room for another viewer; `setting` is the config key of the bound that was hit."""
 
     def __init__(self, message: str, *, limit: int, setting: str) -> None:

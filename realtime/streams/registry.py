@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pipelines.frames import StreamState
 from pipelines.graph.counters import Counters, zero_counters
 from realtime.config import AnyStreamSettings, CameraStreamSettings
+from realtime.errors import ServiceError
 from realtime.sources.spec import InvalidSource, parse_source
 from realtime.streams.runner import StreamRunner
 from realtime.streams.view import PENDING, StreamView, public_url
@@ -38,19 +39,19 @@ log = logging.getLogger("realtime.service.registry")  # the registry's log, unde
 RunnerFactory = Callable[[AnyStreamSettings], StreamRunner]
 
 
-class StreamExists(Exception):
+class StreamExists(ServiceError):
     """The desired set already holds a stream with this id."""
 
 
-class UnknownStream(LookupError):
+class UnknownStream(ServiceError, LookupError):
     """No stream with this id is desired."""
 
 
-class RegistryClosed(RuntimeError):
+class RegistryClosed(ServiceError, RuntimeError):
     """The service is shutting down; the desired set no longer changes."""
 
 
-class StreamLimitReached(Exception):
+class StreamLimitReached(ServiceError):
     """The desired set would hold more than `limit` streams (`http.max_streams`); nothing changed."""
 
     setting = "http.max_streams"

@@ -19,12 +19,13 @@ from pipelines.graph import MediaSource, SharedEngines, StageFactory, StreamGrap
 from pipelines.graph.counters import Counters
 from pipelines.graph.stage import FrameObserver
 from pipelines.stages import DEFAULT_STAGES
+from realtime.errors import ServiceError
 from realtime.sources.camera import CameraSource, CameraSourceSpec
 from realtime.sources.supervisor import CameraSupervisor
 from realtime.streams.spec import StreamSpec
 
 
-class SourceUnavailable(ValueError):
+class SourceUnavailable(ServiceError, ValueError):
     """This build cannot make the source the spec asks for."""
 
 

@@ -36,6 +36,7 @@ import numpy as np
 from engines.vlm.client import VlmClient
 from engines.vlm.errors import VlmBadResponse, VlmError
 from engines.vlm.types import VlmImage, VlmMessage, VlmRequest, VlmText
+from realtime.errors import ServiceError
 from realtime.timeline.errors import IndexUnavailable, QueryTooBroad
 from realtime.timeline.index import Filters, Hit
 from realtime.timeline.query import QueryError, retrieval_query
@@ -83,7 +84,7 @@ CHECK_SCHEMA: dict[str, Any] = {
 }
 
 
-class AskError(Exception):
+class AskError(ServiceError):
     """The question cannot be answered now; `status` is the HTTP status that says why."""
 
     def __init__(self, message: str, status: int) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from pipelines.event_bodies import caption_event_id
 from pipelines.events import EventKind
+from realtime.errors import ServiceError
 
 INDEXED_KINDS: tuple[EventKind, ...] = (
     EventKind.CAPTIONS,
@@ -46,7 +47,7 @@ class Entry:
     replaces: tuple[str, ...] = ()  # a transcript's: the event ids of the captions it replaces
 
 
-class NotIndexed(Exception):
+class NotIndexed(ServiceError):
     """An event the timeline skips (a kind it does not keep, a track update, a body it cannot read)."""
 
 

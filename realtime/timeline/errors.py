@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from realtime.errors import ServiceError
 
-class TimelineError(Exception):
+
+class TimelineError(ServiceError):
     """Anything the timeline refuses or cannot do now."""
 
 

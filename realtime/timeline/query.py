@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from realtime.errors import ServiceError
+
 MAX_QUERY_CHARS = 500
 MAX_TERMS = 16
 MIN_PREFIX_CHARS = 3
@@ -31,7 +33,7 @@ _STOPWORDS = frozenset(_STOPWORD_TEXT.split())
 _TOKEN = re.compile(r'\s*(-?)(?:"([^"]*)"|([^\s"]+))(\*?)')
 
 
-class QueryError(ValueError):
+class QueryError(ServiceError, ValueError):
     """The query cannot be searched; the message says why and what to type instead."""
 
 

@@ -26,6 +26,7 @@ import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from pipelines.tasks import TaskOwner
 from realtime.leases.buckets import open_roles
 from realtime.leases.keeper import LeaseKeeper
 from realtime.leases.options import FleetOptions
@@ -74,6 +75,7 @@ class IndexerRole:
         self.options = options
         self.subject = subject(options.name)
         self.held = False
+        self._tasks = TaskOwner("timeline role")  # the indexer, while this worker holds the role
 
     async def run(self) -> None:
         keeper: LeaseKeeper | None = None
@@ -99,7 +101,7 @@ class IndexerRole:
                     assert nc is not None
                     self.held = True
                     log.info("this worker now indexes the fleet's timeline", extra={"fleet": self.options.name})
-                    indexer = asyncio.create_task(self._run_indexer(), name="timeline-indexer")
+                    indexer = self._tasks.spawn(self._run_indexer(), "timeline-indexer")
                     responder = await nc.subscribe(self.subject, queue="timeline", cb=self._on_request)
                 elif not holds and self.held:
                     self.held = False

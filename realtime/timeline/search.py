@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from pipelines.frames import STREAM_ID_PATTERN
+from realtime.errors import ServiceError
 from realtime.timeline.entries import INDEXED_KINDS
 from realtime.timeline.index import MAX_LIMIT, MAX_OFFSET, Filters, Hit
 from realtime.timeline.query import Query, QueryError, parse
@@ -34,7 +35,7 @@ _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 ORDERS = ("relevance", "newest")
 
 
-class SearchRequestError(ValueError):
+class SearchRequestError(ServiceError, ValueError):
     def __init__(self, message: str, field: str) -> None:
         super().__init__(message)
         self.field = field

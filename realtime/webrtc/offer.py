@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines.frames import InvalidStreamId, validate_stream_id
+from realtime.errors import ServiceError
 
 OFFER_FIELDS = frozenset({"sdp", "type", "stream_id"})
 MEDIA_KINDS = ("audio", "video")
@@ -22,7 +23,7 @@ MAX_MEDIA_SECTIONS = 8
 SETUP_ROLES = frozenset({"active", "passive", "actpass", "holdconn"})
 
 
-class BadOffer(ValueError):
+class BadOffer(ServiceError, ValueError):
     """The offer cannot be used; `str()` says why, `field` which part."""
 
     def __init__(self, field: str, message: str) -> None:

@@ -25,6 +25,7 @@ from aiortc.mediastreams import MediaStreamTrack
 from pipelines.frames import StatusChange, StreamState
 from pipelines.graph import SourceOutputs, counter, register_counters
 from pipelines.graph.counters import Counters, frame_stage, queue_depth
+from pipelines.tasks import TaskOwner
 from realtime.config import WebRtcSettings
 from realtime.streams.fanout import Listener
 from realtime.webrtc.channel import EventChannel
@@ -81,6 +82,7 @@ class WebRtcSession:
         self._ended = asyncio.Event()
         self._connected = asyncio.Event()
         self._peer_closed: asyncio.Task[None] | None = None
+        self._closing = TaskOwner(f"{stream_id} browser session")  # the one close every caller awaits
         self._started = time.monotonic()
         pc.on("track", self._on_track)
         pc.on("datachannel", self._on_datachannel)
@@ -169,7 +171,7 @@ class WebRtcSession:
     def close_peer(self) -> asyncio.Task[None]:
         """Close the peer connection (once; every caller awaits the same close)."""
         if self._peer_closed is None:
-            self._peer_closed = asyncio.create_task(self.pc.close(), name=f"{self.stream_id}-pc-close")
+            self._peer_closed = self._closing.spawn(self.pc.close(), f"{self.stream_id}-pc-close", awaited=True)
         return self._peer_closed
 
     # -- inside run ----------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from realtime.config import WebRtcSettings, WebRtcStreamSettings
+from realtime.errors import ServiceError
 from realtime.webrtc.ice import StunBudget, limit_stun_requests, rtc_configuration, screen_candidates
 from realtime.webrtc.offer import BadOffer, Offer
 from realtime.webrtc.sctp import bound_sctp
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 NEGOTIATION_TIMEOUT_S = 10.0  # parsing the offer and gathering host candidates take milliseconds
 
 
-class SessionLimitReached(Exception):
+class SessionLimitReached(ServiceError):
     setting = "webrtc.max_sessions"
 
     def __init__(self, limit: int) -> None:
@@ -62,19 +63,19 @@ class TooManyConnecting(SessionLimitReached):
         self.setting = setting
 
 
-class SessionExists(Exception):
+class SessionExists(ServiceError):
     """A session with this stream id is open or being negotiated."""
 
 
-class SessionsClosed(Exception):
+class SessionsClosed(ServiceError):
     """The service is shutting down."""
 
 
-class NegotiationFailed(Exception):
+class NegotiationFailed(ServiceError):
     """aiortc could not answer in time; nothing about the offer itself is known to be wrong."""
 
 
-class UnknownSession(LookupError):
+class UnknownSession(ServiceError, LookupError):
     pass
 
 

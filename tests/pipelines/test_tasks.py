@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from pipelines.tasks import TaskOwner, describe_error
+from pipelines.tasks import TaskOwner, describe_error, until_set
 
 
 async def test_crashes_are_logged_and_counted_and_only_a_critical_one_fails_the_owner(
@@ -43,3 +43,44 @@ async def test_crashes_are_logged_and_counted_and_only_a_critical_one_fails_the_
 def test_an_error_is_described_in_one_line() -> None:
     assert describe_error(ValueError("bad\nmore")) == "ValueError: bad"
     assert describe_error(TimeoutError()) == "TimeoutError"
+
+
+async def test_a_task_whose_result_is_awaited_hands_its_failure_to_the_awaiter_not_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    owner = TaskOwner("previews")
+
+    async def encode() -> int:
+        raise ValueError("bad frame")
+
+    with pytest.raises(ValueError, match="bad frame"):
+        await owner.spawn(encode(), "cam1-preview", awaited=True)
+    await asyncio.sleep(0)
+    assert owner.crashes == 0 and owner.failure is None and len(owner) == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_until_set_races_work_against_a_stop_and_leaves_no_loser_behind() -> None:
+    stop = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def answer() -> str:
+        return "ok"
+
+    async def hang() -> str:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    async def refuse() -> str:
+        raise LookupError("refused")
+
+    assert await until_set(stop, answer(), "answer") == (True, "ok")
+    with pytest.raises(LookupError):
+        await until_set(stop, refuse(), "refuse")
+    asyncio.get_running_loop().call_later(0.01, stop.set)
+    assert await until_set(stop, hang(), "hang") == (False, None)
+    assert cancelled.is_set()  # cancelled and awaited before until_set returned
