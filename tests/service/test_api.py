@@ -8,13 +8,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.service.conftest import LiveService, Reply, live_service, make_config
 from tests.support.rtsp import RtspServer
+from tests.support.sse import read_sse
 from tests.support.waiting import wait_until
 
 UNREACHABLE = "rtsp://127.0.0.1:1/cam"  # refused at once; the stream keeps retrying, cheaply
@@ -254,20 +254,6 @@ async def test_probes_metrics_and_draining(svc: LiveService, rtsp_server: RtspSe
     assert_error(await svc.call("DELETE", "/api/streams/m1"), 503, "shutting down")
     assert (await svc.call("GET", "/api/streams/m1")).status == 200
     svc.service.context.draining = False
-
-
-async def read_sse(response: aiohttp.ClientResponse, into: list[dict[str, Any]]) -> None:
-    """Parse server-sent events until the response ends."""
-    event: dict[str, Any] = {}
-    async for raw in response.content:
-        line = raw.decode().rstrip("\n")
-        if not line:
-            if "event" in event:
-                into.append(event)
-            event = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(": ")
-            event[name] = json.loads(value) if name == "data" else value
 
 
 async def test_events_reach_a_viewer_and_end_with_the_stream(svc: LiveService, rtsp_server: RtspServer) -> None:

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import nats
 import pytest
 
@@ -28,6 +27,7 @@ from realtime.config import Config, ConfigError, load_config
 from realtime.config_checks import config_vlm_problems
 from tests.service.conftest import LiveService, live_service, make_config
 from tests.support.cli import one_error_line, vidsentry
+from tests.support.sse import read_sse
 from tests.support.vllm_sim import VllmSimulator
 from tests.support.waiting import wait_until
 
@@ -78,19 +78,6 @@ async def svc(
 
 def clip(vtest_avi: Path, stream_id: str, **extra: Any) -> dict[str, Any]:
     return {"id": stream_id, "url": str(vtest_avi), "audio": False, "detect_fps": 2, **extra}
-
-
-async def read_sse(response: aiohttp.ClientResponse, into: list[dict[str, Any]]) -> None:
-    event: dict[str, Any] = {}
-    async for raw in response.content:
-        line = raw.decode().rstrip("\n")
-        if not line:
-            if "event" in event:
-                into.append(event)
-            event = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(": ")
-            event[name] = json.loads(value) if name == "data" else value
 
 
 async def test_descriptions_reach_nats_and_sse_with_the_prefix_cached(
