@@ -21,8 +21,8 @@ from realtime.bus.jetstream import STREAM_NAME, desired_config
 from tests.realtime.bus.jetstream_log import stored_events
 from tests.service.conftest import FAST_SUPERVISOR
 from tests.service.serve_process import ServeProcess, http, poll, write_config
-from tests.service.test_serve_command import stored_bodies
 from tests.support.cli import vidsentry
+from tests.support.nats import stored_bodies
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -7,7 +7,6 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import nats
 import pytest
 
 from engines.registry import create_detector
@@ -19,6 +18,7 @@ from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.sources.supervisor import SupervisorPolicy
 from realtime.streams.runner import StreamRunner
+from tests.support.nats import stored_messages
 from tests.support.rtsp import RtspServer
 from tests.support.streams import camera_spec
 from tests.support.waiting import wait_until
@@ -92,19 +92,7 @@ async def test_bad_sources_never_take_down_a_good_one(
 
 
 async def stored_states(url: str, stream_id: str) -> list[str]:
-    nc = await nats.connect(url)
-    try:
-        js = nc.jetstream()
-        sub = await js.subscribe(f"vidsentry.{stream_id}.status", ordered_consumer=True)
-        states = []
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=1.0)
-            except nats.errors.TimeoutError:
-                return states
-            states.append(json.loads(msg.data)["state"])
-    finally:
-        await nc.close()
+    return [json.loads(msg.data)["state"] for msg in await stored_messages(url, f"vidsentry.{stream_id}.status")]
 
 
 @pytest.mark.parametrize("ingest", ["pyav", "gstreamer"])
