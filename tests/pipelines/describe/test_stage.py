@@ -84,14 +84,18 @@ def frame(seq: int) -> VideoFrame:
 
 @asynccontextmanager
 async def describer(
-    sim: VllmSimulator, settings: DescribeSettings = FAST, rules: tuple[VlmRule, ...] = (), **client: Any
+    sim: VllmSimulator,
+    settings: DescribeSettings = FAST,
+    rules: tuple[VlmRule, ...] = (),
+    off: frozenset[str] = frozenset(),
+    **client: Any,
 ) -> AsyncIterator[Harness]:
     """The describer as a stream's graph builds it (its rules from the stream's), over `sim`."""
     vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model, **client))
     try:
         async with DetectionBatcher(Boxes()) as batcher:
             engines = SharedEngines(batcher, opened={DESCRIPTIONS.name: DescribeEngine(vlm, sim.model, settings)})
-            async with one_stage(build, engines, stage_spec(rules=rules)) as one:
+            async with one_stage(build, engines, stage_spec(rules=rules, off=off)) as one:
                 yield Harness(one, vlm)
     finally:
         await vlm.aclose()
@@ -285,21 +289,10 @@ async def test_a_stream_with_descriptions_off_only_asks_its_questions(describe: 
         [{"id": "q", "type": "vlm", "question": "Is the door open?", "cadence_s": 1.0}]
     )
     assert isinstance(rule, VlmRule)
-    async with VllmSimulator() as sim:
-        vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model))
-        events = ListSink()
-        mailbox = FrameMailbox(asyncio.get_running_loop())
-        stage = DescribeStage(
-            "cam", mailbox, DescribeEngine(vlm, sim.model, FAST), ObservedSink(events), rules=(rule,), describe=describe
-        )
-        task = asyncio.create_task(stage.run())
-        for seq in range(60):
-            mailbox.put(frame(seq))
-            await asyncio.sleep(WALL_STEP_S)
-        mailbox.close()
-        await asyncio.wait_for(task, 5)
-        await vlm.aclose()
-    assert stage.stats.checks >= 3 and stage.stats.descriptions == 0
+    off = frozenset() if describe else frozenset({"describe"})  # the stream's switch, as its settings set it
+    async with VllmSimulator() as sim, describer(sim, rules=(rule,), off=off) as h:
+        await h.feed(60)
+    assert h.stage.stats.checks >= 3 and h.stage.stats.descriptions == 0
     assert all("Question:" in b["messages"][-1]["content"][-1]["text"] for b in sim.requests)
 
 
