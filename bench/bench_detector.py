@@ -6,7 +6,7 @@ Writes bench/results/detector.json.
 
 Measures the bundled fall model (YOLOv8s, 640, batch 1) and nudenet 320n (batch 1 and 4). Each
 configuration runs for a time budget after a warm-up; figures are medians. On a shared machine only
-ratios within one run mean much (see DESIGN.md section 5).
+ratios within one run mean much (see docs/performance.md).
 """
 
 from __future__ import annotations

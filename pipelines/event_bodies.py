@@ -1,7 +1,7 @@
 """Per-kind event bodies: typed between stages, JSON at the bus edge (`Event.data`).
 
 Each body is a frozen dataclass holding the values as they go on the wire (rounded once, here),
-and `fields()` lays them out as the contract names and orders them (DESIGN.md; the CloudEvents
+and `fields()` lays them out as the contract names and orders them (docs/events.md; the CloudEvents
 contract tests compare bytes). Optional fields that are absent on the wire are None or empty here.
 The builders below make bodies from what the stages hold (a frame's result, a track's change, an
 alert's change, timed words).

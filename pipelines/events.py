@@ -3,7 +3,7 @@
 Between stages an event's body is typed (one dataclass per kind, `pipelines.event_bodies`): a
 stage reads `event.body` narrowed with `isinstance`, never a dict whose keys it must remember.
 The JSON object is made once, at the bus edge (`realtime.bus.cloudevents.encode`), from
-`Event.data`; field names and their order there are the wire contract (DESIGN.md).
+`Event.data`; field names and their order there are the wire contract (docs/events.md).
 """
 
 from __future__ import annotations

@@ -356,7 +356,7 @@ def clip_view(info: ClipInfo) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class ClipBody(EventBody):
-    """A finished clip: where it is and what it covers (DESIGN.md: id, span, bytes, codec, alert ids, links)."""
+    """A finished clip: where it is and what it covers (docs/events.md: id, span, bytes, codec, alert ids, links)."""
 
     kind: ClassVar[EventKind] = EventKind.CLIPS
     info: ClipInfo

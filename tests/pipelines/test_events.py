@@ -10,7 +10,7 @@ from realtime.webrtc.channel import CRITICAL, LATEST_ONLY
 def test_every_kind_is_declared_once_and_the_bus_and_channel_follow_the_declarations() -> None:
     assert set(KINDS) == set(EventKind)
     assert all(spec.kind is kind for kind, spec in KINDS.items())
-    # The contract (DESIGN.md §2, and the transcript of captions.md): these kinds are durable, the
+    # The contract (docs/events.md, Durability, and the transcript of captions.md): these kinds are durable, the
     # rest are best-effort.
     durable = ("tracks", "alerts", "captions", "transcript", "descriptions", "status", "clips")
     assert {k.value for k in DURABLE_KINDS} == set(durable)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any, get_args
 
 import pytest
+import yaml
+from pydantic import BaseModel
 
-from realtime.config import ConfigError, load_config
+from realtime.config import AnyStreamSettings, Config, ConfigError, load_config
 from realtime.config_yaml import MAX_CONFIG_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +27,34 @@ def test_sample_config_loads(sample_clip: Path, monkeypatch: pytest.MonkeyPatch)
     config = load_config(ROOT / "samples" / "vidsentry.yaml", environ={})
     assert [s.id for s in config.streams] == ["plaza"]
     assert config.nats.url is None and config.detector.engine == "auto"
+
+
+def settings(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
+    """Every setting of a config model as a dotted key; a section is its settings, not a key."""
+    for name, info in model.model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            yield from settings(info.annotation, f"{prefix}{name}.")
+        else:
+            yield prefix + name
+
+
+def keys(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    for name, value in data.items():
+        yield prefix + name
+        if isinstance(value, Mapping):
+            yield from keys(value, f"{prefix}{name}.")
+
+
+def test_the_sample_config_names_every_setting() -> None:
+    # The model as built (with each capability's section and stream switch): a setting added
+    # anywhere must show up in the sample, which is where users look for it.
+    sample = yaml.safe_load((ROOT / "samples" / "vidsentry.yaml").read_text())
+    named = set(keys({k: v for k, v in sample.items() if k != "streams"}))
+    named |= {f"streams.{key}" for stream in sample["streams"] for key in keys(stream)}
+    wanted = [key for key in settings(Config) if key != "streams"]
+    for stream_model in get_args(AnyStreamSettings):  # camera and webrtc
+        wanted += [key for key in settings(stream_model, "streams.") if key not in wanted]
+    assert [key for key in wanted if key not in named] == []
 
 
 def test_empty_config_is_valid(tmp_path: Path) -> None:

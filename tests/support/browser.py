@@ -2,8 +2,8 @@
 camera (vtest frames as a `.y4m`) and a fake microphone (espeak-ng speech as a `.wav`).
 
 No browser is ever downloaded (`playwright install` is never run): `executable_path` points at
-the Debian package's launcher. The flags follow ../shared/research/webrtc_browser.md: fake media
-devices fed from files, the permission prompt answered yes, nothing phoning home.
+the Debian package's launcher. The flags: fake media devices fed from files, the permission
+prompt answered yes, nothing phoning home.
 
 Import the fixtures into a conftest.py. The browser is launched once per test session on the
 session's event loop, so tests that use it run on that loop too

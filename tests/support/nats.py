@@ -6,15 +6,22 @@ Import the fixtures into a conftest.py:
 
 `nats_server` is a fresh server per test with its own store (use it to kill/restart or to count
 stream messages); `shared_nats_server` is one server per session for tests that only need a
-broker. Both always stop the process at teardown.
+broker. Both always stop the process at teardown. `stored_messages` and `stored_bodies` read back
+what JetStream holds on a subject.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import nats
+import nats.errors
 import pytest
+from nats.aio.msg import Msg
 
 from realtime.bus.embedded import EmbeddedNatsServer
 
@@ -36,3 +43,23 @@ def nats_server(tmp_path: Path) -> Iterator[EmbeddedNatsServer]:
 @pytest.fixture(scope="session")
 def shared_nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNatsServer]:
     yield from running_server(tmp_path_factory.mktemp("nats-store"))
+
+
+async def stored_messages(url: str, subject: str) -> list[Msg]:
+    """Every message JetStream holds on `subject`, oldest first (read until a second brings none)."""
+    nc = await nats.connect(url)
+    try:
+        sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
+        messages = []
+        while True:
+            try:
+                messages.append(await sub.next_msg(timeout=1.0))
+            except nats.errors.TimeoutError:
+                return messages
+    finally:
+        await nc.close()
+
+
+def stored_bodies(url: str, subject: str) -> list[dict[str, Any]]:
+    """The JSON bodies of `stored_messages`, from code that runs no event loop."""
+    return [json.loads(msg.data) for msg in asyncio.run(stored_messages(url, subject))]

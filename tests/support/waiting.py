@@ -4,7 +4,10 @@ never a timing assertion."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 async def wait_until(
@@ -17,5 +20,24 @@ async def wait_until(
                 if condition():
                     return
                 await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {within_s} s waiting for {what() if callable(what) else what}") from None
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    within_s: float = 10.0,
+    what: str | Callable[[], str] = "condition",
+    *,
+    every_s: float = 0.05,
+) -> T:
+    """Await `probe` every `every_s` until it returns something true (a reply over HTTP, say) and
+    return that; fail naming `what` after `within_s`."""
+    try:
+        async with asyncio.timeout(within_s):
+            while True:
+                if found := await probe():
+                    return found
+                await asyncio.sleep(every_s)
     except TimeoutError:
         raise AssertionError(f"timed out after {within_s} s waiting for {what() if callable(what) else what}") from None

@@ -28,6 +28,7 @@ from pipelines.rules.types import AlertChange, AlertEventKind
 from realtime.streams.runner import StreamRunner
 from tests.support.rtsp import RtspServer
 from tests.support.sinks import ListSink
+from tests.support.stage import stage_context, stage_spec
 from tests.support.streams import camera_spec
 
 
@@ -182,21 +183,12 @@ def test_captions_become_webvtt_on_the_clips_time() -> None:
 
 async def test_a_stream_with_clips_off_keeps_no_packets(tmp_path: Path) -> None:
     from pipelines.clips.stage import STAGE_NAME, build
-    from pipelines.graph import FrameTee, ProcessingSpec, StageContext
-    from pipelines.graph.stage import ObservedSink
-    from pipelines.tracker import TrackerConfig
 
     settings = ClipsSettings(enabled=True, dir=tmp_path)
     engines = SharedEngines(None, opened={CLIPS.name: ClipEngine(ClipStore(tmp_path, 10**9, 3600), settings)})  # type: ignore[arg-type]
-
-    def context(off: frozenset[str]) -> StageContext:
-        spec = ProcessingSpec(stream_id="cam", audio=False, detect_fps=None, tracker=TrackerConfig(), rules=(),
-                              off=off)
-        return StageContext(spec, engines, ObservedSink(ListSink()), FrameTee(lossless=False), None)
-
-    on = context(frozenset())
+    on = stage_context(engines)
     assert build(on) is not None and on.packet_input is not None  # the source will hand it packets
-    off = context(frozenset({STAGE_NAME}))
+    off = stage_context(engines, stage_spec(off=frozenset({STAGE_NAME})))
     assert build(off) is None and off.packet_input is None
 
 

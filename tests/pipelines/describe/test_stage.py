@@ -20,14 +20,18 @@ from pydantic import TypeAdapter
 
 from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
 from pipelines.describe.settings import DESCRIPTIONS, DescribeEngine, DescribeSettings
-from pipelines.describe.stage import DescribeStage
+from pipelines.describe.stage import DescribeStage, build
+from pipelines.detect import DetectionBatcher
 from pipelines.event_bodies import caption_event
-from pipelines.events import EventKind
+from pipelines.events import EventKind, EventSink
 from pipelines.frames import VideoFrame
+from pipelines.graph import SharedEngines
 from pipelines.graph.stage import ObservedSink
 from pipelines.mailbox import FrameMailbox
 from pipelines.rules.specs import RuleList, VlmRule
+from tests.pipelines.test_graph import Boxes
 from tests.support.sinks import ListSink
+from tests.support.stage import OneStage, one_stage, stage_spec
 from tests.support.vllm_sim import VllmSimulator
 from tests.support.waiting import wait_until
 
@@ -38,18 +42,27 @@ WALL_STEP_S = 0.02  # five times faster than real time
 
 @dataclass
 class Harness:
-    stage: DescribeStage
-    mailbox: FrameMailbox
-    sink: ObservedSink
-    events: ListSink
+    one: OneStage[DescribeStage]
     client: VlmClient
-    task: asyncio.Task[None]
     seq: int = 0
     shade: list[int] = field(default_factory=lambda: [0])
 
+    @property
+    def stage(self) -> DescribeStage:
+        return self.one.stage
+
+    @property
+    def events(self) -> ListSink:
+        return self.one.events
+
+    @property
+    def sink(self) -> EventSink:
+        """The stream's sink as its stages see it: what another stage publishes, the describer observes."""
+        return self.one.context.sink
+
     async def feed(self, count: int, *, until: Callable[[], bool] | None = None) -> None:
         for _ in range(count):
-            self.mailbox.put(frame(self.seq))
+            self.one.frame(frame(self.seq))
             self.seq += 1
             await asyncio.sleep(WALL_STEP_S)
             if until is not None and until():
@@ -71,21 +84,20 @@ def frame(seq: int) -> VideoFrame:
 
 @asynccontextmanager
 async def describer(
-    sim: VllmSimulator, settings: DescribeSettings = FAST, rules: tuple[VlmRule, ...] = (), **client: Any
+    sim: VllmSimulator,
+    settings: DescribeSettings = FAST,
+    rules: tuple[VlmRule, ...] = (),
+    off: frozenset[str] = frozenset(),
+    **client: Any,
 ) -> AsyncIterator[Harness]:
+    """The describer as a stream's graph builds it (its rules from the stream's), over `sim`."""
     vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model, **client))
-    events = ListSink()
-    sink = ObservedSink(events)
-    mailbox = FrameMailbox(asyncio.get_running_loop())
-    stage = DescribeStage("cam", mailbox, DescribeEngine(vlm, sim.model, settings), sink, rules=rules)
-    sink.observers.append(stage.observe)
-    task = asyncio.create_task(stage.run())
-    harness = Harness(stage, mailbox, sink, events, vlm, task)
     try:
-        yield harness
+        async with DetectionBatcher(Boxes()) as batcher:
+            engines = SharedEngines(batcher, opened={DESCRIPTIONS.name: DescribeEngine(vlm, sim.model, settings)})
+            async with one_stage(build, engines, stage_spec(rules=rules, off=off)) as one:
+                yield Harness(one, vlm)
     finally:
-        mailbox.close()
-        await asyncio.wait_for(task, 10)
         await vlm.aclose()
 
 
@@ -277,21 +289,10 @@ async def test_a_stream_with_descriptions_off_only_asks_its_questions(describe: 
         [{"id": "q", "type": "vlm", "question": "Is the door open?", "cadence_s": 1.0}]
     )
     assert isinstance(rule, VlmRule)
-    async with VllmSimulator() as sim:
-        vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model))
-        events = ListSink()
-        mailbox = FrameMailbox(asyncio.get_running_loop())
-        stage = DescribeStage(
-            "cam", mailbox, DescribeEngine(vlm, sim.model, FAST), ObservedSink(events), rules=(rule,), describe=describe
-        )
-        task = asyncio.create_task(stage.run())
-        for seq in range(60):
-            mailbox.put(frame(seq))
-            await asyncio.sleep(WALL_STEP_S)
-        mailbox.close()
-        await asyncio.wait_for(task, 5)
-        await vlm.aclose()
-    assert stage.stats.checks >= 3 and stage.stats.descriptions == 0
+    off = frozenset() if describe else frozenset({"describe"})  # the stream's switch, as its settings set it
+    async with VllmSimulator() as sim, describer(sim, rules=(rule,), off=off) as h:
+        await h.feed(60)
+    assert h.stage.stats.checks >= 3 and h.stage.stats.descriptions == 0
     assert all("Question:" in b["messages"][-1]["content"][-1]["text"] for b in sim.requests)
 
 
@@ -352,9 +353,7 @@ async def test_a_vlm_alert_across_a_reconnect_ends_after_it_started_and_the_stre
     # frame loop's alert and the describer's.
     from pipelines import frame_loop
     from pipelines.describe import stage as describe_stage
-    from pipelines.detect import DetectionBatcher
-    from pipelines.graph import SharedEngines, StreamGraph
-    from tests.pipelines.test_graph import Boxes, spec
+    from pipelines.graph import StreamGraph
 
     camera = ReconnectingCamera()
 
@@ -381,7 +380,7 @@ async def test_a_vlm_alert_across_a_reconnect_ends_after_it_started_and_the_stre
         vlm = create_vlm_client(VlmSettings(endpoints=(sim.url,), model=sim.model))
         engines = SharedEngines(batcher, opened={DESCRIPTIONS.name: DescribeEngine(vlm, sim.model, FAST)})
         graph = StreamGraph(
-            spec(rules=tuple(rules), off=frozenset({"describe"})), camera,
+            stage_spec(rules=tuple(rules), off=frozenset({"describe"})), camera,
             [frame_loop.build, describe_stage.build], engines, sink,
         )
         running = asyncio.create_task(graph.run())

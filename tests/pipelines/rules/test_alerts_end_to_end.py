@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import cv2
-import nats
 import numpy as np
 from nats.aio.msg import Msg
 
@@ -20,6 +19,7 @@ from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.streams.runner import StreamRunner
+from tests.support.nats import stored_messages
 from tests.support.streams import camera_spec
 
 CONTRACT = {"alert_id", "rule_id", "rule_type", "event", "severity", "track_ids", "class", "evidence",
@@ -27,17 +27,7 @@ CONTRACT = {"alert_id", "rule_id", "rule_type", "event", "severity", "track_ids"
 
 
 async def stored_alerts(url: str, stream_id: str) -> list[Msg]:
-    nc = await nats.connect(url)
-    try:
-        sub = await nc.jetstream().subscribe(f"vidsentry.{stream_id}.alerts", ordered_consumer=True)
-        messages = []
-        while True:
-            try:
-                messages.append(await sub.next_msg(timeout=1.0))
-            except nats.errors.TimeoutError:
-                return messages
-    finally:
-        await nc.close()
+    return await stored_messages(url, f"vidsentry.{stream_id}.alerts")
 
 
 async def test_alert_start_and_end_reach_jetstream_with_a_stored_snapshot(

@@ -51,13 +51,16 @@ async def test_thirty_second_outage_loses_and_duplicates_nothing(
                     rate=RATE_PER_STREAM, next_event=next_event, with_detections=True,
                 )
                 tg.create_task(paced, name=f"camera-{stream}")
-            await asyncio.sleep(2.0)
+            await wait_until(lambda: pub.stats.totals().acked >= 50, 10, "a second of events acked before the outage")
             nats_server.kill()
-            await asyncio.sleep(OUTAGE_S)
+            # The outage lasts as long as it takes to produce OUTAGE_S of events, which all queue on disk.
+            queued = RATE_PER_STREAM * len(STREAMS) * OUTAGE_S
+            await wait_until(lambda: pub.stats.outbox_depth >= queued, 3 * OUTAGE_S, f"{OUTAGE_S:g} s of events queued")
             during = pub.stats
             nats_server.restart()
             await wait_until(lambda: pub.connected, within_s=20, what="publisher reconnected")
-            await asyncio.sleep(3.0)  # production goes on while the outbox drains
+            # Production goes on while the outbox drains.
+            await wait_until(lambda: pub.stats.outbox_depth == 0, 30, "the outbox drained")
             stop.set()
         assert await pub.flush(30)
 

@@ -16,6 +16,7 @@ from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import STREAM_NAME
 from realtime.bus.outbox import Outbox, OutboxWriteError
 from realtime.bus.publisher import NatsEventPublisher
+from tests.support.delivery import RecordingHooks
 from tests.support.waiting import wait_until
 
 from .jetstream_log import assert_exactly_once_in_order, stored_events
@@ -148,17 +149,9 @@ async def test_a_full_outbox_keeps_alerts_and_counts_what_it_drops(
 async def test_a_disk_that_refuses_writes_hands_the_event_to_the_hooks(
     nats_server: EmbeddedNatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lost: list[str] = []
-
-    class Hooks:
-        def on_acked(self, msg: WireMessage, delay_s: float, duplicate: bool) -> None:
-            pass
-
-        def on_undeliverable(self, msg: WireMessage, error: BaseException) -> None:
-            lost.append(type(error).__name__)
-
+    hooks = RecordingHooks()
     pub = outbox_publisher(nats_server.url, tmp_path / "outbox")
-    pub.hooks = Hooks()
+    pub.hooks = hooks
     await pub.connect()
     try:
         nats_server.kill()
@@ -170,7 +163,7 @@ async def test_a_disk_that_refuses_writes_hands_the_event_to_the_hooks(
         assert pub.outbox is not None
         monkeypatch.setattr(pub.outbox, "append", disk_full)
         await pub.publish(event(EventKind.CAPTIONS, text="lost"))  # must not raise
-        assert lost == ["OutboxWriteError"]
+        assert hooks.errors == ["OutboxWriteError"]
         assert pub.stats.kind("captions").failed == 1
     finally:
         await pub.close()
@@ -197,17 +190,9 @@ async def test_unsent_publishes_nats_py_holds_after_a_disconnect_can_be_discarde
 async def test_a_queued_event_the_broker_refuses_does_not_block_the_rest(
     nats_server: EmbeddedNatsServer, tmp_path: Path
 ) -> None:
-    lost: list[str] = []
-
-    class Hooks:
-        def on_acked(self, msg: WireMessage, delay_s: float, duplicate: bool) -> None:
-            pass
-
-        def on_undeliverable(self, msg: WireMessage, error: BaseException) -> None:
-            lost.append(type(error).__name__)
-
+    hooks = RecordingHooks()
     pub = outbox_publisher(nats_server.url, tmp_path / "outbox")
-    pub.hooks = Hooks()
+    pub.hooks = hooks
     await pub.connect()
     try:
         nats_server.kill()
@@ -219,7 +204,7 @@ async def test_a_queued_event_the_broker_refuses_does_not_block_the_rest(
         nats_server.restart()
         assert await pub.flush(30)
         assert [s.event_id for s in await stored_events(nats_server.url)] == [fine.id]
-        assert lost == ["MaxPayloadError"]
+        assert hooks.errors == ["MaxPayloadError"]
         assert pub.stats.kind("descriptions").failed == 1
     finally:
         await pub.close()

@@ -14,10 +14,10 @@ from pipelines.events import DURABLE_KINDS, EventKind, EventSink
 from pipelines.frames import InvalidStreamId
 from realtime.bus.cloudevents import parse_rfc3339
 from realtime.bus.connection import BusUnavailable
-from realtime.bus.delivery import WireMessage
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import DURABLE_SUBJECTS, STREAM_NAME
 from realtime.bus.publisher import NatsEventPublisher
+from tests.support.delivery import RecordingHooks
 from tests.support.waiting import wait_until
 
 from .util import event, inspector
@@ -262,26 +262,16 @@ async def test_outstanding_acks_are_bounded(nats_server: EmbeddedNatsServer) -> 
 
 
 async def test_hooks_see_acks_and_undeliverable_messages(nats_server: EmbeddedNatsServer) -> None:
-    acked: list[tuple[str, bool]] = []
-    lost: list[tuple[str, str]] = []
-
-    class Hooks:
-        def on_acked(self, msg: WireMessage, delay_s: float, duplicate: bool) -> None:
-            assert delay_s >= 0
-            acked.append((msg.event_id, duplicate))
-
-        def on_undeliverable(self, msg: WireMessage, error: BaseException) -> None:
-            lost.append((msg.event_id, type(error).__name__))
-
-    pub = NatsEventPublisher(nats_server.url, hooks=Hooks())
+    hooks = RecordingHooks()
+    pub = NatsEventPublisher(nats_server.url, hooks=hooks)
     await pub.connect()
     ev = event(EventKind.DESCRIPTIONS, text="two people walking")
     await pub.publish(ev)
     await pub.publish(ev)
     await pub.close()
     await pub.publish(event(EventKind.STATUS, state="stopped"))  # after close: counted, handed over
-    assert acked == [(ev.id, False), (ev.id, True)]
-    assert len(lost) == 1 and lost[0][1] == "PublisherClosedError"
+    assert hooks.acked == [(ev.id, False), (ev.id, True)]
+    assert hooks.errors == ["PublisherClosedError"]
     assert pub.stats.kind("status").failed == 1
 
 
@@ -304,16 +294,8 @@ async def test_close_drains_everything_published(nats_server: EmbeddedNatsServer
 
 
 async def test_transport_failures_are_counted_not_raised(nats_server: EmbeddedNatsServer) -> None:
-    lost: list[str] = []
-
-    class Hooks:
-        def on_acked(self, msg: WireMessage, delay_s: float, duplicate: bool) -> None:
-            pass
-
-        def on_undeliverable(self, msg: WireMessage, error: BaseException) -> None:
-            lost.append(type(error).__name__)
-
-    pub = NatsEventPublisher(nats_server.url, hooks=Hooks())
+    hooks = RecordingHooks()
+    pub = NatsEventPublisher(nats_server.url, hooks=hooks)
     await pub.connect()
     try:
         too_big = "x" * (2 * 1024 * 1024)  # over the server's 1 MiB max_payload
@@ -325,7 +307,7 @@ async def test_transport_failures_are_counted_not_raised(nats_server: EmbeddedNa
         assert stats.kind("descriptions").failed == 1
         assert stats.kind("descriptions").acked == 1
         assert stats.kind("detections").failed == 1
-        assert lost == ["MaxPayloadError"]
+        assert hooks.errors == ["MaxPayloadError"]
         assert stats.last_error is not None and "MaxPayloadError" in stats.last_error
     finally:
         await pub.close()

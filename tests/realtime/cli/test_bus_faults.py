@@ -19,8 +19,8 @@ from nats.js.api import StreamConfig
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import STREAM_NAME, desired_config
 from tests.realtime.bus.jetstream_log import stored_events
-from tests.realtime.cli.test_serve_command import stored_bodies
 from tests.support.cli import vidsentry
+from tests.support.nats import stored_bodies
 from tests.support.serve_process import ServeProcess, http, poll, write_config
 from tests.support.service import FAST_SUPERVISOR
 

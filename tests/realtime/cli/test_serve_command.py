@@ -2,41 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
-
-import nats
-import nats.errors
 
 from realtime.bus.embedded import EmbeddedNatsServer
+from tests.support.nats import stored_bodies
 from tests.support.serve_process import ROOT, ServeProcess, http, poll, write_config
 from tests.support.service import FAST_SUPERVISOR
-
-
-def stored_bodies(url: str, subject: str) -> list[dict[str, Any]]:
-    """Every message JetStream holds on `subject`, oldest first."""
-
-    async def read() -> list[dict[str, Any]]:
-        nc = await nats.connect(url)
-        try:
-            sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
-            bodies = []
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=1.0)
-                except nats.errors.TimeoutError:
-                    return bodies
-                bodies.append(json.loads(msg.data))
-        finally:
-            await nc.close()
-
-    return asyncio.run(read())
 
 
 def usage_error(proc: subprocess.CompletedProcess[str]) -> str:

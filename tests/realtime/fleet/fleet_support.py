@@ -155,6 +155,13 @@ class EventRecorder:
         with self._lock:
             return list(self.events)
 
+    def detections_since(self, since: float, streams: list[str], count: int = 1) -> list[Seen] | None:
+        """The detections events recorded after `since` (monotonic), once each of `streams` has
+        `count` of them; None until then (for `poll`)."""
+        seen = [e for e in self.snapshot() if e.kind == "detections" and e.at > since]
+        ready = all(sum(e.stream_id == sid for e in seen) >= count for sid in streams)
+        return seen if ready else None
+
     async def _run(self) -> None:
         nc = await nats.connect(self.url)
 

@@ -85,7 +85,8 @@ def test_a_worker_does_not_claim_what_its_sources_policy_refuses(
                 await put_raw(nc, "trust", key, {"id": key, "url": url})
             run = asyncio.create_task(worker.run())
             await wait_until(lambda: "allowed" in worker.registry, 10, "the allowed stream is claimed")
-            await asyncio.sleep(1.5)  # three more claim rounds
+            rounds = worker.counters.claim_rounds
+            await wait_until(lambda: worker.counters.claim_rounds >= rounds + 3, 10, "three more claim rounds")
             assert [sid for sid in written if sid in worker.registry] == ["allowed"]
             assert worker.keeper is not None and worker.keeper.held() == ["allowed"]
             views = {v["id"]: v for v in worker.views()}

@@ -76,8 +76,9 @@ def test_streams_added_on_one_worker_run_once_spread_and_every_worker_lists_the_
     load = collections.Counter(owner for owner, _ in listings[0].values())
     assert sorted(load.values()) == [2, 2, 2], load  # even spread
     # Each stream runs on its owner only: its detections come from one node, with one lease revision.
-    time.sleep(2.5)
-    recent = [e for e in recorder.snapshot() if e.kind == "detections" and e.at > time.monotonic() - 2]
+    since = time.monotonic()
+    poll(lambda: recorder.detections_since(since, STREAMS, count=2) is not None, 10, "two detections of every stream")
+    recent = recorder.detections_since(since, STREAMS) or []
     for sid in STREAMS:
         sources = {(e.node, e.lease) for e in recent if e.stream_id == sid}
         assert len(sources) == 1 and next(iter(sources))[0] == listings[0][sid][0], (sid, sources)
@@ -131,13 +132,14 @@ def test_a_worker_paused_past_its_ttl_stops_publishing_as_owner_and_does_not_fig
     # by renewing what it held before the pause.
     poll(lambda: balanced(w0, 2), 2 * (TTL + RENEW + START_S), "every stream live and spread after the pause")
     listing = owners(w2)
-    time.sleep(2.5)
+    since = time.monotonic()
+    poll(lambda: recorder.detections_since(since, STREAMS, count=2) is not None, 10, "two detections of every stream")
     assert owners(w0) == listing  # settled: nobody fights over a stream
     events = recorder.snapshot()
     late = [e for e in events if e.node == "w2" and e.at > resumed_at + 0.5]
     assert not [e for e in late if e.lease in old_leases], "w2 published under a lease it lost"
     # No stream has two publishers now: one node and one lease revision each.
-    recent = [e for e in events if e.kind == "detections" and e.at > time.monotonic() - 2]
+    recent = [e for e in events if e.kind == "detections" and e.at > since]
     for sid in STREAMS:
         sources = {(e.node, e.lease) for e in recent if e.stream_id == sid}
         assert len(sources) == 1 and next(iter(sources))[0] == listing[sid][0], (sid, sources)

@@ -8,14 +8,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.support.rtsp import RtspServer
 from tests.support.service import LiveService, Reply, live_service, make_config
-from tests.support.waiting import wait_until
+from tests.support.sse import read_sse
+from tests.support.waiting import eventually, wait_until
 
 UNREACHABLE = "rtsp://127.0.0.1:1/cam"  # refused at once; the stream keeps retrying, cheaply
 
@@ -218,8 +218,15 @@ async def test_probes_metrics_and_draining(svc: LiveService, rtsp_server: RtspSe
 
     assert (await svc.call("POST", "/api/streams", json_body=camera(rtsp_server, "m1"))).status == 201
     await svc.wait_for_state("m1", "live", min_processed=3)
-    await asyncio.sleep(1.2)  # one frame-rate sample interval
-    reply = await svc.call("GET", "/metrics")
+
+    fps_in = 'vidsentry_stream_fps{stage="in",stream="m1"}'
+
+    async def with_a_frame_rate() -> Reply | None:  # two frame-rate samples apart: a rate, not a zero
+        reply = await svc.call("GET", "/metrics")
+        line = next((line for line in reply.body.splitlines() if line.startswith(fps_in)), "")
+        return reply if line and float(line.split()[-1]) > 0 else None
+
+    reply = await eventually(with_a_frame_rate, 10, "a frame rate for m1 in /metrics")
     assert reply.headers["Content-Type"].startswith("text/plain")
     text = reply.body
     for needle in (
@@ -243,7 +250,6 @@ async def test_probes_metrics_and_draining(svc: LiveService, rtsp_server: RtspSe
         "process_resident_memory_bytes",
     ):
         assert needle in text, needle
-    fps_in = 'vidsentry_stream_fps{stage="in",stream="m1"}'
     fps_line = next(line for line in text.splitlines() if line.startswith(fps_in))
     assert float(fps_line.split()[-1]) > 0
 
@@ -254,20 +260,6 @@ async def test_probes_metrics_and_draining(svc: LiveService, rtsp_server: RtspSe
     assert_error(await svc.call("DELETE", "/api/streams/m1"), 503, "shutting down")
     assert (await svc.call("GET", "/api/streams/m1")).status == 200
     svc.service.context.draining = False
-
-
-async def read_sse(response: aiohttp.ClientResponse, into: list[dict[str, Any]]) -> None:
-    """Parse server-sent events until the response ends."""
-    event: dict[str, Any] = {}
-    async for raw in response.content:
-        line = raw.decode().rstrip("\n")
-        if not line:
-            if "event" in event:
-                into.append(event)
-            event = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(": ")
-            event[name] = json.loads(value) if name == "data" else value
 
 
 async def test_events_reach_a_viewer_and_end_with_the_stream(svc: LiveService, rtsp_server: RtspServer) -> None:

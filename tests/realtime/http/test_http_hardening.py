@@ -12,6 +12,7 @@ import logging
 import resource
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from realtime.config import ConfigError, load_config
 from realtime.http.app import CONNECTION_STATS
 from realtime.http.headers import CONTENT_SECURITY_POLICY
 from realtime.http.hosts import HostPolicy
+from realtime.http.metrics import RENDER_TTL_S
 from realtime.logs import KeyValueFormatter
 from tests.realtime.http.test_api import assert_error
 from tests.support.serve_process import ServeProcess, write_config
@@ -359,7 +361,12 @@ def test_a_heartbeat_below_a_second_is_a_config_error(tmp_path: Path, value: str
 
 async def test_concurrent_scrapes_share_one_render(svc: LiveService) -> None:
     metrics = svc.service.metrics
-    await asyncio.sleep(1.1)  # past any render cached by an earlier request
+
+    def nothing_cached() -> bool:  # past any render cached by an earlier request
+        rendered = metrics._rendered
+        return metrics._rendering is None and (rendered is None or time.monotonic() - rendered[0] >= RENDER_TTL_S)
+
+    await wait_until(nothing_cached, 5, "the cached render to expire")
     before = metrics.renders
     replies = await asyncio.gather(*(svc.call("GET", "/metrics") for _ in range(20)))
     assert all(r.status == 200 for r in replies)

@@ -26,6 +26,7 @@ from tests.realtime.timeline.bodies import caption
 from tests.support.cli import one_error_line, vidsentry
 from tests.support.rtsp import RtspServer
 from tests.support.service import CaptionModels, LiveService, live_service, make_config
+from tests.support.sse import sse_events
 from tests.support.vllm_sim import VllmSimulator
 from tests.support.waiting import wait_until
 
@@ -161,15 +162,7 @@ async def test_with_the_timeline_off_search_says_so(detector: Detector,
 
 
 async def read_events(response: Any) -> list[tuple[str, Any]]:
-    events: list[tuple[str, Any]] = []
-    kind = ""
-    async for raw in response.content:
-        line = raw.decode().rstrip("\n")
-        if line.startswith("event: "):
-            kind = line[7:]
-        elif line.startswith("data: "):
-            events.append((kind, json.loads(line[6:])))
-    return events
+    return [(event["event"], event["data"]) async for event in sse_events(response)]
 
 
 async def test_ask_streams_an_answer_with_checked_citations(

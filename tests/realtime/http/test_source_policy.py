@@ -24,6 +24,7 @@ from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.sources.supervisor import UNTRUSTED_REASON
 from tests.support.service import LiveService, Reply, live_service, make_config
+from tests.support.sse import sse_events
 from tests.support.waiting import wait_until
 
 STRICT = {"allow_private_hosts": False, "allow_local_hosts": False, "local_dirs": []}
@@ -210,13 +211,9 @@ async def test_secrets_in_urls_never_come_back(
 
 async def read_status_events(response: aiohttp.ClientResponse, into: list[dict[str, Any]]) -> None:
     """The `data` of every `status` event of a server-sent event stream."""
-    kind = ""
-    async for raw in response.content:
-        line = raw.decode().rstrip("\n")
-        if line.startswith("event: "):
-            kind = line.removeprefix("event: ")
-        elif line.startswith("data: ") and kind == "status":
-            into.append(json.loads(line.removeprefix("data: ")))
+    async for event in sse_events(response):
+        if event["event"] == "status":
+            into.append(event["data"])
 
 
 async def test_by_default_cameras_on_private_networks_are_welcome_and_this_host_is_not(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from pipelines.events import EventKind
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.support.bodies import any_event
 from tests.support.service import LiveService, live_service, make_config
+from tests.support.sse import sse_events
 from tests.support.waiting import wait_until
 
 UNREACHABLE = "rtsp://127.0.0.1:1/cam"  # the stream exists and keeps retrying; only its events matter
@@ -32,18 +32,9 @@ class Viewer:
         self._task = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
-        event: dict[str, Any] = {}
-        async for raw in self.response.content:
-            line = raw.decode().rstrip("\n")
-            if not line:
-                if "event" in event:
-                    self.events.append(event)
-                event = {}
-            elif not line.startswith(":"):
-                name, _, value = line.partition(": ")
-                if name == "id":
-                    self.last_id = value
-                event[name] = json.loads(value) if name == "data" else value
+        async for event in sse_events(self.response):
+            self.last_id = event.get("id", self.last_id)
+            self.events.append(event)
 
     def seqs(self, kind: str = "alerts") -> list[int]:
         return [e["data"]["seq"] for e in self.events if e["event"] == kind and "seq" in e["data"]]

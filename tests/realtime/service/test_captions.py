@@ -21,9 +21,9 @@ from pipelines.captions.engine import CAPTIONS
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.support.peer import connect, load_frames, load_speech
 from tests.support.rtsp import RtspServer
-from tests.support.service import CaptionModels, LiveService, live_service, make_config
+from tests.support.service import CaptionModels, LiveService, Reply, live_service, make_config
 from tests.support.speech import script_prefix_wer, words_of
-from tests.support.waiting import wait_until
+from tests.support.waiting import eventually, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +99,12 @@ def assert_valid_webvtt(text: str, words: list[str]) -> None:
         start, end = h1 * 3600 + m1 * 60 + s1 + ms1 / 1000, h2 * 3600 + m2 * 60 + s2 + ms2 / 1000
         assert previous <= start < end
         previous = start
-    assert words_of(" ".join(block.split("\n")[2] for block in blocks[1:])) == words
+    assert vtt_words(text) == words
+
+
+def vtt_words(text: str) -> list[str]:
+    """The words of a WebVTT's cues, in order."""
+    return words_of(" ".join(" ".join(block.split("\n")[2:]) for block in text.strip("\n").split("\n\n")[1:]))
 
 
 async def test_a_browser_sessions_speech_is_captioned_on_the_channel_and_nats(
@@ -116,21 +121,27 @@ async def test_a_browser_sessions_speech_is_captioned_on_the_channel_and_nats(
         # The speech ends after 10 s: its last utterance is transcribed whole, on both paths.
         await peer.wait_for(lambda: bool(peer.of_kind("transcript")), 40, "a transcript on the DataChannel")
         await wait_until(lambda: bool(finals.transcripts), 10, "a transcript on NATS")
-        await asyncio.sleep(1.0)  # nothing more is said: the last events settle
+
+        async def vtt_as_kept() -> tuple[Reply, list[str]] | None:
+            """The WebVTT once it reads as what NATS delivered: the last events have settled."""
+            reply = await svc.call("GET", f"/api/streams/{peer.stream_id}/captions.vtt")
+            kept = words_of(finals.read_back())
+            return (reply, kept) if reply.status == 200 and vtt_words(reply.body) == kept else None
+
+        reply, kept = await eventually(vtt_as_kept, 10, "the WebVTT to read as the finals and transcripts on NATS")
         channel_finals = [m["body"] for m in peer.of_kind("captions")]
         assert [b["segment_id"] for b in channel_finals][:3] == [b["segment_id"] for b in finals.bodies][:3]
         assert peer.of_kind("partials"), "partials come before finals"
         elapsed = (await svc.stream(peer.stream_id))["counters"]["audio_seconds"]
         assert_finals_are_final(finals.bodies, within=(0.0, elapsed + 1.0))
         assert words_of(finals.text)[:4] == ["good", "morning", "this", "is"] or script_prefix_wer(finals.text) <= 0.3
-        reply = await svc.call("GET", f"/api/streams/{peer.stream_id}/captions.vtt")
-        assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/vtt")
+        assert reply.headers["Content-Type"].startswith("text/vtt")
         # The WebVTT reads what was kept: each transcript in place of the finals it replaces.
         segments = [b["segment_id"] for b in finals.bodies]
         for transcript in finals.transcripts:
             assert transcript["replaces"] and set(transcript["replaces"]) <= set(segments)
             assert transcript["model"] and transcript["words"] and transcript["revised"] in (True, False)
-        assert_valid_webvtt(reply.body, words_of(finals.read_back()))
+        assert_valid_webvtt(reply.body, kept)
         metrics = (await svc.call("GET", "/metrics")).body
         decodes = re.search(r"^vidsentry_asr_decodes_total ([0-9.e+]+)$", metrics, re.M)
         assert decodes and float(decodes.group(1)) > 0 and "vidsentry_asr_alive 1.0" in metrics
@@ -177,9 +188,13 @@ async def test_streams_without_captions_still_count_their_audio(svc: LiveService
     assert reply.status == 201
     await wait_until(lambda: svc.service.registry.runner("quiet") is not None, 10, "the run")
     await svc.wait_for_state("quiet", "live")
-    await asyncio.sleep(2.0)
-    counters = (await svc.stream("quiet"))["counters"]
-    assert counters["audio_seconds"] > 0 and counters["asr_decodes"] == 0 and counters["captions"] == 0
+
+    async def two_seconds_heard() -> dict[str, Any] | None:
+        counters: dict[str, Any] = (await svc.stream("quiet"))["counters"]
+        return counters if counters["audio_seconds"] >= 2.0 else None
+
+    counters = await eventually(two_seconds_heard, 20, "two seconds of the stream's audio counted")
+    assert counters["asr_decodes"] == 0 and counters["captions"] == 0
     assert (await svc.call("DELETE", "/api/streams/quiet")).status == 204
     unknown = await svc.call("GET", "/api/streams/nobody/captions.vtt")
     assert unknown.status == 404

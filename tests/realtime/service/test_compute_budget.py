@@ -5,7 +5,6 @@ and the stream counters. The real tiny.en, Silero VAD, people model and nats-ser
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from datetime import datetime
@@ -19,10 +18,11 @@ from engines.detector import Detector
 from engines.registry import create_detector
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.support.service import CaptionModels, live_service, make_config
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.slow
 
-SECONDS = 22.0  # of each stream: the narration starts within the first seconds
+MIN_PROCESSED = 11  # frames of each stream the detector itself processed, saturated as it is
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +79,19 @@ async def test_two_live_streams_keep_their_captions_while_detection_saturates(
                     "POST", "/api/streams", json_body={"id": stream_id, "url": str(sample_clip), "realtime": True}
                 )
                 assert reply.status == 201, reply
-            await asyncio.sleep(SECONDS)
-            counters = {s: (await svc.stream(s))["counters"] for s in streams}
+
+            async def under_way() -> dict[str, Any] | None:
+                """Each stream captioned (the narration starts within the first seconds) and its
+                detection saturated, with both models taking turns: what the test asserts on."""
+                counters = {s: (await svc.stream(s))["counters"] for s in streams}
+                models = (await svc.call("GET", "/api/compute")).body["models"]
+                ready = all(c.get("captions", 0) >= 3 and c.get("frames_predicted", 0) > 0
+                            and c.get("frames_processed", 0) >= MIN_PROCESSED for c in counters.values())
+                turns = min(models.get(m, {}).get("turns", 0) for m in ("speech recognizer", "detector"))
+                return counters if ready and turns > 10 else None
+
+            # Asked once a second: the service is saturated, and the asking is no part of the load.
+            counters = await eventually(under_way, 60, "both streams captioned with detection saturated", every_s=1.0)
             budget = (await svc.call("GET", "/api/compute")).body
             metrics = (await svc.call("GET", "/metrics", content_type=None)).body
             for stream_id in streams:
@@ -101,6 +112,6 @@ async def test_two_live_streams_keep_their_captions_while_detection_saturates(
         lags = word_lags(finals[stream_id])
         assert max(lags) < config.captions.max_lag_s, (stream_id, sorted(lags)[-5:])
         # Detection saturates (the model skips frames, the tracker carries them) but never starves.
-        assert c["frames_predicted"] > 0 and c["frames_processed"] >= SECONDS / 2, (stream_id, c)
+        assert c["frames_predicted"] > 0 and c["frames_processed"] >= MIN_PROCESSED, (stream_id, c)
         seen = detections[stream_id]
         assert seen.count("measured") >= c["frames_processed"] - 2 and "predicted" in seen
