@@ -4,10 +4,13 @@ A capability (captions, descriptions, segmentation, ...) is one package under `p
 `capability.py` that builds one `Capability`: the config section it owns and its model (the
 config schema takes every section from the registry), the engine every stream shares (opened
 once for the process, with its health and its metrics), the stage each stream gets and the
-per-stream switch that turns it off, the event kinds it publishes, and whether its model shares
-the detector's CPU (then the compute budget is on) and how much of it its model may take first.
-`pipelines.capabilities` lists them; the config, `serve`, `run`, the service, the engines bundle
-and `/metrics` iterate that list.
+per-stream switch that turns it off, the bodies of the event kinds it publishes (each declares
+its kind, and what the timeline keeps of it), the rule types it answers (each a model with its
+own `type`, which the config's rule union takes in), its service plugin (named by module, since
+`pipelines` cannot import the service), and whether its model shares the detector's CPU (then
+the compute budget is on) and how much of it its model may take first.
+`pipelines.capabilities` lists them; the config, `serve`, `run`, the service, the engines bundle,
+the event kinds, the timeline and `/metrics` iterate that list.
 
 An opener raises `CapabilityError` for what the user must fix (a missing model, a bad endpoint);
 the command turns it into its usage error, with the message as written here.
@@ -21,9 +24,10 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 from pipelines.compute import ComputeBudget
-from pipelines.events import EventKind
+from pipelines.events import EventBody, EventKind
 from pipelines.graph.engines import EngineKey
 from pipelines.graph.stage import StageFactory
+from pipelines.rules.specs import Rule
 from pipelines.sections import Section
 
 E = TypeVar("E")
@@ -76,6 +80,10 @@ def _no_samples(_engine: Any) -> Iterable[Sample]:
     return ()
 
 
+def _section_enabled(settings: Any) -> bool:
+    return bool(getattr(settings, "enabled", True))
+
+
 @dataclass(frozen=True, slots=True)
 class Capability(Generic[E, S]):
     key: EngineKey[E]  # its engine in `SharedEngines`; its name names the capability
@@ -83,7 +91,12 @@ class Capability(Generic[E, S]):
     settings: type[S]  # that section's model
     open: Callable[[S, OpenContext], AbstractAsyncContextManager[E | None]]  # None: off as configured
     build: StageFactory  # each stream's stage (None where the stream or the service has it off)
-    kinds: tuple[EventKind, ...] = ()  # the event kinds its stage publishes
+    bodies: tuple[type[EventBody], ...] = ()  # the bodies of the event kinds its stage publishes (each declares one)
+    rules: tuple[type[Rule], ...] = ()  # the rule types its stage answers (`streams[].rules[].type`)
+    # Its service plugin: the module (under `realtime`, which `pipelines` cannot import) whose
+    # `PLUGIN` is its `ServicePlugin`; None: it has no service parts.
+    service: str | None = None
+    configured_on: Callable[[S], bool] = _section_enabled  # on as its section says (its rules can be answered)
     shares_cpu: Callable[[S], bool] = _never  # as configured, its model runs on the CPU beside the detector
     # Its model is latency-critical: the most of the cores' recent time it takes first under the
     # compute budget, as configured (None: the compute section's bound).
@@ -95,3 +108,8 @@ class Capability(Generic[E, S]):
     @property
     def name(self) -> str:
         return self.key.name
+
+    @property
+    def kinds(self) -> tuple[EventKind, ...]:
+        """The event kinds its stage publishes, as its bodies declare them."""
+        return tuple(body.spec.kind for body in self.bodies)

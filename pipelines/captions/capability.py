@@ -24,7 +24,7 @@ from pipelines.captions.engine import (
     transcriber_claim,
 )
 from pipelines.compute import ComputeBudget
-from pipelines.events import EventKind
+from pipelines.event_bodies import CAPTIONS_BODIES
 
 
 def asr_threads() -> int:
@@ -108,7 +108,8 @@ CAPABILITY: Capability[CaptionEngine, CaptionsSettings] = Capability(
     settings=CaptionsSettings,
     open=open_captions,
     build=stage.build,
-    kinds=(EventKind.PARTIALS, EventKind.CAPTIONS, EventKind.TRANSCRIPT),
+    bodies=CAPTIONS_BODIES,
+    service="realtime.service.plugins.captions",
     shares_cpu=lambda settings: settings.enabled and settings.device != "cuda",
     critical_share=lambda settings: settings.cpu_share,
     hears=True,

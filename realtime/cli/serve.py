@@ -31,7 +31,7 @@ from realtime.cli.bootstrap import (
 )
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
 from realtime.config import Config, ConfigError, load_config
-from realtime.config_checks import config_class_problems, config_vlm_problems
+from realtime.config_checks import config_class_problems, config_rule_problems
 from realtime.fleet.options import fleet_options, with_flags
 from realtime.fleet.worker import DuplicateNode, FleetUnavailable
 from realtime.http import ListenError
@@ -97,7 +97,7 @@ async def serve_command(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     plan = plan_listen(args, config, os.environ)
     config = with_vlm_flag(config, args.vlm_url)
-    problems = config_vlm_problems(config)  # a question nobody can answer never fires
+    problems = config_rule_problems(config)  # a rule no capability is on to answer never fires
     if problems:
         raise CommandError(f"{args.config or 'environment'}: {problems}")
 

@@ -25,7 +25,7 @@ from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.cli.bootstrap import with_vlm_url
 from realtime.config import Config, ConfigError, load_config
-from realtime.config_checks import config_vlm_problems
+from realtime.config_checks import config_rule_problems
 from tests.service.conftest import LiveService, live_service, make_config
 from tests.support.cli import one_error_line, vidsentry
 from tests.support.vllm_sim import VllmSimulator
@@ -324,8 +324,8 @@ async def test_without_a_vlm_a_vlm_rule_is_refused_with_a_reason(
         assert "vlm.endpoints" in problem["message"]
         assert (await plain.call("GET", "/api/streams")).body["streams"] == []
     config = make_config(streams=[clip(vtest_avi, "cam", rules=rules)])
-    assert config_vlm_problems(config, vlm_enabled=True) is None
-    problem = config_vlm_problems(config, vlm_enabled=False)
+    assert config_rule_problems(config, on={"descriptions"}) is None
+    problem = config_rule_problems(config, on=())
     assert problem and problem.startswith("streams.0.rules.1.type: rule 'smoke'")
 
 

@@ -19,6 +19,8 @@ import pytest
 from pydantic import TypeAdapter
 
 from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
+from pipelines.capabilities import RuleList
+from pipelines.describe.rules import VlmRule
 from pipelines.describe.settings import DESCRIPTIONS, DescribeEngine, DescribeSettings
 from pipelines.describe.stage import DescribeStage
 from pipelines.event_bodies import caption_event
@@ -26,7 +28,6 @@ from pipelines.events import EventKind
 from pipelines.frames import VideoFrame
 from pipelines.graph.stage import ObservedSink
 from pipelines.mailbox import FrameMailbox
-from pipelines.rules.specs import RuleList, VlmRule
 from tests.support.sinks import ListSink
 from tests.support.vllm_sim import VllmSimulator
 from tests.support.waiting import wait_until
