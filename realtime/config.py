@@ -238,9 +238,31 @@ StreamSettings = Annotated[
     Annotated[CameraStreamSettings, Tag("camera")] | Annotated[WebRtcStreamSettings, Tag("webrtc")],
     Discriminator(_stream_kind),
 ]
-STREAM_SETTINGS: TypeAdapter[CameraStreamSettings | WebRtcStreamSettings] = TypeAdapter(StreamSettings)
 AnyStreamSettings = CameraStreamSettings | WebRtcStreamSettings
 _BUILT_WITH = tuple(CAPABILITIES)  # the capabilities the models above have
+
+
+class _StreamSettingsAdapter:
+    """One stream's settings as the registry stands when asked (the API's and the fleet's streams):
+    the models above, or those `stream_settings` builds while a capability is installed."""
+
+    def __init__(self) -> None:
+        self._built: tuple[tuple[Capability[Any, Any], ...], TypeAdapter[AnyStreamSettings]] | None = None
+
+    def _adapter(self) -> TypeAdapter[AnyStreamSettings]:
+        capabilities = tuple(CAPABILITIES)
+        if self._built is None or self._built[0] != capabilities:
+            self._built = (capabilities, TypeAdapter(stream_settings(capabilities)))
+        return self._built[1]
+
+    def validate_python(self, value: Any, *, strict: bool | None = None) -> AnyStreamSettings:
+        return self._adapter().validate_python(value, strict=strict)
+
+    def validate_json(self, value: str | bytes, *, strict: bool | None = None) -> AnyStreamSettings:
+        return self._adapter().validate_json(value, strict=strict)
+
+
+STREAM_SETTINGS = _StreamSettingsAdapter()
 
 
 class HttpSettings(Section):

@@ -323,4 +323,3 @@ if TYPE_CHECKING:
     RuleList = list[Rule]
 else:
     RuleList = rule_list(CORE_RULES)  # the core types only: the config's list has every capability's too
-
