@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from pipelines.compute import ComputeBudget
-from pipelines.events import EventBody, EventKind
+from pipelines.events import Event, EventBody, EventKind
 from pipelines.graph.engines import EngineKey
 from pipelines.graph.stage import StageFactory
 from pipelines.rules.specs import Rule
@@ -68,6 +68,31 @@ class StreamSwitch:
     help: str  # what it turns off, for the config schema and the docs
 
 
+class Printer(Protocol):
+    """What `vidsentry run` prints of a capability's events on stdout, and counts for its summary."""
+
+    def see(self, event: Event) -> list[str]: ...  # the lines this event completes (every event is shown)
+
+    def flush(self) -> list[str]: ...  # what is still held, at the end of the run
+
+    def counts(self) -> dict[str, int]: ...  # for the run's summary, by key
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """A flag of `run` and `serve` that wins over one key of the capability's section, checked as
+    the section checks it (`--vlm-url URL` is `vlm.endpoints: [URL]`)."""
+
+    name: str  # "--vlm-url"
+    help: str
+    key: str  # the section's key it sets
+    value: Callable[[str], Any] = str  # the key's value made of the flag's
+
+    @property
+    def dest(self) -> str:
+        return self.name.removeprefix("--").replace("-", "_")
+
+
 def _never(_settings: Any) -> bool:
     return False
 
@@ -97,6 +122,8 @@ class Capability(Generic[E, S]):
     # `PLUGIN` is its `ServicePlugin`; None: it has no service parts.
     service: str | None = None
     configured_on: Callable[[S], bool] = _section_enabled  # on as its section says (its rules can be answered)
+    printer: Callable[[S], Printer] | None = None  # what `run` prints of its events; None: nothing
+    flags: tuple[Flag, ...] = ()  # its flags of `run` and `serve`
     shares_cpu: Callable[[S], bool] = _never  # as configured, its model runs on the CPU beside the detector
     # Its model is latency-critical: the most of the cores' recent time it takes first under the
     # compute budget, as configured (None: the compute section's bound).

@@ -23,6 +23,7 @@ from pipelines.captions.engine import (
     recognizer_claim,
     transcriber_claim,
 )
+from pipelines.captions.printer import SpokenLines
 from pipelines.compute import ComputeBudget
 from pipelines.event_bodies import CAPTIONS_BODIES
 
@@ -113,6 +114,7 @@ CAPABILITY: Capability[CaptionEngine, CaptionsSettings] = Capability(
     shares_cpu=lambda settings: settings.enabled and settings.device != "cuda",
     critical_share=lambda settings: settings.cpu_share,
     hears=True,
+    printer=lambda settings: SpokenLines(transcript=settings.transcript),
     switch=StreamSwitch(stage.STAGE_NAME, "live captions of the audio (when captions.enabled and audio is on)"),
     samples=recognizer_samples,
 )

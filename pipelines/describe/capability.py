@@ -9,9 +9,10 @@ import logging
 from collections.abc import AsyncIterator, Iterable
 
 from engines.vlm.client import create_vlm_client
-from pipelines.capability import NO_BUDGET, Capability, CapabilityError, OpenContext, Sample, StreamSwitch
+from pipelines.capability import NO_BUDGET, Capability, CapabilityError, Flag, OpenContext, Sample, StreamSwitch
 from pipelines.describe import stage
 from pipelines.describe.config import VlmConfig
+from pipelines.describe.printer import DescriptionLines
 from pipelines.describe.rules import VlmRule
 from pipelines.describe.settings import DESCRIPTIONS, DescribeEngine
 from pipelines.event_bodies import DescriptionBody
@@ -75,6 +76,9 @@ CAPABILITY: Capability[DescribeEngine, VlmConfig] = Capability(
     rules=(VlmRule,),  # answered by its stage; a VLM must be configured for them
     service="realtime.service.plugins.descriptions",
     samples=vlm_samples,
+    printer=lambda _settings: DescriptionLines(),
+    flags=(Flag("--vlm-url", "vLLM (OpenAI-compatible) base URL for scene descriptions, e.g. http://vllm:8000/v1 "
+                "(overrides vlm.endpoints)", key="endpoints", value=lambda url: [url]),),
     switch=StreamSwitch(stage.STAGE_NAME, "rolling scene descriptions (when vlm.endpoints are set); vlm rules run "
                         "either way"),
 )
