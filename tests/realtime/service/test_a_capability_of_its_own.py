@@ -3,7 +3,8 @@
 with a route) are installed for these tests only, by `pipelines.capabilities.installed` in place
 of a line in `BUILT_IN`, and no project file names them: in the real service, with a real
 nats-server and the real detector, their events reach NATS (JetStream: the kind is durable) and an
-SSE viewer, their rule alerts, their route answers and the timeline finds them."""
+SSE viewer (and a browser session's DataChannel), their rule alerts, their route answers and the
+timeline finds them."""
 
 from __future__ import annotations
 
@@ -21,13 +22,16 @@ import pytest
 from engines.detector import Detector
 from engines.registry import create_detector
 from pipelines.capabilities import CAPABILITIES, installed
-from pipelines.events import KINDS, EventKind
+from pipelines.events import KINDS, Event, EventKind
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import durable_subjects
 from realtime.config import Config, config_model
 from realtime.config_checks import config_rule_problems
 from realtime.service.plugins import SERVICE_PLUGINS
 from realtime.timeline.entries import indexed_kinds
+from realtime.webrtc.channel import EventChannel
+from tests.realtime.webrtc.test_channel import FakeDataChannel, offer_all, settle
+from tests.support.chimes.body import ChimeBody
 from tests.support.chimes.capability import CAPABILITY as CHIMES
 from tests.support.waiting import wait_until
 
@@ -87,6 +91,19 @@ def test_installed_for_a_while_the_capability_is_in_every_list_and_then_in_none(
         Config.model_validate(
             {"streams": [{"id": "cam", "url": "rtsp://cam/1", "rules": [{"id": "b", "type": "chime", "sound": "x"}]}]}
         )
+
+
+async def test_a_browser_sessions_datachannel_carries_chimes(chimes: type[Config]) -> None:
+    channel, dc = EventChannel(max_buffered_bytes=1 << 20), FakeDataChannel()
+    channel.attach(dc)
+    runner = asyncio.create_task(channel.run())
+    try:
+        dc.open()
+        await offer_all(channel, [Event("s1", 1.5, 0.0, ChimeBody("bell", 3))])
+        await settle()
+    finally:
+        runner.cancel()
+    assert [(m["kind"], m["body"]["sound"]) for m in dc.sent] == [("chimes", "bell")]
 
 
 def test_uninstalled_it_is_gone() -> None:
