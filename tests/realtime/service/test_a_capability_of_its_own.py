@@ -118,7 +118,7 @@ def test_uninstalled_it_is_gone() -> None:
 def test_nothing_outside_its_package_names_it() -> None:
     named = [
         str(path.relative_to(ROOT))
-        for top in ("realtime", "pipelines", "engines", "docs", "samples")
+        for top in ("realtime", "pipelines", "engines", "samples")
         for path in (ROOT / top).rglob("*")
         if path.is_file() and path.suffix in (".py", ".md", ".yaml", ".js", ".html") and "chime" in path.read_text()
     ]
