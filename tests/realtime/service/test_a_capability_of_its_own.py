@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,6 +24,8 @@ from engines.detector import Detector
 from engines.registry import create_detector
 from pipelines.capabilities import CAPABILITIES, installed
 from pipelines.events import KINDS, Event, EventKind
+from pipelines.graph.engines import EngineKey
+from pipelines.rules.specs import CORE_RULES, rule_list
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import durable_subjects
 from realtime.config import Config, config_model
@@ -33,6 +36,7 @@ from realtime.webrtc.channel import EventChannel
 from tests.realtime.webrtc.test_channel import FakeDataChannel, offer_all, settle
 from tests.support.chimes.body import ChimeBody
 from tests.support.chimes.capability import CAPABILITY as CHIMES
+from tests.support.chimes.rule import ChimeRule
 from tests.support.waiting import wait_until
 
 try:  # where the tests' in-process service harness lives once the tree mirrors the source
@@ -212,3 +216,14 @@ async def test_chimes_work_end_to_end_in_the_service(
         refused = await svc.call("POST", "/api/streams", json_body=stream(vtest_avi, "other", rules=rules))
         assert refused.status == 400 and "a chime rule needs chimes" in refused.body["detail"][0]["message"]
         assert (await svc.call("DELETE", "/api/streams/cam")).status == 204
+
+
+def test_a_capability_or_a_kind_twice_is_refused() -> None:
+    with installed(CHIMES), pytest.raises(ValueError, match="in the registry twice"), installed(CHIMES):
+        pass
+    assert "chimes" not in [c.name for c in CAPABILITIES]
+    twice = dataclasses.replace(CHIMES, key=EngineKey("chimes-again"), section="again", switch=None, rules=())
+    with installed(CHIMES, twice), pytest.raises(ValueError, match="'chimes' is declared twice"):
+        list(EventKind)
+    with pytest.raises(ValueError, match="rule type is declared twice"):
+        rule_list((*CORE_RULES, ChimeRule, ChimeRule))
