@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from engines.types import Detections
-from pipelines.events import Delivery, Event, EventBody, Findable, KindSpec, NotFindable
+from pipelines.events import Delivery, Event, EventBody, Findable, KindSpec
 from pipelines.frames import FrameResult, StatusChange
 from pipelines.rules.types import AlertChange
 from pipelines.tracker import TrackEvent
@@ -174,9 +174,9 @@ class TrackBody(EventBody):
         return out
 
     @classmethod
-    def search(cls, data: Mapping[str, Any], *, stream_id: str, pts: float | None) -> Findable:
+    def search(cls, data: Mapping[str, Any], *, stream_id: str, pts: float | None) -> Findable | None:
         if data.get("event") != "end":
-            raise NotFindable("a track update (tracks are kept when they end)")
+            return None  # a track update: tracks are kept when they end
         first, last = search_number(data.get("first_seen_pts")), search_number(data.get("last_seen_pts"))
         seen = f"{last - first:.0f} s" if first is not None and last is not None else "briefly"
         text = f"{data.get('class')} track {data.get('track_id')} seen for {seen}"

@@ -121,10 +121,6 @@ class Findable:
     replaces: tuple[str, ...] = ()  # the event ids whose entries this one replaces
 
 
-class NotFindable(Exception):
-    """An event of a searchable kind that is not kept (a track update, a body without text)."""
-
-
 class EventBody:
     """One kind's body. Subclasses are frozen dataclasses whose fields are what stages read;
     `fields()` is the JSON object on the wire, in the contract's order. A body that is a kind
@@ -145,11 +141,11 @@ class EventBody:
         raise NotImplementedError
 
     @classmethod
-    def search(cls, data: Mapping[str, Any], *, stream_id: str, pts: float | None) -> Findable:
+    def search(cls, data: Mapping[str, Any], *, stream_id: str, pts: float | None) -> Findable | None:
         """What the timeline keeps of one event of this kind, read from its wire body `data` (as
-        stored, so no typed body is rebuilt); NotFindable when this one is not kept. A kind whose
-        body does not override this is not searched at all."""
-        raise NotFindable(f"{cls.__name__} is not searched")
+        stored, so no typed body is rebuilt); None when this one is not kept (a track update). A
+        kind whose body does not override this is not searched at all."""
+        return None
 
     @classmethod
     def searched(cls) -> bool:

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from pipelines.event_bodies import search_number
-from pipelines.events import KINDS, EventKind, NotFindable, body_of
+from pipelines.events import KINDS, EventKind, body_of
 
 MAX_TEXT_CHARS = 8192  # one entry's searchable text; a longer description is cut, not refused
 
@@ -71,10 +71,10 @@ def entry_of(event_id: str, kind: str, body: Mapping[str, Any]) -> Entry:
         stream_id = str(body["stream_id"])
         wall = _epoch(body["captured_at"])
         found = declared.search(body, stream_id=stream_id, pts=search_number(body.get("pts")))
-    except NotFindable as exc:
-        raise NotIndexed(str(exc)) from None
     except (KeyError, TypeError, ValueError) as exc:
         raise NotIndexed(f"{kind} event {event_id}: unreadable body ({exc.__class__.__name__}: {exc})") from None
+    if found is None:
+        raise NotIndexed(f"{kind} event {event_id}: not kept (its body says so: a track update, say)")
     text = " ".join(found.text.split())[:MAX_TEXT_CHARS]
     if not text:
         raise NotIndexed(f"{kind} event {event_id}: no text")
