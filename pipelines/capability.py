@@ -7,8 +7,9 @@ once for the process, with its health and its metrics), the stage each stream ge
 per-stream switch that turns it off, the bodies of the event kinds it publishes (each declares
 its kind, and what the timeline keeps of it), the rule types it answers (each a model with its
 own `type`, which the config's rule union takes in), its service plugin (named by module, since
-`pipelines` cannot import the service), and whether its model shares the detector's CPU (then
-the compute budget is on) and how much of it its model may take first.
+`pipelines` cannot import the service), what `vidsentry run` prints of its events, its flags of
+`run` and `serve`, and whether its model shares the detector's CPU (then the compute budget is on)
+and how much of it its model may take first.
 `pipelines.capabilities` lists them; the config, `serve`, `run`, the service, the engines bundle,
 the event kinds, the timeline and `/metrics` iterate that list.
 

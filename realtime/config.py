@@ -13,8 +13,8 @@ are refused everywhere. A config with no streams is valid. Every number has a ra
 each setting has both bounds (a timeout of 1e308 s, a count of 4,000 digits or a frame rate of
 1e308 is no setting). How the file is read without letting it cost more than a config should is
 realtime.config_yaml; how the environment overrides it, realtime.config_env; how its rules are
-checked against the model and the VLM, realtime.config_checks. An error message lists at most
-MAX_PROBLEMS_SHOWN problems, each cut to MAX_PROBLEM_CHARS on one line.
+checked against the model and the capabilities that answer them, realtime.config_checks. An error
+message lists at most MAX_PROBLEMS_SHOWN problems, each cut to MAX_PROBLEM_CHARS on one line.
 """
 
 from __future__ import annotations
