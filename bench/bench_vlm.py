@@ -56,6 +56,7 @@ from _common import ROOT, decode_frames, ensure_sample, pct, table, write_result
 
 from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
 from engines.vlm.types import VlmMessage, VlmRequest, VlmResponse, VlmText
+from pipelines.describe.rules import VlmRule
 from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from pipelines.describe.stage import DescribeStage
 from pipelines.describe.window import DescribeWindow, Item, WindowFrame, WindowRequest, WindowSpeech, stamp
@@ -64,7 +65,6 @@ from pipelines.events import Event, EventKind
 from pipelines.frames import VideoFrame
 from pipelines.graph.stage import ObservedSink
 from pipelines.mailbox import FrameMailbox
-from pipelines.rules.specs import VlmRule
 from tests.support.vllm_sim import VllmSimulator
 
 VTEST = ROOT / ".cache" / "samples" / "vtest.avi"

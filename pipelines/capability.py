@@ -4,10 +4,14 @@ A capability (captions, descriptions, segmentation, ...) is one package under `p
 `capability.py` that builds one `Capability`: the config section it owns and its model (the
 config schema takes every section from the registry), the engine every stream shares (opened
 once for the process, with its health and its metrics), the stage each stream gets and the
-per-stream switch that turns it off, the event kinds it publishes, and whether its model shares
-the detector's CPU (then the compute budget is on) and how much of it its model may take first.
-`pipelines.capabilities` lists them; the config, `serve`, `run`, the service, the engines bundle
-and `/metrics` iterate that list.
+per-stream switch that turns it off, the bodies of the event kinds it publishes (each declares
+its kind, and what the timeline keeps of it), the rule types it answers (each a model with its
+own `type`, which the config's rule union takes in), its service plugin (named by module, since
+`pipelines` cannot import the service), what `vidsentry run` prints of its events, its flags of
+`run` and `serve`, and whether its model shares the detector's CPU (then the compute budget is on)
+and how much of it its model may take first.
+`pipelines.capabilities` lists them; the config, `serve`, `run`, the service, the engines bundle,
+the event kinds, the timeline and `/metrics` iterate that list.
 
 An opener raises `CapabilityError` for what the user must fix (a missing model, a bad endpoint);
 the command turns it into its usage error, with the message as written here.
@@ -18,13 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from pipelines.compute import ComputeBudget
 from pipelines.errors import PipelineError
-from pipelines.events import EventKind
+from pipelines.events import Event, EventBody, EventKind
 from pipelines.graph.engines import EngineKey
 from pipelines.graph.stage import StageFactory
+from pipelines.rules.specs import Rule
 from pipelines.sections import Section
 
 E = TypeVar("E")
@@ -65,6 +70,31 @@ class StreamSwitch:
     help: str  # what it turns off, for the config schema and the docs
 
 
+class Printer(Protocol):
+    """What `vidsentry run` prints of a capability's events on stdout, and counts for its summary."""
+
+    def see(self, event: Event) -> list[str]: ...  # the lines this event completes (every event is shown)
+
+    def flush(self) -> list[str]: ...  # what is still held, at the end of the run
+
+    def counts(self) -> dict[str, int]: ...  # for the run's summary, by key
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """A flag of `run` and `serve` that wins over one key of the capability's section, checked as
+    the section checks it (`--vlm-url URL` is `vlm.endpoints: [URL]`)."""
+
+    name: str  # "--vlm-url"
+    help: str
+    key: str  # the section's key it sets
+    value: Callable[[str], Any] = str  # the key's value made of the flag's
+
+    @property
+    def dest(self) -> str:
+        return self.name.removeprefix("--").replace("-", "_")
+
+
 def _never(_settings: Any) -> bool:
     return False
 
@@ -77,6 +107,10 @@ def _no_samples(_engine: Any) -> Iterable[Sample]:
     return ()
 
 
+def _section_enabled(settings: Any) -> bool:
+    return bool(getattr(settings, "enabled", True))
+
+
 @dataclass(frozen=True, slots=True)
 class Capability(Generic[E, S]):
     key: EngineKey[E]  # its engine in `SharedEngines`; its name names the capability
@@ -84,7 +118,14 @@ class Capability(Generic[E, S]):
     settings: type[S]  # that section's model
     open: Callable[[S, OpenContext], AbstractAsyncContextManager[E | None]]  # None: off as configured
     build: StageFactory  # each stream's stage (None where the stream or the service has it off)
-    kinds: tuple[EventKind, ...] = ()  # the event kinds its stage publishes
+    bodies: tuple[type[EventBody], ...] = ()  # the bodies of the event kinds its stage publishes (each declares one)
+    rules: tuple[type[Rule], ...] = ()  # the rule types its stage answers (`streams[].rules[].type`)
+    # Its service plugin: the module (under `realtime`, which `pipelines` cannot import) whose
+    # `PLUGIN` is its `ServicePlugin`; None: it has no service parts.
+    service: str | None = None
+    configured_on: Callable[[S], bool] = _section_enabled  # on as its section says (its rules can be answered)
+    printer: Callable[[S], Printer] | None = None  # what `run` prints of its events; None: nothing
+    flags: tuple[Flag, ...] = ()  # its flags of `run` and `serve`
     shares_cpu: Callable[[S], bool] = _never  # as configured, its model runs on the CPU beside the detector
     # Its model is latency-critical: the most of the cores' recent time it takes first under the
     # compute budget, as configured (None: the compute section's bound).
@@ -96,3 +137,8 @@ class Capability(Generic[E, S]):
     @property
     def name(self) -> str:
         return self.key.name
+
+    @property
+    def kinds(self) -> tuple[EventKind, ...]:
+        """The event kinds its stage publishes, as its bodies declare them."""
+        return tuple(body.spec.kind for body in self.bodies)

@@ -4,17 +4,20 @@ Each body is a frozen dataclass holding the values as they go on the wire (round
 and `fields()` lays them out as the contract names and orders them (docs/events.md; the CloudEvents
 contract tests compare bytes). Optional fields that are absent on the wire are None or empty here.
 The builders below make bodies from what the stages hold (a frame's result, a track's change, an
-alert's change, timed words).
+alert's change, timed words). A kind is declared by its body (`spec`), and a body that is worth
+finding again says what the timeline keeps of it (`search`, read from the stored wire body).
+`CORE_BODIES` are the kinds every build has; a capability lists its own (pipelines.capability).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from engines.types import Detections
-from pipelines.events import Event, EventBody, EventKind
+from pipelines.events import Delivery, Event, EventBody, Findable, KindSpec
 from pipelines.frames import FrameResult, StatusChange
 from pipelines.rules.types import AlertChange
 from pipelines.tracker import TrackEvent
@@ -33,6 +36,17 @@ def _pts(value: float | None) -> float | None:
 
 def class_name(names: Mapping[int, str], class_id: int) -> str:
     return names.get(class_id, str(class_id))
+
+
+MAX_SEARCH_WORDS = 2000  # words (or replaced ids) of one body the timeline reads; a longer list is cut
+
+
+def search_number(value: Any) -> float | None:
+    """A number of a stored body, for the timeline (None: absent, a bool, or not finite)."""
+    if value is None or isinstance(value, bool):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +78,7 @@ class DetectedObject:
 
 @dataclass(frozen=True, slots=True)
 class DetectionsBody(EventBody):
-    kind: ClassVar[EventKind] = EventKind.DETECTIONS
+    spec: ClassVar[KindSpec] = KindSpec("detections", durable=False, delivery=Delivery.LATEST)
     frame_seq: int
     width: int
     height: int
@@ -126,7 +140,7 @@ def detections_event(
 
 @dataclass(frozen=True, slots=True)
 class TrackBody(EventBody):
-    kind: ClassVar[EventKind] = EventKind.TRACKS
+    spec: ClassVar[KindSpec] = KindSpec("tracks", durable=True, delivery=Delivery.EVERY)
     event: str  # new | update | end (pipelines.tracker.LifecycleKind)
     track_id: int
     class_name: str
@@ -159,6 +173,17 @@ class TrackBody(EventBody):
             out["reason"] = self.reason
         return out
 
+    @classmethod
+    def search(cls, data: Mapping[str, Any], *, stream_id: str, pts: float | None) -> Findable | None:
+        if data.get("event") != "end":
+            return None  # a track update: tracks are kept when they end
+        first, last = search_number(data.get("first_seen_pts")), search_number(data.get("last_seen_pts"))
+        seen = f"{last - first:.0f} s" if first is not None and last is not None else "briefly"
+        text = f"{data.get('class')} track {data.get('track_id')} seen for {seen}"
+        if data.get("reason"):
+            text += f", {data['reason']}"
+        return Findable(text, first, last, {"track_id": data.get("track_id")})
+
 
 def track_event(
     stream_id: str, change: TrackEvent, names: Mapping[int, str], *, pts: float, captured_at: float
@@ -182,7 +207,7 @@ def track_event(
 
 @dataclass(frozen=True, slots=True)
 class StatusBody(EventBody):
-    kind: ClassVar[EventKind] = EventKind.STATUS
+    spec: ClassVar[KindSpec] = KindSpec("status", durable=True, delivery=Delivery.EVERY)
     state: str
     previous: str | None
     reason: str | None
@@ -215,7 +240,7 @@ def status_event(change: StatusChange, *, source: str) -> Event:
 
 @dataclass(frozen=True, slots=True)
 class AlertBody(EventBody):
-    kind: ClassVar[EventKind] = EventKind.ALERTS
+    spec: ClassVar[KindSpec] = KindSpec("alerts", durable=True, delivery=Delivery.CRITICAL)
     alert_id: str
     rule_id: str
     rule_type: str
@@ -247,6 +272,24 @@ class AlertBody(EventBody):
             out["duration_s"] = self.duration_s
         out["snapshot"] = self.snapshot
         return out
+
+    @classmethod
+    def search(cls, data: Mapping[str, Any], *, stream_id: str, pts: float | None) -> Findable:
+        evidence = data.get("evidence") if isinstance(data.get("evidence"), Mapping) else {}
+        assert isinstance(evidence, Mapping)
+        state = "started" if data.get("event") == "start" else "ended"
+        words = [f"alert {data.get('rule_id')} {state}", f"rule {data.get('rule_type')}"]
+        if data.get("class"):
+            words.append(str(data["class"]))
+        for key in ("question", "reason", "answer"):  # a VLM check says why in its own words
+            if isinstance(evidence.get(key), str):
+                words.append(evidence[key])
+        start = search_number(data.get("started_pts"))
+        end = search_number(data.get("ended_pts"))
+        extra = {"alert_id": str(data.get("alert_id")), "rule_id": str(data.get("rule_id")), "event": data.get("event")}
+        if isinstance(data.get("snapshot"), str):
+            extra["snapshot"] = data["snapshot"]  # the frame it fired on (the snapshot store's reference)
+        return Findable(". ".join(words), start if start is not None else pts, end, extra)
 
 
 def alert_event(stream_id: str, change: AlertChange, *, captured_at: float, snapshot: str | None) -> Event:
@@ -282,7 +325,7 @@ def alert_event(stream_id: str, change: AlertChange, *, captured_at: float, snap
 class PartialBody(EventBody):
     """Tentative text of the caption segment `segment_id`; a higher `revision` replaces it."""
 
-    kind: ClassVar[EventKind] = EventKind.PARTIALS
+    spec: ClassVar[KindSpec] = KindSpec("partials", durable=False, delivery=Delivery.LATEST)
     segment_id: str
     text: str
     start: float
@@ -358,11 +401,23 @@ class SpokenBody(EventBody):
 class CaptionBody(SpokenBody):
     """Final text of the caption segment `segment_id`: never changed afterwards."""
 
-    kind: ClassVar[EventKind] = EventKind.CAPTIONS
+    spec: ClassVar[KindSpec] = KindSpec("captions", durable=True, delivery=Delivery.CRITICAL)
     segment_id: str
 
     def fields(self) -> dict[str, Any]:
         return {"segment_id": self.segment_id, **self.spoken.fields(), "language": self.language, "model": self.model}
+
+    @classmethod
+    def search(cls, data: Mapping[str, Any], *, stream_id: str, pts: float | None) -> Findable:
+        words = [
+            ("".join(str(w["word"]).split()), float(w["start"]), float(w["end"]))
+            for w in list(data.get("words") or ())[:MAX_SEARCH_WORDS] if str(w["word"]).strip()
+        ]
+        # The text is the words joined by spaces, so a hit's position in it names the word, and `times`
+        # (each word's start and end, media seconds) its moment. Times only: the words are the text.
+        text = " ".join(w[0] for w in words) if words else str(data["text"])
+        times = [[round(start, 3), round(end, 3)] for _, start, end in words]
+        return Findable(text, search_number(data.get("start")), search_number(data.get("end")), {"times": times})
 
 
 def caption_event(
@@ -385,7 +440,8 @@ class TranscriptBody(SpokenBody):
     """An utterance (or a piece of a long one) as kept: decoded whole once it ended, replacing the
     caption segments `replaces` wherever captions are read back."""
 
-    kind: ClassVar[EventKind] = EventKind.TRANSCRIPT
+    spec: ClassVar[KindSpec] = KindSpec("transcript", durable=True, delivery=Delivery.CRITICAL)
+    found_as: ClassVar[str | None] = "captions"  # kind filters and links are the captions'
     utterance_id: str
     replaces: tuple[str, ...]
     revised: bool  # False: the whole decode failed or looked wrong, and the finals' words are repeated
@@ -401,6 +457,15 @@ class TranscriptBody(SpokenBody):
             "language": self.language,
             "model": self.model,
         }
+
+    @classmethod
+    def search(cls, data: Mapping[str, Any], *, stream_id: str, pts: float | None) -> Findable:
+        """Found as the captions it replaces wherever captions are read back (kind filters and links
+        are the same)."""
+        said = CaptionBody.search(data, stream_id=stream_id, pts=pts)
+        replaced = list(data.get("replaces") or ())[:MAX_SEARCH_WORDS]
+        replaces = tuple(caption_event_id(stream_id, str(s)) for s in replaced)
+        return Findable(said.text, said.start, said.end, {**said.extra, "transcript": True}, replaces)
 
 
 def transcript_event(
@@ -434,7 +499,7 @@ def transcript_event(
 class DescriptionBody(EventBody):
     """A scene description of the stream's recent frames (and what was said), from the VLM."""
 
-    kind: ClassVar[EventKind] = EventKind.DESCRIPTIONS
+    spec: ClassVar[KindSpec] = KindSpec("descriptions", durable=True, delivery=Delivery.EVERY)
     text: str
     structured: Mapping[str, Any] | None  # the VLM's `fields` answer, when a schema asked for one
     window_start_pts: float | None
@@ -459,6 +524,16 @@ class DescriptionBody(EventBody):
             "latency_ms": self.latency_ms,
             "model": self.model,
         }
+
+    @classmethod
+    def search(cls, data: Mapping[str, Any], *, stream_id: str, pts: float | None) -> Findable:
+        parts = [str(data["text"])]
+        fields = data.get("fields")
+        if isinstance(fields, Mapping):  # structured output: its values are words too ("people": 3)
+            parts += [f"{key} {value}" for key, value in fields.items() if isinstance(value, str | int | float)]
+        start = search_number(data.get("window_start_pts"))
+        end = search_number(data.get("window_end_pts"))
+        return Findable(". ".join(parts), start if start is not None else pts, end if end is not None else pts)
 
 
 def description_event(
@@ -490,3 +565,9 @@ def description_event(
         model=model,
     )
     return Event(stream_id=stream_id, pts=_pts(window_end_pts), captured_at=captured_at, body=body)
+
+
+# The kinds every build has, whatever its capabilities (the frame loop's and the sources').
+CORE_BODIES: tuple[type[EventBody], ...] = (DetectionsBody, TrackBody, AlertBody, StatusBody)
+# The captions capability's kinds (pipelines.captions.capability declares them as its own).
+CAPTIONS_BODIES: tuple[type[EventBody], ...] = (PartialBody, CaptionBody, TranscriptBody)

@@ -1,9 +1,11 @@
 """The YAML configuration, validated by pydantic: every section's model, the whole `Config`, and
 `load_config`.
 
-A capability's section and its per-stream switch come from its package, through the registry
-(pipelines.capabilities): `Config` is the service's own sections plus one per capability, and a
-stream's settings have one switch per capability that declares one. Code outside a capability
+A capability's section, its per-stream switch and its rule types come from its package, through
+the registry (pipelines.capabilities): `Config` is the service's own sections plus one per
+capability, a stream's settings have one switch per capability that declares one, and a stream's
+`rules` are the union of the core rule types and every capability's (`config_model` builds them
+all from the capabilities it is given). Code outside a capability
 reads its section by name (`config.section("captions")`), so this module names none of them.
 
 Unknown keys and bad values are errors that name the key (`streams.0.url: ...`). Infinity and NaN
@@ -11,8 +13,8 @@ are refused everywhere. A config with no streams is valid. Every number has a ra
 each setting has both bounds (a timeout of 1e308 s, a count of 4,000 digits or a frame rate of
 1e308 is no setting). How the file is read without letting it cost more than a config should is
 realtime.config_yaml; how the environment overrides it, realtime.config_env; how its rules are
-checked against the model and the VLM, realtime.config_checks. An error message lists at most
-MAX_PROBLEMS_SHOWN problems, each cut to MAX_PROBLEM_CHARS on one line.
+checked against the model and the capabilities that answer them, realtime.config_checks. An error
+message lists at most MAX_PROBLEMS_SHOWN problems, each cut to MAX_PROBLEM_CHARS on one line.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from pydantic.json_schema import JsonDict
 from pipelines.capabilities import CAPABILITIES
 from pipelines.capability import Capability
 from pipelines.frames import StreamId
-from pipelines.rules.specs import RuleList
+from pipelines.rules.specs import CORE_RULES, RuleList, rule_list
 from pipelines.sections import MAX_THREADS, MAX_TIMEOUT_S, Section, default_of
 from pipelines.tracker import TrackerConfig
 from realtime.config_env import ENV_PREFIX, env_overrides, merge, name_variables
@@ -179,6 +181,18 @@ class _StreamCore(Section):
         )
 
 
+def _switches(capabilities: Iterable[Capability[Any, Any]]) -> dict[str, Any]:
+    return {
+        c.switch.name: (bool, Field(True, description=c.switch.help, json_schema_extra=_STAGE_SWITCH))
+        for c in capabilities if c.switch is not None
+    }
+
+
+def _rules(capabilities: Iterable[Capability[Any, Any]]) -> Any:
+    """A stream's rule list: the core types and each capability's."""
+    return rule_list((*CORE_RULES, *(rule for c in capabilities for rule in c.rules)))
+
+
 if TYPE_CHECKING:  # the switches are read by stage name (stages_off), never as attributes
     class _StreamBase(_StreamCore):
         pass
@@ -187,10 +201,8 @@ else:
         "_StreamBase",
         __base__=_StreamCore,
         __module__=__name__,
-        **{
-            c.switch.name: (bool, Field(True, description=c.switch.help, json_schema_extra=_STAGE_SWITCH))
-            for c in CAPABILITIES if c.switch is not None
-        },
+        rules=(_rules(CAPABILITIES), []),
+        **_switches(CAPABILITIES),
     )
 
 
@@ -225,8 +237,31 @@ StreamSettings = Annotated[
     Annotated[CameraStreamSettings, Tag("camera")] | Annotated[WebRtcStreamSettings, Tag("webrtc")],
     Discriminator(_stream_kind),
 ]
-STREAM_SETTINGS: TypeAdapter[CameraStreamSettings | WebRtcStreamSettings] = TypeAdapter(StreamSettings)
 AnyStreamSettings = CameraStreamSettings | WebRtcStreamSettings
+_BUILT_WITH = tuple(CAPABILITIES)  # the capabilities the models above have
+
+
+class _StreamSettingsAdapter:
+    """One stream's settings as the registry stands when asked (the API's and the fleet's streams):
+    the models above, or those `stream_settings` builds while a capability is installed."""
+
+    def __init__(self) -> None:
+        self._built: tuple[tuple[Capability[Any, Any], ...], TypeAdapter[AnyStreamSettings]] | None = None
+
+    def _adapter(self) -> TypeAdapter[AnyStreamSettings]:
+        capabilities = tuple(CAPABILITIES)
+        if self._built is None or self._built[0] != capabilities:
+            self._built = (capabilities, TypeAdapter(stream_settings(capabilities)))
+        return self._built[1]
+
+    def validate_python(self, value: Any, *, strict: bool | None = None) -> AnyStreamSettings:
+        return self._adapter().validate_python(value, strict=strict)
+
+    def validate_json(self, value: str | bytes, *, strict: bool | None = None) -> AnyStreamSettings:
+        return self._adapter().validate_json(value, strict=strict)
+
+
+STREAM_SETTINGS = _StreamSettingsAdapter()
 
 
 class HttpSettings(Section):
@@ -447,14 +482,32 @@ class _ServiceConfig(Section):
         return getattr(self, name)
 
 
+def stream_settings(capabilities: Iterable[Capability[Any, Any]]) -> Any:
+    """The type of one stream's settings with these capabilities' switches and rule types: the
+    module's own models where those are what they were built with, else subclasses of them."""
+    capabilities = tuple(capabilities)
+    switches = {k: v for k, v in _switches(capabilities).items() if k not in CameraStreamSettings.model_fields}
+    if not switches and set(capabilities) <= set(_BUILT_WITH):
+        return StreamSettings
+    rules: tuple[Any, list[Any]] = (_rules(capabilities), [])
+    camera = create_model("CameraStreamSettings", __base__=CameraStreamSettings, __module__=__name__,
+                          rules=rules, **switches)
+    webrtc = create_model("WebRtcStreamSettings", __base__=WebRtcStreamSettings, __module__=__name__,
+                          rules=rules, **switches)
+    return Annotated[Annotated[camera, Tag("camera")] | Annotated[webrtc, Tag("webrtc")], Discriminator(_stream_kind)]
+
+
 def config_model(capabilities: Iterable[Capability[Any, Any]]) -> type[_ServiceConfig]:
-    """The whole configuration's model: the service's sections and each capability's, by its key."""
+    """The whole configuration's model: the service's sections and each capability's, by its key,
+    and streams with each capability's switch and rule types."""
+    capabilities = tuple(capabilities)
     sections: dict[str, Any] = {c.section: (c.settings, c.settings()) for c in capabilities}
     return create_model(
         "Config",
         __base__=_ServiceConfig,
         __module__=__name__,
         __doc__="The whole configuration: the service's sections and each capability's (by its section key).",
+        streams=(list[stream_settings(capabilities)], []),  # type: ignore[arg-type, misc]
         **sections,
     )
 

@@ -1,11 +1,14 @@
 """The config's rules checked against what this service can run: the detector's classes, and
-whether a VLM is there for `vlm` rules. Used by `serve` for the config file and by the API for a
-stream it is given, so both say the same, naming the rule's key."""
+whether the capability that answers a rule type of its own (the describer's `vlm` questions) is
+on. Used by `serve` for the config file and by the API for a stream it is given, so both say the
+same, naming the rule's key. What a rule needs is its type's declaration, so nothing here names
+one."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
+from pipelines.capabilities import CAPABILITIES, rule_owner
 from pipelines.rules.engine import unknown_classes
 from realtime.config import AnyStreamSettings, Config, describe_problems
 
@@ -19,7 +22,7 @@ def rule_class_problems(stream: AnyStreamSettings, names: Mapping[int, str]) -> 
     problems = []
     for index, rule in enumerate(stream.rules):
         for message in unknown_classes([rule], names):
-            key = "fall_class" if rule.type == "fall" else "classes"
+            key = rule.class_key or "type"
             problems.append({"field": f"rules.{index}.{key}", "message": message})
     return problems
 
@@ -35,29 +38,29 @@ def config_class_problems(config: Config, names: Mapping[int, str]) -> str | Non
     return describe_problems(problems) if problems else None
 
 
-VLM_RULE_NEEDS_VLM = "a vlm rule needs a VLM: set vlm.endpoints (or --vlm-url)"
+def rule_need_problems(stream: AnyStreamSettings, on: Collection[str]) -> list[dict[str, str]]:
+    """One `{"field", "message"}` per rule of the stream whose type belongs to a capability that
+    is not on (not in `on`, by name): such a rule could never fire."""
+    problems = []
+    for index, rule in enumerate(stream.rules):
+        owner = rule_owner(type(rule))
+        if owner is not None and owner.name not in on:
+            problems.append({"field": f"rules.{index}.type", "message": f"rule {rule.id!r}: {rule.needs}"})
+    return problems
 
 
-def vlm_rule_problems(stream: AnyStreamSettings, vlm_enabled: bool) -> list[dict[str, str]]:
-    """One `{"field", "message"}` per `vlm` rule of the stream when there is no VLM to ask: such a
-    rule could never fire."""
-    if vlm_enabled:
-        return []
-    return [
-        {"field": f"rules.{index}.type", "message": f"rule {rule.id!r}: {VLM_RULE_NEEDS_VLM}"}
-        for index, rule in enumerate(stream.rules)
-        if rule.type == "vlm"
-    ]
+def configured_on(config: Config) -> list[str]:
+    """The capabilities on as the config's sections say (before anything is opened)."""
+    return [c.name for c in CAPABILITIES if c.configured_on(config.section(c.section))]
 
 
-def config_vlm_problems(config: Config, vlm_enabled: bool | None = None) -> str | None:
-    """The config's `vlm` rules checked against whether a VLM is configured (by default: as its
-    `vlm` section says): None, or one line."""
-    if vlm_enabled is None:
-        vlm_enabled = bool(config.section("vlm").enabled)
+def config_rule_problems(config: Config, on: Collection[str] | None = None) -> str | None:
+    """The config's rules checked against the capabilities that answer them (by default: those on
+    as its sections say): None, or one line."""
+    on = configured_on(config) if on is None else on
     problems = [
         {**problem, "field": f"streams.{index}.{problem['field']}"}
         for index, stream in enumerate(config.streams)
-        for problem in vlm_rule_problems(stream, vlm_enabled)
+        for problem in rule_need_problems(stream, on)
     ]
     return describe_problems(problems) if problems else None

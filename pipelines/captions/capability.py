@@ -23,8 +23,9 @@ from pipelines.captions.engine import (
     recognizer_claim,
     transcriber_claim,
 )
+from pipelines.captions.printer import SpokenLines
 from pipelines.compute import ComputeBudget
-from pipelines.events import EventKind
+from pipelines.event_bodies import CAPTIONS_BODIES
 
 
 def asr_threads() -> int:
@@ -108,10 +109,12 @@ CAPABILITY: Capability[CaptionEngine, CaptionsSettings] = Capability(
     settings=CaptionsSettings,
     open=open_captions,
     build=stage.build,
-    kinds=(EventKind.PARTIALS, EventKind.CAPTIONS, EventKind.TRANSCRIPT),
+    bodies=CAPTIONS_BODIES,
+    service="realtime.service.plugins.captions",
     shares_cpu=lambda settings: settings.enabled and settings.device != "cuda",
     critical_share=lambda settings: settings.cpu_share,
     hears=True,
+    printer=lambda settings: SpokenLines(transcript=settings.transcript),
     switch=StreamSwitch(stage.STAGE_NAME, "live captions of the audio (when captions.enabled and audio is on)"),
     samples=recognizer_samples,
 )

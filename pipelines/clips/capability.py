@@ -13,7 +13,6 @@ from pipelines.clips import stage
 from pipelines.clips.config import ClipsSettings
 from pipelines.clips.engine import CLIPS, ClipEngine, store_samples
 from pipelines.clips.store import ClipStore, StreamBounds
-from pipelines.events import EventKind
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +41,8 @@ CAPABILITY: Capability[ClipEngine, ClipsSettings] = Capability(
     settings=ClipsSettings,
     open=open_clips,
     build=stage.build,
-    kinds=(EventKind.CLIPS,),
+    bodies=(stage.ClipBody,),
+    service="realtime.service.plugins.clips",
     samples=store_samples,
     switch=StreamSwitch(stage.STAGE_NAME, "the video around its alerts (when clips.enabled)"),
 )

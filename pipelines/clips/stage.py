@@ -23,6 +23,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -35,8 +36,8 @@ from pipelines.clips.ring import PacketRing
 from pipelines.clips.store import ClipInfo
 from pipelines.compute import ComputeBudget, ModelClaim, Priority
 from pipelines.errors import PipelineError
-from pipelines.event_bodies import AlertBody, CaptionBody, DescriptionBody, DetectionsBody
-from pipelines.events import Event, EventBody, EventKind, EventSink
+from pipelines.event_bodies import AlertBody, CaptionBody, DescriptionBody, DetectionsBody, search_number
+from pipelines.events import Delivery, Event, EventBody, EventSink, Findable, KindSpec
 from pipelines.frames import VideoFrame
 from pipelines.graph import StageContext, counter, gauge, register_counters
 from pipelines.graph.counters import Counters
@@ -358,13 +359,21 @@ def clip_view(info: ClipInfo) -> dict[str, Any]:
 class ClipBody(EventBody):
     """A finished clip: where it is and what it covers (docs/events.md: id, span, bytes, codec, alert ids, links)."""
 
-    kind: ClassVar[EventKind] = EventKind.CLIPS
+    spec: ClassVar[KindSpec] = KindSpec("clips", durable=True, delivery=Delivery.EVERY)
     info: ClipInfo
 
     def fields(self) -> dict[str, Any]:
         body = clip_view(self.info)
         del body["stream_id"]  # the envelope's
         return body
+
+    @classmethod
+    def search(cls, data: Mapping[str, Any], *, stream_id: str, pts: float | None) -> Findable:
+        clip_id = str(data["clip_id"])
+        alerts = [str(a) for a in data.get("alert_ids") or ()]
+        text = f"clip of {data.get('duration_s')} s" + (f" for alert {' '.join(alerts)}" if alerts else "")
+        return Findable(text, search_number(data.get("start_pts")), search_number(data.get("end_pts")),
+                        {"clip_id": clip_id})
 
 
 def clip_event(info: ClipInfo, *, captured_at: float) -> Event:

@@ -1,5 +1,6 @@
 """Scene descriptions as a capability: the VLM client every stream's describer shares, the `vlm:`
-section, the describe stage (descriptions and `vlm` rules), and the client's figures for /metrics."""
+section, the describe stage (descriptions and `vlm` rules), the `vlm` rule type, its service
+plugin, and the client's figures for /metrics."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import logging
 from collections.abc import AsyncIterator, Iterable
 
 from engines.vlm.client import create_vlm_client
-from pipelines.capability import NO_BUDGET, Capability, CapabilityError, OpenContext, Sample, StreamSwitch
+from pipelines.capability import NO_BUDGET, Capability, CapabilityError, Flag, OpenContext, Sample, StreamSwitch
 from pipelines.describe import stage
 from pipelines.describe.config import VlmConfig
+from pipelines.describe.printer import DescriptionLines
+from pipelines.describe.rules import VlmRule
 from pipelines.describe.settings import DESCRIPTIONS, DescribeEngine
-from pipelines.events import EventKind
+from pipelines.event_bodies import DescriptionBody
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +72,13 @@ CAPABILITY: Capability[DescribeEngine, VlmConfig] = Capability(
     settings=VlmConfig,
     open=open_describer,
     build=stage.build,
-    kinds=(EventKind.DESCRIPTIONS,),
+    bodies=(DescriptionBody,),
+    rules=(VlmRule,),  # answered by its stage; a VLM must be configured for them
+    service="realtime.service.plugins.descriptions",
     samples=vlm_samples,
+    printer=lambda _settings: DescriptionLines(),
+    flags=(Flag("--vlm-url", "vLLM (OpenAI-compatible) base URL for scene descriptions, e.g. http://vllm:8000/v1 "
+                "(overrides vlm.endpoints)", key="endpoints", value=lambda url: [url]),),
     switch=StreamSwitch(stage.STAGE_NAME, "rolling scene descriptions (when vlm.endpoints are set); vlm rules run "
                         "either way"),
 )

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines.clock import Moment
+from pipelines.describe.rules import VlmRule
 from pipelines.rules.evaluators import STREAM_SUBJECT
 from pipelines.rules.lifecycle import AlertLifecycle, AlertStart
-from pipelines.rules.specs import VlmRule
 from pipelines.rules.types import AlertChange
 
 MAX_REASON_CHARS = 200

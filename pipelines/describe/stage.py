@@ -39,6 +39,7 @@ from engines.vlm.types import VlmImage, VlmRequest, VlmResponse
 from pipelines.clock import Moment, StreamClock
 from pipelines.compute import ComputeBudget, ModelClaim, Priority
 from pipelines.describe.checks import VlmChecks, parse_verdict
+from pipelines.describe.rules import VlmRule
 from pipelines.describe.sampler import FrameSampler
 from pipelines.describe.settings import CHECK_SCHEMA, DESCRIPTION_SCHEMA, DESCRIPTIONS, DescribeEngine
 from pipelines.describe.window import DescribeWindow, WindowFrame, WindowRequest, text_tokens
@@ -50,7 +51,6 @@ from pipelines.graph.counters import Counters, summed
 from pipelines.mailbox import FrameMailbox, MailboxClosed
 from pipelines.rules.publishing import AlertPublisher, AlertStats
 from pipelines.rules.snapshots import SnapshotStore
-from pipelines.rules.specs import VlmRule
 from pipelines.tasks import TaskOwner
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from pipelines.errors import PipelineError
 from pipelines.rules.evaluators import Evaluator, FrameView, LiveTrack, evaluator_for
-from pipelines.rules.specs import AnyRule, FallRule, VlmRule, check_unique_ids
+from pipelines.rules.specs import Rule, check_unique_ids
 from pipelines.rules.types import AlertChange, AlertEventKind, Moment, TrackedObject
 
 log = logging.getLogger(__name__)
@@ -27,15 +27,12 @@ class RuleError(PipelineError, ValueError):
     """The rules cannot run against this stream's model (unknown class, duplicate id, ...)."""
 
 
-def unknown_classes(rules: Sequence[AnyRule], names: Mapping[int, str]) -> list[str]:
+def unknown_classes(rules: Sequence[Rule], names: Mapping[int, str]) -> list[str]:
     """Problems, one line each, with class names the model does not have."""
     known = set(names.values())
     problems = []
     for rule in rules:
-        if isinstance(rule, VlmRule):
-            continue  # a question in words names no class
-        wanted = (rule.fall_class,) if isinstance(rule, FallRule) else (rule.classes or ())
-        missing = [c for c in wanted if c not in known]
+        missing = [c for c in rule.wanted_classes() if c not in known]
         if missing:
             problems.append(
                 f"rule {rule.id!r}: class {', '.join(repr(c) for c in missing)} not among the model's classes "
@@ -48,7 +45,7 @@ class RuleEngine:
     def __init__(
         self,
         stream_id: str,
-        specs: Sequence[AnyRule],
+        specs: Sequence[Rule],
         names: Mapping[int, str],
         *,
         lost_timeout_s: float = DEFAULT_LOST_TIMEOUT_S,
@@ -62,8 +59,8 @@ class RuleEngine:
             raise RuleError(f"stream {stream_id!r}: {'; '.join(problems)}")
         self.stream_id = stream_id
         self.lost_timeout_s = lost_timeout_s
-        # `vlm` rules are questions for the describer, which runs them on its own cadence.
-        self._evaluators: list[Evaluator] = [evaluator_for(rule) for rule in specs if not isinstance(rule, VlmRule)]
+        # A capability's rule types (`on_frames` false) are answered by its own stage.
+        self._evaluators: list[Evaluator] = [evaluator_for(rule) for rule in specs if rule.on_frames]
         self._needs_size = any(e.normalized for e in self._evaluators)
         self._size: tuple[int, int] | None = None
         self._tracks: dict[int, LiveTrack] = {}
@@ -72,7 +69,7 @@ class RuleEngine:
         self.ended = 0
 
     @property
-    def rules(self) -> list[AnyRule]:
+    def rules(self) -> list[Rule]:
         return [e.rule for e in self._evaluators]
 
     @property

@@ -19,6 +19,7 @@ from pipelines.rules.specs import (
     FallRule,
     LineRule,
     PresentRule,
+    Rule,
     ZoneRule,
 )
 from pipelines.rules.types import AlertChange, Moment, TrackedObject
@@ -282,11 +283,13 @@ class FallEvaluator(Evaluator):
         return AlertStart((track.obj.track_id,), track.obj.class_name, evidence)
 
 
-def evaluator_for(rule: AnyRule) -> Evaluator:
+def evaluator_for(rule: Rule) -> Evaluator:
     if isinstance(rule, PresentRule | AbsentRule | CountRule):
         return CountingEvaluator(rule)
     if isinstance(rule, ZoneRule):
         return ZoneEvaluator(rule)
     if isinstance(rule, LineRule):
         return LineEvaluator(rule)
-    return FallEvaluator(rule)
+    if isinstance(rule, FallRule):
+        return FallEvaluator(rule)
+    raise TypeError(f"{type(rule).__name__} is not evaluated on frames (its on_frames is false)")

@@ -24,7 +24,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.rules.specs import AnyRule
+from pipelines.rules.specs import Rule
 from pipelines.rules.types import AlertChange, AlertEventKind, Moment
 
 MAX_TRACK_IDS = 100  # an alert about a crowd names at most this many tracks
@@ -79,7 +79,7 @@ def on_timeline_of(started: Moment, ended: Moment) -> float:
 class AlertLifecycle:
     """Alerts of one rule. Pure and synchronous: time only moves with the `now` passed in."""
 
-    def __init__(self, rule: AnyRule) -> None:
+    def __init__(self, rule: Rule) -> None:
         self.rule = rule
         self._subjects: dict[Hashable, _Subject] = {}
         self.suppressed = 0  # starts held back by a cooldown
@@ -183,7 +183,7 @@ class AlertLifecycle:
             kind=AlertEventKind.START,
             alert_id=alert.alert_id,
             rule_id=rule.id,
-            rule_type=rule.type,
+            rule_type=rule.type_name(),
             severity=rule.severity,
             track_ids=tuple(start.track_ids),
             class_name=start.class_name,
@@ -205,7 +205,7 @@ class AlertLifecycle:
             kind=AlertEventKind.END,
             alert_id=alert.alert_id,
             rule_id=self.rule.id,
-            rule_type=self.rule.type,
+            rule_type=self.rule.type_name(),
             severity=self.rule.severity,
             track_ids=tuple(sorted(alert.track_ids)),
             class_name=alert.class_name,

@@ -1,6 +1,9 @@
 """Rule definitions as they appear in a stream's config (`streams[].rules`).
 
-A rule is one of seven types, told apart by its `type` key. Every model forbids unknown keys,
+A rule is one of the core types here (evaluated by the frame loop's rule engine on each frame's
+tracks) or one a capability declares with its own model (`Capability.rules`; the describer's
+`vlm` questions), told apart by its `type` key: the union is built from the registry when the
+config model is (`rule_list`), so a capability's rule type edits nothing here. Every model forbids unknown keys,
 so a typo is an error that names the key instead of a rule that silently never fires.
 Coordinates are source pixels, or 0-1 fractions of the frame with `normalized: true`.
 A polygon has at most 256 points and a stream at most 64 rules: a zone is drawn by hand, and
@@ -14,8 +17,9 @@ Every number has both bounds, with a reason in the error: durations at most a we
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import (
     AfterValidator,
@@ -31,7 +35,6 @@ from pydantic import (
 from pipelines.rules.geometry import Point, is_simple_polygon, signed_area
 
 RULE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-RULE_TYPES = ("present", "absent", "count", "zone", "line", "fall", "vlm")
 
 Severity = Literal["info", "warning", "critical"]
 ZoneTrigger = Literal["enter", "exit", "dwell"]
@@ -101,9 +104,19 @@ def _normalized(info: ValidationInfo) -> bool:
     return bool(info.data.get("normalized", False))
 
 
-class _Rule(BaseModel):
+class Rule(BaseModel):
+    """What every rule type has. A type is a subclass with `type: Literal["<its name>"]`; what it
+    needs of the service it declares here, so no caller asks which type it is."""
+
     # Infinity and NaN are not coordinates or durations, and JSON clients cannot parse them back.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # Evaluated by the frame loop's rule engine on each frame's tracks; False: its capability's
+    # stage answers it, and the rule engine leaves it alone.
+    on_frames: ClassVar[bool] = True
+    # The key naming the model's classes it watches (checked against the detector's); None: none.
+    class_key: ClassVar[str | None] = None
+    # Why it cannot run where its capability is off (the capability that declares it).
+    needs: ClassVar[str] = "its capability is off"
 
     id: str = Field(pattern=RULE_ID_PATTERN)
     severity: Severity = "warning"
@@ -113,11 +126,29 @@ class _Rule(BaseModel):
     # An alert ends once its condition has been false this long; rides over detector flicker.
     clear_s: float = Field(1.0, ge=0, le=MAX_DURATION_S)
     snapshot: bool = False
+    # Each type adds `type: Literal["<its name>"]`, last (here it would move in the JSON of a rule).
+
+    @classmethod
+    def type_name(cls) -> str:
+        """Its `type` key's one value."""
+        (name,) = get_args(cls.model_fields["type"].annotation)
+        return str(name)
+
+    def wanted_classes(self) -> tuple[str, ...]:
+        """The model's class names it needs (the detector must have them)."""
+        return ()
+
+
+_Rule = Rule  # the name the core types below were written against
 
 
 class _ClassFiltered(_Rule):
+    class_key: ClassVar[str | None] = "classes"
     # Class names of the model (e.g. Normal, Fall for the bundled people model); None: all.
     classes: ClassNames | None = None
+
+    def wanted_classes(self) -> tuple[str, ...]:
+        return self.classes or ()
 
     @field_validator("classes")
     @classmethod
@@ -234,54 +265,35 @@ class FallRule(_Rule):
     """A track whose (smoothed) class is `fall_class` for `for_s` seconds."""
 
     type: Literal["fall"]
+    class_key: ClassVar[str | None] = "fall_class"
     fall_class: str = Field("Fall", min_length=1)
     for_s: float = Field(2.0, ge=0, le=MAX_DURATION_S)
 
+    def wanted_classes(self) -> tuple[str, ...]:
+        return (self.fall_class,)
 
-MAX_QUESTION_CHARS = 300
+
+# The frame loop's rule types; a capability adds its own (Capability.rules).
+CORE_RULES: tuple[type[Rule], ...] = (PresentRule, AbsentRule, CountRule, ZoneRule, LineRule, FallRule)
+AnyRule = PresentRule | AbsentRule | CountRule | ZoneRule | LineRule | FallRule  # the frame loop's
+RuleSpec = Rule  # one rule of a stream, of any type the build has
 
 
-class VlmRule(_Rule):
-    """A yes/no question put to the vision-language model every `cadence_s` seconds about the
-    stream's recent frames ("is anyone lying on the ground?"); "yes" for `for_s` seconds is an
-    alert. Answered by the describer (only where a VLM is configured), not the frame loop."""
-
-    type: Literal["vlm"]
-    question: str = Field(min_length=3, max_length=MAX_QUESTION_CHARS)
-    cadence_s: float = Field(5.0, ge=1.0, le=3600.0)
-    for_s: float = Field(0.0, ge=0, le=MAX_DURATION_S)
-    # Two answers apart is one "no" that may be a wrong answer; ride over it like detector flicker.
-    clear_s: float = Field(10.0, ge=0, le=MAX_DURATION_S)
-
-    @field_validator("question")
-    @classmethod
-    def _question(cls, value: str) -> str:
-        value = " ".join(value.split())  # one line: it is written into the prompt as it is
-        if len(value) < 3:
-            raise ValueError("ask a question of at least 3 characters")
+def _known_type(names: Sequence[str]) -> Callable[[Any], Any]:
+    def known(value: Any) -> Any:
+        # Say which key is wrong; pydantic's own message for a bad tag does not read well in a config.
+        if isinstance(value, dict):
+            kind = value.get("type")
+            if kind is None:
+                raise ValueError(f"type: missing; use one of {', '.join(names)}")
+            if kind not in names:
+                raise ValueError(f"type: {kind!r} is not a rule type; use one of {', '.join(names)}")
         return value
 
-
-AnyRule = PresentRule | AbsentRule | CountRule | ZoneRule | LineRule | FallRule | VlmRule
-
-
-def _known_type(value: Any) -> Any:
-    # Say which key is wrong; pydantic's own message for a bad tag does not read well in a config.
-    if isinstance(value, dict):
-        kind = value.get("type")
-        if kind is None:
-            raise ValueError(f"type: missing; use one of {', '.join(RULE_TYPES)}")
-        if kind not in RULE_TYPES:
-            raise ValueError(f"type: {kind!r} is not a rule type; use one of {', '.join(RULE_TYPES)}")
-    return value
+    return known
 
 
-# What `streams[].rules` holds. Validation errors read `streams.0.rules.1.zone.polygon: ...`
-# (the rule's type, then the key).
-RuleSpec = Annotated[AnyRule, Field(discriminator="type"), BeforeValidator(_known_type)]
-
-
-def check_unique_ids(rules: list[AnyRule]) -> list[AnyRule]:
+def check_unique_ids(rules: list[Rule]) -> list[Rule]:
     seen: set[str] = set()
     for rule in rules:
         if rule.id in seen:
@@ -296,5 +308,18 @@ def _at_most_rules(value: Any) -> Any:
     return value
 
 
-# A stream's whole rule list: at most MAX_RULES (counted before any is validated), ids unique.
-RuleList = Annotated[list[RuleSpec], BeforeValidator(_at_most_rules), AfterValidator(check_unique_ids)]
+def rule_list(types: Sequence[type[Rule]]) -> Any:
+    """The type of a stream's whole rule list with these rule types: at most MAX_RULES (counted
+    before any is validated), each told apart by its `type`, ids unique. Validation errors read
+    `streams.0.rules.1.zone.polygon: ...` (the rule's type, then the key)."""
+    names = [t.type_name() for t in types]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a rule type is declared twice: {', '.join(sorted(names))}")
+    one: Any = Annotated[Union[tuple(types)], Field(discriminator="type"), BeforeValidator(_known_type(names))]  # noqa: UP007
+    return Annotated[list[one], BeforeValidator(_at_most_rules), AfterValidator(check_unique_ids)]
+
+
+if TYPE_CHECKING:
+    RuleList = list[Rule]
+else:
+    RuleList = rule_list(CORE_RULES)  # the core types only: the config's list has every capability's too

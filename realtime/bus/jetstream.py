@@ -22,7 +22,14 @@ from realtime.errors import ServiceError
 log = logging.getLogger(__name__)
 
 STREAM_NAME = "VIDSENTRY"
-DURABLE_SUBJECTS: tuple[str, ...] = tuple(f"vidsentry.*.{kind.value}" for kind in EventKind if kind in DURABLE_KINDS)
+
+
+def durable_subjects() -> tuple[str, ...]:
+    """The durable kinds' subjects, as the kinds are declared now (a capability adds its own)."""
+    return tuple(f"vidsentry.*.{kind.value}" for kind in EventKind if kind in DURABLE_KINDS)
+
+
+DURABLE_SUBJECTS: tuple[str, ...] = durable_subjects()  # as built; the stream is set up with durable_subjects()
 DUPLICATE_WINDOW_S = 120.0  # JetStream drops a re-sent Nats-Msg-Id within this window
 _STREAM_NAME_IN_USE = 10058  # JetStream err_code: "stream name already in use with a different configuration"
 
@@ -112,7 +119,7 @@ def desired_config(max_age_s: float, replicas: int = 1) -> StreamConfig:
     return StreamConfig(
         name=STREAM_NAME,
         description=f"vidsentry durable events ({', '.join(k.value for k in EventKind if k in DURABLE_KINDS)})",
-        subjects=list(DURABLE_SUBJECTS),
+        subjects=list(durable_subjects()),
         retention=RetentionPolicy.LIMITS,
         storage=StorageType.FILE,
         discard=DiscardPolicy.OLD,
@@ -128,7 +135,7 @@ async def ensure_stream(js: JetStreamContext, max_age_s: float, replicas: int = 
     try:
         info = await js.stream_info(STREAM_NAME)
     except NotFoundError:
-        await _refuse_conflicts(js, list(DURABLE_SUBJECTS))
+        await _refuse_conflicts(js, list(durable_subjects()))
         try:
             await js.add_stream(desired_config(max_age_s, replicas))
             log.info("created JetStream stream %s max_age_s=%g replicas=%d", STREAM_NAME, max_age_s, replicas)
@@ -144,11 +151,12 @@ async def ensure_stream(js: JetStreamContext, max_age_s: float, replicas: int = 
     current = info.config
     changes: dict[str, object] = {}
     subjects = list(current.subjects or [])
-    missing = [s for s in DURABLE_SUBJECTS if not any(subject_covers(theirs, s) for theirs in subjects)]
+    wanted = durable_subjects()
+    missing = [s for s in wanted if not any(subject_covers(theirs, s) for theirs in subjects)]
     if missing:
         await _refuse_conflicts(js, missing)
         changes["subjects"] = subjects + missing
-    elif not set(DURABLE_SUBJECTS) <= set(subjects):
+    elif not set(wanted) <= set(subjects):
         log.info(
             "JetStream stream %s takes %s, which covers the durable subjects; using its subjects as they are",
             STREAM_NAME,

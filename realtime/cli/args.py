@@ -1,8 +1,15 @@
-"""Every command's arguments, in plain argparse: building `--help` imports nothing heavy."""
+"""Every command's arguments, in plain argparse: building `--help` imports nothing heavy.
+
+What the capabilities add (their flags, the searchable kinds) needs the registry, which imports
+every capability and the models they use: so the commands that take them (run, serve, search)
+get their arguments when their parser is first used, not when the parser is built.
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterator
+from typing import Any
 
 TOKEN_ENV = "VIDSENTRY_API_TOKEN"
 LOG_LEVEL_ENV = "VIDSENTRY_LOG_LEVEL"
@@ -12,13 +19,13 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vidsentry", description="Real-time video analytics with events over NATS")
     parser.add_argument("--log-level", help=f"debug, info, warning (default), error (also {LOG_LEVEL_ENV})")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
 
     serve = commands.add_parser("serve", help="run the service: HTTP API, the config's streams, events over NATS")
-    add_serve_arguments(serve)
+    later(serve, add_serve_arguments)
 
     run = commands.add_parser("run", help="process one source in the foreground")
-    add_run_arguments(run)
+    later(run, add_run_arguments)
 
     sub = commands.add_parser("subscribe", help="print events from NATS as JSON lines")
     sub.add_argument("subject", nargs="?", default="vidsentry.>")
@@ -29,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="give up (exit 1) when NATS cannot be reached in this many seconds (default 5)")
 
     search = commands.add_parser("search", help="search what the streams said and saw (a running service's timeline)")
-    add_search_arguments(search)
+    later(search, add_search_arguments)
 
     ask = commands.add_parser("ask", help="ask a question about what the streams said and saw (needs a VLM)")
     ask.add_argument("question")
@@ -56,8 +63,7 @@ def add_timeline_arguments(parser: argparse.ArgumentParser) -> None:
 def add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("query", help='words, "a phrase", a OR b, -excluded, prefix* (3+ characters)')
     add_timeline_arguments(parser)
-    parser.add_argument("--kind", action="append",
-                        choices=["captions", "descriptions", "alerts", "tracks", "clips"], help="only this kind")
+    parser.add_argument("--kind", action="append", choices=SearchedKinds(), help="only this kind")
     parser.add_argument("--order", choices=["relevance", "newest"], default="relevance")
     parser.add_argument("--limit", type=int, default=20, help="hits to print (1-100, default 20)")
     parser.add_argument("--json", action="store_true", help="print the API's answer as JSON")
@@ -95,13 +101,69 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-audio", action="store_true", help="do not decode audio (no captions)")
     parser.add_argument("--detect-fps", type=float, help="cap detection rate (default: every frame possible)")
     parser.add_argument("--conf", type=float, help="detection score threshold (default 0.25)")
-    parser.add_argument("--vlm-url", help="vLLM (OpenAI-compatible) base URL for scene descriptions, "
-                        "e.g. http://127.0.0.1:8000/v1 (overrides vlm.endpoints)")
+    add_capability_flags(parser)
     parser.add_argument("--connect-attempts", type=int, default=3,
                         help="give up when a network source cannot be reached this many times in a row "
                         "before it was ever live (0: retry forever)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON on the last stdout line")
 
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser, which adds what it was told to add `later` when it is first used."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.later: list[Callable[[argparse.ArgumentParser], None]] = []
+
+    def _added(self) -> None:
+        while self.later:
+            self.later.pop(0)(self)
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        self._added()
+        return super().parse_known_args(*args, **kwargs)
+
+    def format_help(self) -> str:
+        self._added()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._added()
+        return super().format_usage()
+
+
+def later(parser: argparse.ArgumentParser, add: Callable[[argparse.ArgumentParser], None]) -> None:
+    """`add(parser)` when the parser is first used (now, for a plain parser)."""
+    if isinstance(parser, CommandParser):
+        parser.later.append(add)
+    else:
+        add(parser)
+
+
+def add_capability_flags(parser: argparse.ArgumentParser) -> None:
+    """Each capability's flags (pipelines.capability.Flag), which win over its section."""
+    from pipelines.capabilities import CAPABILITIES  # here: the registry imports every capability
+
+    for capability in CAPABILITIES:
+        for flag in capability.flags:
+            parser.add_argument(flag.name, dest=flag.dest, help=flag.help)
+
+
+class SearchedKinds:
+    """`--kind`'s choices: the kinds the timeline finds (realtime.timeline.entries), read when first
+    checked or shown."""
+
+    def _values(self) -> list[str]:
+        from realtime.timeline.entries import indexed_kinds  # here: it reads the registry
+
+        return [kind.value for kind in indexed_kinds()]
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._values()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values())
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,8 +176,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"serve a non-loopback address without an API token ({TOKEN_ENV} / http.api_token)",
     )
-    parser.add_argument("--vlm-url", help="vLLM (OpenAI-compatible) base URL for scene descriptions, "
-                        "e.g. http://vllm:8000/v1 (overrides vlm.endpoints)")
+    add_capability_flags(parser)
     parser.add_argument("--fleet", help="share streams with every worker started with this fleet name on the same "
                         "NATS (A-Z a-z 0-9 _ -, at most 32; default: fleet.name, else no fleet)")
     parser.add_argument("--node", help="this worker's name in events and the fleet (default: node, the host name)")

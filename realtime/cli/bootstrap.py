@@ -5,6 +5,7 @@ Imported only once a command has been chosen, never to build `--help`.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
@@ -21,10 +22,9 @@ from pydantic import ValidationError
 from engines.errors import EngineUnavailable
 from engines.models import ModelNotFound, default_detector_model
 from engines.registry import create_detector
-from pipelines.capabilities import critical_share, open_capabilities, shares_cpu
-from pipelines.capability import CapabilityError, OpenContext
+from pipelines.capabilities import CAPABILITIES, critical_share, open_capabilities, shares_cpu
+from pipelines.capability import Capability, CapabilityError, Flag, OpenContext
 from pipelines.compute import ComputeBudget
-from pipelines.describe.config import VlmConfig
 from pipelines.detect import DETECTOR, detector_claim
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.jetstream import StreamConflictError, StreamSetupError
@@ -98,20 +98,25 @@ async def open_engines(
         raise CommandError(str(exc)) from exc
 
 
-def with_vlm_flag(config: Config, url: str | None) -> Config:
-    """The config with `--vlm-url` in its `vlm` section (the flag wins over the section's endpoints)."""
-    return config.model_copy(update={"vlm": with_vlm_url(config.section("vlm"), url)}) if url else config
+def with_capability_flags(config: Config, args: argparse.Namespace) -> Config:
+    """The config with each capability flag given on the command line in its section (a flag wins
+    over the section; `--vlm-url URL` is `vlm.endpoints: [URL]`)."""
+    for capability in CAPABILITIES:
+        for flag in capability.flags:
+            given = getattr(args, flag.dest, None)
+            if given:
+                settings = with_flag(capability, flag, config.section(capability.section), given)
+                config = config.model_copy(update={capability.section: settings})
+    return config
 
 
-def with_vlm_url(settings: VlmConfig, url: str | None) -> VlmConfig:
-    """`--vlm-url` wins over the config's endpoints (checked like them)."""
-    if not url:
-        return settings
+def with_flag(capability: Capability[Any, Any], flag: Flag, settings: Any, given: str) -> Any:
+    """The section with the flag's value in its key, checked as the section checks it."""
     try:
-        return VlmConfig.model_validate({**settings.model_dump(), "endpoints": [url]})
+        return capability.settings.model_validate({**settings.model_dump(), flag.key: flag.value(given)})
     except ValidationError as exc:
         messages = "; ".join(p["message"] for p in validation_problems(exc))
-        raise CommandError(f"--vlm-url: {messages}", EXIT_USAGE) from None
+        raise CommandError(f"{flag.name}: {messages}", EXIT_USAGE) from None
 
 
 def open_outbox(settings: NatsSettings) -> Outbox | None:

@@ -14,11 +14,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pipelines.capabilities import hearing
-from pipelines.captions.utterances import SENTENCE_STOPS, UTTERANCE_PAUSE_S
+from pipelines.capabilities import CAPABILITIES, hearing
+from pipelines.capability import Printer
 from pipelines.compute import ComputeBudget
 from pipelines.detect import DetectionBatcher
-from pipelines.event_bodies import CaptionBody, DescriptionBody, SpokenBody, SpokenWord, TranscriptBody
 from pipelines.events import DURABLE_KINDS, Event, EventSink
 from pipelines.frames import StatusChange, StreamState
 from pipelines.graph import SharedEngines
@@ -30,7 +29,7 @@ from realtime.cli.bootstrap import (
     load_configured_detector,
     open_bus,
     open_engines,
-    with_vlm_flag,
+    with_capability_flags,
 )
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, CommandError
 from realtime.cli.progress import report_progress
@@ -96,60 +95,39 @@ async def load_detector(args: argparse.Namespace, config: Config) -> Any:
     )
 
 
-LINE_MAX_WORDS = 30  # a sentence that runs on is printed in pieces of about this many words
+class EventPrinter:
+    """The sink the stream publishes into: every event goes on to NATS, and what each capability
+    prints of its events (pipelines.capability.Printer: what was said, the scene descriptions)
+    also goes to stdout, unless `quiet` (--json: stdout is for the summary)."""
 
-
-class CaptionPrinter:
-    """The sink the stream publishes into: every event goes on to NATS; what was said, a line per
-    sentence (or per utterance, where it ends without one), and scene descriptions also go to stdout.
-
-    Lines are made of the transcript when the stream has one (`captions.transcript`, on by
-    default): its pieces trail the speaker by a few seconds, but they are the speech decoded with
-    the context the finals lacked, punctuated, so a sentence reads as one line. Finals come a few
-    words at a time and mostly unpunctuated while someone talks on; joined, they ran on for thirty
-    words a line. Without a transcript the finals are printed the same way."""
-
-    def __init__(self, sink: EventSink, *, quiet: bool, transcript: bool = True) -> None:
+    def __init__(self, sink: EventSink, printers: Sequence[Printer], *, quiet: bool) -> None:
         self._sink = sink
-        self._quiet = quiet  # --json: stdout is for the summary
-        self._read: type[SpokenBody] = TranscriptBody if transcript else CaptionBody
-        self.captions = 0
-        self.descriptions = 0
-        self._line: list[str] = []
-        self._line_start = 0.0
-        self._line_end = 0.0
-        self._line_stream = ""
+        self._printers = printers
+        self._quiet = quiet
 
     async def publish(self, event: Event) -> None:
         await self._sink.publish(event)
-        body = event.body
-        if isinstance(body, CaptionBody):
-            self.captions += 1
-        if isinstance(body, self._read) and not self._quiet:
-            self._words(event.stream_id, body.spoken.words)
-        elif isinstance(body, DescriptionBody):
-            self.descriptions += 1
-            if not self._quiet:
-                print(f"[{event.stream_id} {event.pts or 0.0:7.1f}s] (scene) {body.text}", flush=True)
-
-    def _words(self, stream_id: str, words: Sequence[SpokenWord]) -> None:
-        for word in words:
-            if not word.word:
-                continue
-            if self._line and (stream_id != self._line_stream or word.start - self._line_end >= UTTERANCE_PAUSE_S):
-                self.flush()
-            if not self._line:
-                self._line_start, self._line_stream = word.start, stream_id
-            self._line.append(word.word)
-            self._line_end = word.end
-            if word.word.endswith(SENTENCE_STOPS) or len(self._line) >= LINE_MAX_WORDS:
-                self.flush()
+        for printer in self._printers:
+            self._print(printer.see(event))
 
     def flush(self) -> None:
-        """Print the sentence gathered so far (at its end, a pause, or when the stream stops)."""
-        if self._line:
-            print(f"[{self._line_stream} {self._line_start:7.1f}s] {' '.join(self._line)}", flush=True)
-            self._line = []
+        """Print what the printers still hold (the stream stopped)."""
+        for printer in self._printers:
+            self._print(printer.flush())
+
+    def counts(self) -> dict[str, int]:
+        """What the printers counted, for the summary."""
+        return {key: n for printer in self._printers for key, n in printer.counts().items()}
+
+    def _print(self, lines: list[str]) -> None:
+        if not self._quiet:
+            for line in lines:
+                print(line, flush=True)
+
+
+def capability_printers(config: Config) -> list[Printer]:
+    """Each capability's printer, made for its section."""
+    return [c.printer(config.section(c.section)) for c in CAPABILITIES if c.printer is not None]
 
 
 def print_status(change: StatusChange) -> None:
@@ -207,7 +185,7 @@ async def run_command(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise CommandError(str(exc)) from exc
     spec = build_spec(args, config)
-    config = with_vlm_flag(config, args.vlm_url)
+    config = with_capability_flags(config, args)
     detector = await load_detector(args, config)
     was_live = False
 
@@ -225,7 +203,7 @@ async def run_command(args: argparse.Namespace) -> int:
             DetectionBatcher(detector, compute=compute) as batcher,
             open_engines(config, compute, off=off) as opened,
         ):
-            printer = CaptionPrinter(publisher, quiet=args.json, transcript=config.section("captions").transcript)
+            printer = EventPrinter(publisher, capability_printers(config), quiet=args.json)
             engines = SharedEngines(batcher, opened=opened)
             runner = StreamRunner(spec, engines, printer, on_status=on_status)
             loop = asyncio.get_running_loop()
@@ -256,8 +234,7 @@ async def run_command(args: argparse.Namespace) -> int:
     durable = [stats.kinds[kind.value] for kind in DURABLE_KINDS if kind.value in stats.kinds]
     lost = sum(k.failed for k in durable)
     extra = {
-        "captions": printer.captions,
-        "descriptions": printer.descriptions,
+        **printer.counts(),
         "events_published": totals.published,
         "events_acked": totals.acked,
         "events_failed": totals.failed,

@@ -27,11 +27,11 @@ from realtime.cli.bootstrap import (
     load_configured_detector,
     open_bus,
     open_engines,
-    with_vlm_flag,
+    with_capability_flags,
 )
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
 from realtime.config import Config, ConfigError, load_config
-from realtime.config_checks import config_class_problems, config_vlm_problems
+from realtime.config_checks import config_class_problems, config_rule_problems
 from realtime.fleet.worker import DuplicateNode, FleetUnavailable
 from realtime.http import ListenError
 from realtime.leases.options import fleet_options, with_flags
@@ -96,8 +96,8 @@ async def serve_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     plan = plan_listen(args, config, os.environ)
-    config = with_vlm_flag(config, args.vlm_url)
-    problems = config_vlm_problems(config)  # a question nobody can answer never fires
+    config = with_capability_flags(config, args)
+    problems = config_rule_problems(config)  # a rule no capability is on to answer never fires
     if problems:
         raise CommandError(f"{args.config or 'environment'}: {problems}")
 

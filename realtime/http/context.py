@@ -25,7 +25,8 @@ class HttpContext:
     api_token: bytes | None = field(default=None, repr=False)  # None: /api is open (loopback only)
     sse_heartbeat_s: float = 15.0
     class_names: Mapping[int, str] = field(default_factory=dict)  # the detector's; rules must use them
-    vlm: bool = False  # a VLM is configured: streams may have `vlm` rules
+    # The capabilities whose engines are open: streams may have the rule types they answer.
+    capabilities_on: frozenset[str] = frozenset()
     draining: bool = False  # shutting down: mutations are refused, readiness fails
     # Host names answered (DNS rebinding); the service sets it once it knows the bind address.
     hosts: HostPolicy = field(default_factory=lambda: HostPolicy("127.0.0.1", None, token_set=False))

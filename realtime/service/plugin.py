@@ -2,22 +2,23 @@
 
 A capability's pipelines package (`pipelines/<name>/capability.py`) cannot name aiohttp or NATS,
 so what it adds to the long-running service is declared here instead: one `ServicePlugin` per
-capability that has service parts, in its own module under `realtime/service/plugins/`, listed
-in `realtime/service/plugins/__init__.py` (`SERVICE_PLUGINS`). `Service` attaches every plugin,
+capability that has service parts, in a module of its own (`PLUGIN`) that its capability names
+(`Capability.service`), found by `realtime/service/plugins/__init__.py` (`SERVICE_PLUGINS`), in
+the capabilities' order. `Service` attaches every plugin,
 whether its capability is on or off, and wires what each returns; it never looks inside.
 
 A plugin may use (`PluginContext`): the config, the shared engines (its own with
 `ctx.engines.get(ITS_KEY)`, None when off), the stream registry, the publisher, the fleet
-options (None outside a fleet), the HTTP context (e.g. `http.vlm`) and the search routes' object
+options (None outside a fleet), the HTTP context and the search routes' object
 (it may give the timeline an asker). It adds (`Attached`): taps that see every event (read-back
 stores), its HTTP routes, `/metrics` collectors, background tasks (run while the service runs,
 cancelled at stop, named for logs), and what to forget when a stream is gone. It declares its
 cards on the page (`panels`, realtime.http.page.Panel): data, shown whether its capability is on
 or off, as its routes answer either way.
 
-Adding a capability with service parts: its pipelines package, one module in
-`realtime/service/plugins/` building its `ServicePlugin` (with a card: its JS module too, named by
-a `Panel`), and one line in `SERVICE_PLUGINS`.
+Adding a capability with service parts: its pipelines package, and one module building its
+`ServicePlugin` (the built-in ones live in `realtime/service/plugins/`; with a card, its JS module
+too, named by a `Panel`), named by the capability.
 """
 
 from __future__ import annotations

@@ -118,6 +118,7 @@ class Service:
             api_token=api_token.encode("utf-8") if api_token else None,
             sse_heartbeat_s=config.http.sse_heartbeat_s,
             class_names=batcher.detector.info.names,
+            capabilities_on=frozenset(opened),  # their rule types may be given
             # Reconnecting event viewers resume from JetStream, over the publisher's connection.
             history=JetStreamHistory(lambda: publisher.nc),
             resume=ResumeSettings(http.sse_resume_window_s, http.sse_resume_max_events),

@@ -32,7 +32,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from realtime.bus.cloudevents import SUBJECT_PREFIX, decode
 from realtime.bus.jetstream import STREAM_NAME
-from realtime.timeline.entries import CONSUMED_KINDS, Entry, NotIndexed, entry_of
+from realtime.timeline.entries import Entry, NotIndexed, consumed_kinds, entry_of
 from realtime.timeline.index import TimelineIndex
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,11 @@ log = logging.getLogger(__name__)
 INACTIVE_THRESHOLD_S = 24 * 3600.0
 RETRY_S = (0.5, 1.0, 2.0, 5.0)
 LAG_SAMPLES = 1024
-FILTER_SUBJECTS = [f"{SUBJECT_PREFIX}.*.{kind.value}" for kind in CONSUMED_KINDS]
+
+
+def filter_subjects() -> list[str]:
+    """The subjects of the kinds the timeline reads, as the capabilities declare them now."""
+    return [f"{SUBJECT_PREFIX}.*.{kind.value}" for kind in consumed_kinds()]
 
 
 def consumer_name(node: str) -> str:
@@ -157,7 +161,7 @@ class TimelineIndexer:
             delivered = consumer.delivered.stream_seq if consumer.delivered is not None else 0
             # Its ack floor is where the index stands, and nothing past it is out unacked: use it as it
             # is, unless it reads other subjects (a version that indexed other kinds made it).
-            same_subjects = sorted(consumer.config.filter_subjects or []) == sorted(FILTER_SUBJECTS)
+            same_subjects = sorted(consumer.config.filter_subjects or []) == sorted(filter_subjects())
             if floor == position and delivered <= position and same_subjects:
                 return
             await js.delete_consumer(STREAM_NAME, self.durable)
@@ -168,7 +172,7 @@ class TimelineIndexer:
             pass
         await js.add_consumer(STREAM_NAME, ConsumerConfig(
             durable_name=self.durable,
-            filter_subjects=FILTER_SUBJECTS,
+            filter_subjects=filter_subjects(),
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE if position else DeliverPolicy.ALL,
             opt_start_seq=position + 1 if position else None,
             ack_policy=AckPolicy.ALL,

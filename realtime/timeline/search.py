@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 
 from pipelines.frames import STREAM_ID_PATTERN
 from realtime.errors import ServiceError
-from realtime.timeline.entries import INDEXED_KINDS
+from realtime.timeline.entries import indexed_kinds
 from realtime.timeline.index import MAX_LIMIT, MAX_OFFSET, Filters, Hit
 from realtime.timeline.query import Query, QueryError, parse
 
@@ -75,7 +75,7 @@ def read_request(get: Callable[[str], Sequence[str]], *, now: float | None = Non
     streams = _listed(get("stream"))
     check_streams(streams)
     kinds = _listed(get("kind"))
-    known = [k.value for k in INDEXED_KINDS]
+    known = [k.value for k in indexed_kinds()]
     for kind in kinds:
         if kind not in known:
             raise SearchRequestError(f"kind: {kind[:30]!r} is not one of {', '.join(known)}", "kind")

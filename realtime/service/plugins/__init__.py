@@ -1,16 +1,50 @@
 """The capabilities' service plugins (realtime.service.plugin says what one is), one module each.
 
-Listed in the order of `pipelines.capabilities.CAPABILITIES`: their taps see each event in this
-order. Adding a capability with service parts is one module here plus one line below.
+Found from the capabilities: a capability names its plugin's module (`Capability.service`), and
+that module's `PLUGIN` is it. In the order of `pipelines.capabilities.CAPABILITIES`: their taps
+see each event in this order. Adding a capability with service parts is its module; nothing here.
 """
 
 from __future__ import annotations
 
-from realtime.service.plugin import ServicePlugin
-from realtime.service.plugins import captions, clips, descriptions
+import importlib
+from collections.abc import Iterator, Sequence
+from typing import overload
 
-SERVICE_PLUGINS: tuple[ServicePlugin, ...] = (
-    captions.PLUGIN,
-    descriptions.PLUGIN,
-    clips.PLUGIN,
-)
+from pipelines.capabilities import CAPABILITIES
+from realtime.service.plugin import ServicePlugin
+
+
+def service_plugins() -> tuple[ServicePlugin, ...]:
+    """Every capability's service plugin, as the registry stands now."""
+    plugins = []
+    for capability in CAPABILITIES:
+        if capability.service is None:
+            continue
+        plugin = getattr(importlib.import_module(capability.service), "PLUGIN", None)
+        if not isinstance(plugin, ServicePlugin) or plugin.capability != capability.name:
+            raise TypeError(f"{capability.service}.PLUGIN is not the service plugin of {capability.name!r}")
+        plugins.append(plugin)
+    return tuple(plugins)
+
+
+class _Plugins(Sequence[ServicePlugin]):
+    """`service_plugins()` whenever it is read: a capability installed later has its plugin here."""
+
+    @overload
+    def __getitem__(self, index: int) -> ServicePlugin: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[ServicePlugin]: ...
+
+    def __getitem__(self, index: int | slice) -> ServicePlugin | Sequence[ServicePlugin]:
+        return service_plugins()[index]
+
+    def __iter__(self) -> Iterator[ServicePlugin]:
+        return iter(service_plugins())
+
+    def __len__(self) -> int:
+        return len(service_plugins())
+
+
+SERVICE_PLUGINS: Sequence[ServicePlugin] = _Plugins()

@@ -1,5 +1,5 @@
-"""Scene descriptions in the service: each stream's newest description read back, `vlm` rules
-allowed, and the timeline's questions answered by the same VLM."""
+"""Scene descriptions in the service: each stream's newest description read back, and the
+timeline's questions answered by the same VLM."""
 
 from __future__ import annotations
 
@@ -17,15 +17,13 @@ from realtime.timeline.ask import Asker
 def attach(ctx: PluginContext) -> Attached:
     store = LatestDescriptions()  # each stream's newest scene description (none with descriptions off)
     describer = ctx.engines.get(DESCRIPTIONS)
-    if describer is not None:
-        ctx.http.vlm = True  # `vlm` rules need one
-        timeline = ctx.timeline_api.timeline
-        if timeline is not None:  # asking needs the index and a VLM
-            snapshots = ctx.engines.snapshots
-            ctx.timeline_api.asker = Asker(
-                timeline.retrieve, describer.client, describer.model,
-                snapshot=snapshots.get if isinstance(snapshots, NatsSnapshotStore) else None,
-                timeout_s=max(5.0, ctx.config.http.request_timeout_s - 5.0))
+    timeline = ctx.timeline_api.timeline
+    if describer is not None and timeline is not None:  # asking needs the index and a VLM
+        snapshots = ctx.engines.snapshots
+        ctx.timeline_api.asker = Asker(
+            timeline.retrieve, describer.client, describer.model,
+            snapshot=snapshots.get if isinstance(snapshots, NatsSnapshotStore) else None,
+            timeout_s=max(5.0, ctx.config.http.request_timeout_s - 5.0))
     return Attached(taps=(store.tap,), routes=functools.partial(description.add_routes, store=store),
                     forget=(store.forget,), state=store)
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from pipelines.capabilities import RuleList
 from pipelines.clock import Moment
 from pipelines.describe.checks import Verdict, VlmChecks, parse_verdict
+from pipelines.describe.rules import VlmRule
 from pipelines.rules.engine import RuleEngine
-from pipelines.rules.specs import RuleList, VlmRule
 from pipelines.rules.types import AlertEventKind
 
 RULES: TypeAdapter[list] = TypeAdapter(RuleList)

@@ -19,6 +19,8 @@ import pytest
 from pydantic import TypeAdapter
 
 from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
+from pipelines.capabilities import RuleList
+from pipelines.describe.rules import VlmRule
 from pipelines.describe.settings import DESCRIPTIONS, DescribeEngine, DescribeSettings
 from pipelines.describe.stage import DescribeStage, build
 from pipelines.detect import DetectionBatcher
@@ -28,7 +30,6 @@ from pipelines.frames import VideoFrame
 from pipelines.graph import SharedEngines
 from pipelines.graph.stage import ObservedSink
 from pipelines.mailbox import FrameMailbox
-from pipelines.rules.specs import RuleList, VlmRule
 from tests.pipelines.test_graph import Boxes
 from tests.support.sinks import ListSink
 from tests.support.stage import OneStage, one_stage, stage_spec

@@ -15,9 +15,9 @@ import pytest
 from engines.asr.types import SpeechRecognizer
 from engines.asr.vad import VadModel
 from pipelines.captions.engine import CaptionEngine, CaptionPolicy, SpeechBatcher
+from pipelines.captions.printer import LINE_MAX_WORDS
 from realtime.bus.connection import round_trip
 from realtime.bus.embedded import EmbeddedNatsServer
-from realtime.cli.run import LINE_MAX_WORDS
 from tests.support.bodies import any_event
 from tests.support.captions import Collect, caption
 from tests.support.cli import ROOT, vidsentry
@@ -229,28 +229,30 @@ class _Published:
 
 
 async def test_the_caption_printer_prints_the_finals_a_line_per_sentence(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipelines.captions.printer import SpokenLines
     from pipelines.event_bodies import caption_event
-    from realtime.cli.run import CaptionPrinter
+    from realtime.cli.run import EventPrinter
 
     sink = _Published()
-    printer = CaptionPrinter(sink, quiet=False, transcript=False)
+    printer = EventPrinter(sink, [SpokenLines(transcript=False)], quiet=False)
     for seq, words in enumerate(PRINTED_PIECES):
         event = caption_event("cam", segment_id=f"s-{seq}", words=[(w, s, e, 0.9) for w, s, e in words],
                               language="en", model="tiny.en", captured_at=0.0)  # fmt: skip
         await printer.publish(event)
     printer.flush()
     assert capsys.readouterr().out.splitlines() == PRINTED_LINES
-    assert len(sink.events) == printer.captions == 6  # every final still goes on to NATS
+    assert len(sink.events) == printer.counts()["captions"] == 6  # every final still goes on to NATS
 
 
 async def test_with_a_transcript_the_printer_prints_its_sentences_not_the_finals(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    from pipelines.captions.printer import SpokenLines
     from pipelines.event_bodies import caption_event, transcript_event
-    from realtime.cli.run import CaptionPrinter
+    from realtime.cli.run import EventPrinter
 
     sink = _Published()
-    printer = CaptionPrinter(sink, quiet=False)
+    printer = EventPrinter(sink, [SpokenLines()], quiet=False)
     await printer.publish(caption_event("cam", segment_id="s-0", words=[(" A", 0.0, 0.2, 0.9)], language="en",
                                         model="tiny.en", captured_at=0.0))  # fmt: skip
     assert capsys.readouterr().out == ""  # a final alone prints nothing: its transcript will
@@ -264,7 +266,7 @@ async def test_with_a_transcript_the_printer_prints_its_sentences_not_the_finals
         await printer.publish(event)
     printer.flush()
     assert capsys.readouterr().out.splitlines() == PRINTED_LINES
-    assert printer.captions == 1 and len(sink.events) == 4
+    assert printer.counts()["captions"] == 1 and len(sink.events) == 4
 
 
 async def test_what_run_prints_of_a_speaker_who_does_not_pause_is_whole_sentences(
@@ -273,13 +275,14 @@ async def test_what_run_prints_of_a_speaker_who_does_not_pause_is_whole_sentence
     """The sample's narration (its sentence pauses are shorter than an endpoint: one utterance)
     through a caption stage, printed as `vidsentry run` prints it: a line per sentence, punctuated,
     every sentence there."""
-    from realtime.cli.run import CaptionPrinter
+    from pipelines.captions.printer import SpokenLines
+    from realtime.cli.run import EventPrinter
 
     recognizer, vad = caption_models
     narration = load_pcm16k(sample_dir / "narration.wav", seconds=22.0)
     async with SpeechBatcher(recognizer) as batcher:
         sink = await caption(CaptionEngine(batcher, vad, CaptionPolicy()), narration, speed=4.0)
-    printer = CaptionPrinter(Collect(), quiet=False)
+    printer = EventPrinter(Collect(), [SpokenLines()], quiet=False)
     for event in sink.events:
         await printer.publish(event)
     printer.flush()

@@ -18,13 +18,14 @@ import pytest
 
 from engines.detector import Detector
 from engines.vlm.client import VlmClient, VlmSettings, create_vlm_client
+from pipelines.describe.capability import CAPABILITY as DESCRIBER
 from pipelines.describe.capability import open_describer
 from pipelines.describe.config import VlmConfig
 from pipelines.describe.settings import DescribeEngine, DescribeSettings
 from realtime.bus.embedded import EmbeddedNatsServer
-from realtime.cli.bootstrap import with_vlm_url
+from realtime.cli.bootstrap import with_flag
 from realtime.config import Config, ConfigError, load_config
-from realtime.config_checks import config_vlm_problems
+from realtime.config_checks import config_rule_problems
 from tests.support.cli import one_error_line, vidsentry
 from tests.support.service import LiveService, live_service, make_config
 from tests.support.sse import read_sse
@@ -295,7 +296,7 @@ async def test_without_a_vlm_there_are_no_descriptions_and_the_log_says_so_once(
         assert engine is None
     said = [r.getMessage() for r in caplog.records if "no VLM configured" in r.getMessage()]
     assert len(said) == 1
-    url = with_vlm_url(VlmConfig(), "http://127.0.0.1:8000/v1")
+    url = with_flag(DESCRIBER, DESCRIBER.flags[0], VlmConfig(), "http://127.0.0.1:8000/v1")  # --vlm-url
     assert url.endpoints == ["http://127.0.0.1:8000/v1"] and url.enabled
     async with open_describer(url) as engine:
         assert engine is not None and engine.model == url.model
@@ -313,8 +314,8 @@ async def test_without_a_vlm_a_vlm_rule_is_refused_with_a_reason(
         assert "vlm.endpoints" in problem["message"]
         assert (await plain.call("GET", "/api/streams")).body["streams"] == []
     config = make_config(streams=[clip(vtest_avi, "cam", rules=rules)])
-    assert config_vlm_problems(config, vlm_enabled=True) is None
-    problem = config_vlm_problems(config, vlm_enabled=False)
+    assert config_rule_problems(config, on={"descriptions"}) is None
+    problem = config_rule_problems(config, on=())
     assert problem and problem.startswith("streams.0.rules.1.type: rule 'smoke'")
 
 

@@ -120,7 +120,7 @@ def test_with_every_capability_off_the_service_keeps_each_plugins_routes() -> No
         "/api/search",
         "/api/ask",
     } <= paths
-    assert service.context.vlm is False
+    assert "descriptions" not in service.context.capabilities_on
     assert isinstance(service.plugin("captions").state, TranscriptStore)
     assert isinstance(service.plugin("descriptions").state, LatestDescriptions)
     clips = service.plugin("clips")  # outside a fleet: the API alone
@@ -132,7 +132,7 @@ def test_with_every_capability_off_the_service_keeps_each_plugins_routes() -> No
 def test_a_vlm_allows_vlm_rules_and_with_the_timeline_answers_questions() -> None:
     describer = SimpleNamespace(client=object(), model="m")
     service = stub_service({DESCRIPTIONS.name: describer})
-    assert service.context.vlm is True
+    assert "descriptions" in service.context.capabilities_on
     no_index = context_from(service)
     descriptions.PLUGIN.attach(no_index)
     assert no_index.timeline_api.asker is None  # asking needs the index too
@@ -144,7 +144,7 @@ def test_a_vlm_allows_vlm_rules_and_with_the_timeline_answers_questions() -> Non
     off = stub_service()
     with_index = context_from(off, timeline=cast(Timeline, SimpleNamespace(retrieve=lambda *_: [])))
     descriptions.PLUGIN.attach(with_index)
-    assert (off.context.vlm, with_index.timeline_api.asker) == (False, None)
+    assert ("descriptions" in off.context.capabilities_on, with_index.timeline_api.asker) == (False, None)
 
 
 class Recorder:
