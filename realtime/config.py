@@ -422,8 +422,8 @@ class HomeAssistantSettings(Section):
     discovery_prefix: str = Field("homeassistant", pattern=r"^[A-Za-z0-9_-]{1,64}$")  # HA's own setting
     # Where the states go: kept apart from `vidsentry/`, so the event subscribers never see them.
     state_prefix: str = Field("vidsentry-ha", pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    # A sensor per class counting its tracked objects; None: the classes the stream's rules name
-    # (all a rule without classes could count, so `person` when none is named).
+    # A sensor per class counting its tracked objects; None: the classes the stream's rules name,
+    # or when they name none every class of a model with at most 8 (the bundled one: Normal, Fall).
     count_classes: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(None, max_length=64)
     snapshot: bool = True  # the latest alert snapshot as an image entity (JPEG, retained)
 

@@ -291,13 +291,18 @@ def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), sort_keys=False).encode()
 
 
-def entities_of(rules: Sequence[Any], count_classes: Sequence[str] | None) -> StreamEntities:
+MAX_DEFAULT_CLASSES = 8  # a model with more classes counts none by default: name them (count_classes)
+
+
+def entities_of(rules: Sequence[Any], count_classes: Sequence[str] | None,
+                model_classes: Sequence[str] = ()) -> StreamEntities:
     """A stream's entities from its rules (each with `id` and `type`; `classes` where it has them)
-    and the configured counted classes (None: the classes its rules name, else `person`)."""
+    and the configured counted classes. None counts the classes its rules name, or when they name
+    none, every class of a model with a few (the bundled one: Normal and Fall)."""
     if count_classes is None:
         named: dict[str, None] = {}
         for rule in rules:
             for name in getattr(rule, "classes", None) or ():
                 named[name] = None
-        count_classes = list(named) or ["person"]
+        count_classes = list(named) or (list(model_classes) if len(model_classes) <= MAX_DEFAULT_CLASSES else [])
     return StreamEntities(tuple(RuleEntity(r.id, r.type) for r in rules), tuple(dict.fromkeys(count_classes)))

@@ -10,7 +10,7 @@ server's on the host of the NATS URL.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from urllib.parse import urlsplit
 
@@ -47,7 +47,8 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def describer(registry: StreamRegistry, settings: HomeAssistantSettings) -> Callable[[str], StreamEntities | None]:
+def describer(registry: StreamRegistry, settings: HomeAssistantSettings,
+              model_classes: Sequence[str]) -> Callable[[str], StreamEntities | None]:
     """A stream's entities from its settings as the registry holds them (None: not a stream here)."""
 
     def describe(stream_id: str) -> StreamEntities | None:
@@ -55,7 +56,7 @@ def describer(registry: StreamRegistry, settings: HomeAssistantSettings) -> Call
             stream = registry.get(stream_id).settings
         except UnknownStream:
             return None
-        return entities_of(stream.rules, settings.count_classes)
+        return entities_of(stream.rules, settings.count_classes, model_classes)
     return describe
 
 
@@ -67,7 +68,8 @@ def build_bridge(ctx: PluginContext) -> HomeAssistantBridge:
                               resend_on=f"{settings.discovery_prefix}/status")  # Home Assistant's birth message
     snapshots = ctx.engines.snapshots
     fetch = snapshots.get if settings.snapshot and isinstance(snapshots, NatsSnapshotStore) else None
-    return HomeAssistantBridge(retained, describe=describer(ctx.registry, settings), snapshot=fetch,
+    describe = describer(ctx.registry, settings, list(ctx.http.class_names.values()))
+    return HomeAssistantBridge(retained, describe=describe, snapshot=fetch,
                                discovery_prefix=settings.discovery_prefix, state_prefix=settings.state_prefix,
                                origin_version=_version())
 
