@@ -78,8 +78,13 @@ class MqttListener:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
 
-    def config_text(self, nats_port: int, *, include: Path | None = None) -> str:
-        lines = [f"include {json.dumps(str(include.resolve()))}"] if include is not None else []
+    def config_text(self, nats_port: int, *, include: Path | None = None, beside: Path | None = None) -> str:
+        """The config file's text; `include` is the caller's own file, written relative to `beside`
+        (the directory this text is written to: nats-server reads every include as relative)."""
+        lines = []
+        if include is not None:
+            relative = os.path.relpath(include.resolve(), (beside or Path.cwd()).resolve())
+            lines.append(f"include {json.dumps(relative)}")
         # JSON strings are valid nats-server config strings: quotes and backslashes escaped.
         lines += [f"server_name: {json.dumps(f'vidsentry-{nats_port}')}", "mqtt {",
                   f"  listen: {json.dumps(f'{_bracketed(self.host)}:{self.port}')}"]
@@ -182,7 +187,7 @@ class EmbeddedNatsServer:
             if port_open(self.mqtt.host, self.mqtt.port):
                 raise NatsServerError(f"MQTT port {self.mqtt.host}:{self.mqtt.port} is already in use")
             config_file = self._work_dir / "mqtt.conf"
-            config_file.write_text(self.mqtt.config_text(self._port, include=self.config_file))
+            config_file.write_text(self.mqtt.config_text(self._port, include=self.config_file, beside=self._work_dir))
             config_file.chmod(0o600)  # it may hold the MQTT password
         if config_file is not None:
             cmd += ["-c", str(config_file)]
