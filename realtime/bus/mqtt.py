@@ -7,13 +7,13 @@ whatever a hub must find when it (re)subscribes, Home Assistant's discovery conf
 is published here as an MQTT client (paho-mqtt, MQTT 3.1.1, QoS 1, retained).
 
 `RetainedTopics` holds the wanted payload of every topic (`set`, `clear`), bounded in topics and
-in payload bytes (refusals counted). Only the newest payload of a topic waits to be sent, so a
-burst of changes costs one message per topic, and at most `window` messages are unacknowledged at
-once. After every (re)connect the whole mirror is sent again: a broker that lost its store (or a
-retained message lost in a disconnect) is put right; so, too, after a hub says it is online on its
-birth topic (`resend_on`). `node_topic` is `online` while connected and
-`offline` after a clean close; the same `offline` is the connection's will, which the broker
-publishes if this process dies.
+in payload bytes (refusals counted). Every change is sent in order, so a state on for an instant is
+seen on; past `max_pending` waiting messages only each topic's newest is kept (counted), and at
+most `window` messages are unacknowledged at once. After every (re)connect the whole mirror is
+sent again: a broker that lost its store (or a retained message lost in a disconnect) is put
+right; so, too, after a hub says it is online on its birth topic (`resend_on`). `node_topic` is
+`online` while connected and `offline` after a clean close; the same `offline` is the
+connection's will, which the broker publishes if this process dies.
 
 paho runs its network loop on a thread of its own; its callbacks only hand news to the event loop
 (`call_soon_threadsafe`), where everything else happens.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -40,6 +41,7 @@ OFFLINE = b"offline"
 DEFAULT_MAX_TOPICS = 20_000
 DEFAULT_MAX_PAYLOAD = 900 * 1024  # under nats-server's default max_payload (1 MiB) with room for the header
 DEFAULT_WINDOW = 64
+DEFAULT_MAX_PENDING = 10_000  # messages waiting to be sent; past it only each topic's newest stays
 _KEEPALIVE_S = 30
 _RECONNECT_MIN_S = 1
 _RECONNECT_MAX_S = 10
@@ -83,6 +85,7 @@ class RetainedStats:
     connects: int = 0
     disconnects: int = 0
     resends: int = 0  # the whole mirror sent again because a hub came online
+    coalesced: int = 0  # changes dropped for a newer one of their topic (past max_pending)
 
 
 class RetainedTopics:
@@ -97,6 +100,7 @@ class RetainedTopics:
         max_topics: int = DEFAULT_MAX_TOPICS,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         window: int = DEFAULT_WINDOW,
+        max_pending: int = DEFAULT_MAX_PENDING,
         resend_on: str | None = None,
     ) -> None:
         self.target = target
@@ -106,9 +110,13 @@ class RetainedTopics:
         self.max_topics = max_topics
         self.max_payload = max_payload
         self.window = window
+        self.max_pending = max_pending
         self.stats = RetainedStats()
         self._mirror: dict[str, bytes] = {}  # what the broker should hold, by topic
-        self._pending: dict[str, bytes] = {}  # the newest payload of each topic not sent yet (b"": delete)
+        # What to send, in order (b"": delete). Every change goes, so a state that is on for an
+        # instant (an alert that starts and ends at once) is seen on; past max_pending, only the
+        # newest of each topic is kept (counted).
+        self._pending: deque[tuple[str, bytes]] = deque()
         self._inflight: dict[int, tuple[str, bytes]] = {}  # sent, not acknowledged, by message id
         self._connected = False
         self._changed = asyncio.Event()  # pending, a connect or an ack: the sender looks again
@@ -159,8 +167,11 @@ class RetainedTopics:
             self._queue(topic, b"")
 
     def _queue(self, topic: str, payload: bytes) -> None:
-        self._pending.pop(topic, None)  # to the end: sent after what was set before it
-        self._pending[topic] = payload
+        if len(self._pending) >= self.max_pending:
+            newest = dict(self._pending)
+            self.stats.coalesced += len(self._pending) - len(newest)
+            self._pending = deque(newest.items())
+        self._pending.append((topic, payload))
         self._idle.clear()
         self._changed.set()
 
@@ -192,11 +203,10 @@ class RetainedTopics:
         if not self._connected:
             return
         while self._pending and len(self._inflight) < self.window:
-            topic = next(iter(self._pending))
-            payload = self._pending.pop(topic)
+            topic, payload = self._pending.popleft()
             info = self._client.publish(topic, payload, qos=1, retain=True)
             if info.rc != paho.MQTT_ERR_SUCCESS:  # the connection went: sent again after the connect
-                self._pending.setdefault(topic, payload)
+                self._pending.appendleft((topic, payload))
                 return
             self._inflight[info.mid] = (topic, payload)
         self._update_idle()
@@ -247,11 +257,9 @@ class RetainedTopics:
         self.stats.connects += 1
         log.info("MQTT connected host=%s port=%s topics=%d", self.target.host, self.target.port, len(self._mirror))
         # What was pending or in flight is sent again: the mirror whole, and the deletes not set since.
-        deletes = [t for t, _ in self._inflight.values()] + list(self._pending)
+        deletes = dict.fromkeys(t for t, _ in [*self._inflight.values(), *self._pending] if t not in self._mirror)
         self._inflight.clear()
-        self._pending = {self.node_topic: ONLINE}
-        self._pending.update(self._mirror)
-        self._pending.update({t: b"" for t in deletes if t not in self._mirror})
+        self._pending = deque([(self.node_topic, ONLINE), *self._mirror.items(), *((t, b"") for t in deletes)])
         self._idle.clear()
         self._changed.set()
 
@@ -259,7 +267,7 @@ class RetainedTopics:
         """Send the whole mirror again (a hub came online: a subscription made while a retained
         message was being stored can miss it)."""
         self.stats.resends += 1
-        self._pending.update({t: p for t, p in self._mirror.items() if t not in self._pending})
+        self._pending.extend(self._mirror.items())
         if self._pending:
             self._idle.clear()
             self._changed.set()

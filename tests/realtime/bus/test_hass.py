@@ -126,6 +126,22 @@ async def test_discovery_configs_arrive_retained_and_an_alert_turns_its_sensor_o
         await hub.wait_for(PERSONS, b"0")
 
 
+async def test_an_alert_that_starts_and_ends_at_once_is_seen_on_then_off(
+    mqtt_server: EmbeddedNatsServer, running: Callable[[HomeAssistantBridge], Awaitable[None]]
+) -> None:
+    bridge = bridge_for(mqtt_server)
+    await running(bridge)
+    bridge.tap(status("live", "connecting"))
+    assert await bridge.retained.flushed(10.0)
+    with MqttWatcher(mqtt_port(mqtt_server), [RULE_STATE]) as hub:
+        await hub.ready()
+        await hub.wait_for(RULE_STATE, b"OFF")
+        bridge.tap(alert("start"))  # a line crossing: its end follows in the same moment
+        bridge.tap(alert("end"))
+        await wait_until(lambda: [m.payload for m in hub.messages][-2:] == [b"ON", b"OFF"], 10.0,
+                         lambda: f"ON then OFF, got {[m.payload for m in hub.messages]}")
+
+
 async def test_a_hub_that_restarts_sees_the_present(
     mqtt_server: EmbeddedNatsServer, running: Callable[[HomeAssistantBridge], Awaitable[None]]
 ) -> None:
@@ -263,11 +279,16 @@ async def test_events_reach_mqtt_subscribers_on_topics_that_mirror_the_subjects(
 
 
 async def test_bounds_refuse_and_count() -> None:
-    retained = RetainedTopics(MqttTarget("127.0.0.1", 1), client_id="x", node_topic="n/a", max_topics=2, max_payload=4)
+    retained = RetainedTopics(MqttTarget("127.0.0.1", 1), client_id="x", node_topic="n/a", max_topics=2,
+                              max_payload=4, max_pending=3)
     assert retained.set("a/b", b"1") and retained.set("a/c", b"2")
     assert not retained.set("a/d", b"3") and retained.stats.refused_topics == 1
     assert not retained.set("a/b", b"12345") and retained.stats.refused_payloads == 1
     assert retained.get("a/b") == b"1"
+    for value in (b"3", b"4", b"5"):  # nothing is sent (no broker): past 3 waiting, each topic's newest
+        retained.set("a/b", value)
+    assert retained.stats.coalesced > 0 and len(retained._pending) <= 3
+    assert dict(retained._pending) == {"a/b": b"5", "a/c": b"2"}
 
 
 def test_names_become_topic_levels_that_map_to_subjects_unchanged() -> None:
