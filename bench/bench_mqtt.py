@@ -7,14 +7,14 @@ The condition users run: `vidsentry serve` (a real process, default model) with 
 nats-server's MQTT listener and Home Assistant on (docs/mqtt.md), reading the sample clip as a
 live camera with the sample's rules (a zone, a line; people enter, leave and cross all along).
 Captions are off unless `--captions` (they do not touch this path, only load the machine). Two
-clients stamp arrivals on this process's monotonic clock: a NATS subscriber on
+clients stamp arrivals on the wall clock of this machine (the service's too): a NATS subscriber on
 `vidsentry.*.alerts` and an MQTT 3.1.1 client (paho-mqtt, as Home Assistant subscribes) on the
-rules' state and attributes topics. For each alert start, the latency is the arrival of the
-attributes that name it minus the arrival of the event on NATS; for each rule turning on, the
-arrival of `ON` minus that of the start that turned it on. Both include the service's fan-out
-to its taps, the bridge, paho's thread, and nats-server's MQTT side (stored in JetStream: QoS 1,
-retained). Starts for which no attributes naming them arrived (the end of the run cuts some off)
-are counted as unmatched, not measured.
+rules' state and attributes topics. Every latency starts at the start event's `published_at` (ms
+precision): to its arrival on NATS (for comparison), to the arrival of the attributes that name it,
+and, where it turned its rule on, to the arrival of `ON` (the bridge sets a rule's attributes just
+before its state). The MQTT side includes the service's fan-out to its taps, the bridge, paho's
+thread, and nats-server's MQTT side (stored in JetStream: QoS 1, retained). Starts for which no
+attributes naming them arrived (the end of the run cuts some off) are counted as unmatched.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _common import ensure_sample, pct, table, write_results  # noqa: E402
 
+from realtime.bus.cloudevents import parse_rfc3339  # noqa: E402
 from realtime.bus.embedded import free_port  # noqa: E402
 from tests.support.serve_process import ServeProcess  # noqa: E402
 
@@ -47,7 +48,7 @@ EMBEDDED_LINE = "vidsentry: embedded NATS at "
 
 
 class Hub:
-    """An MQTT client stamping every message on the rules' topics as it arrives."""
+    """An MQTT client stamping every message on the rules' topics as it arrives (wall clock)."""
 
     def __init__(self, port: int) -> None:
         self.received: list[tuple[float, str, bytes]] = []
@@ -61,7 +62,7 @@ class Hub:
         self.client.loop_start()
 
     def _on_message(self, _c: Any, _u: Any, message: paho.MQTTMessage) -> None:
-        now = time.monotonic()
+        now = time.time()
         with self._lock:
             self.received.append((now, message.topic, bytes(message.payload)))
 
@@ -70,6 +71,10 @@ class Hub:
         self.client.loop_stop()
         with self._lock:
             return list(self.received)
+
+
+def published_at(body: dict[str, Any]) -> float:
+    return parse_rfc3339(body["published_at"]).timestamp()
 
 
 async def run(duration_s: float, captions: bool, workdir: Path) -> dict[str, Any]:
@@ -82,7 +87,7 @@ async def run(duration_s: float, captions: bool, workdir: Path) -> dict[str, Any
     path = workdir / "vidsentry.yaml"
     path.write_text(yaml.safe_dump(config))
     serve = ServeProcess("--config", str(path), "--port", "0", log_dir=workdir)
-    starts: dict[str, tuple[float, str, str]] = {}  # alert id -> (arrival, stream, rule)
+    starts: dict[str, tuple[float, float]] = {}  # alert id -> (published_at, arrival on NATS)
     with serve.start(within_s=120):
         nats_url = next(line.split(EMBEDDED_LINE, 1)[1].split()[0]
                         for line in serve.stderr().splitlines() if EMBEDDED_LINE in line)
@@ -94,7 +99,7 @@ async def run(duration_s: float, captions: bool, workdir: Path) -> dict[str, Any
         async def on_alert(msg: Any) -> None:
             body = json.loads(msg.data)
             if body.get("event") == "start":
-                starts[body["alert_id"]] = (time.monotonic(), body["stream_id"], body["rule_id"])
+                starts[body["alert_id"]] = (published_at(body), time.time())
 
         await nc.subscribe("vidsentry.*.alerts", cb=on_alert)
         await asyncio.sleep(duration_s)
@@ -102,27 +107,28 @@ async def run(duration_s: float, captions: bool, workdir: Path) -> dict[str, Any
         received = hub.stop()
         serve.terminate()
 
-    per_start: list[float] = []
-    unmatched = 0
-    for alert_id, (sent, stream_id, rule_id) in starts.items():
-        topic = f"vidsentry-ha/stream/{stream_id}/rule/{rule_id}/attributes"
-        seen = [t for t, top, payload in received if top == topic and t >= sent
-                and (json.loads(payload).get("alert") or {}).get("alert_id") == alert_id]
-        if seen:
-            per_start.append((seen[0] - sent) * 1000)
-        else:
-            unmatched += 1
-    turned_on: list[float] = []
+    to_nats = [(arrived - sent) * 1000 for sent, arrived in starts.values()]
+    to_attributes: list[float] = []
+    to_on: list[float] = []
+    attributes_of: dict[str, str] = {}  # rule's state topic -> the alert its newest attributes named
+    seen: set[str] = set()
     for arrival, topic, payload in received:
-        if payload != b"ON" or topic.endswith("/attributes"):
-            continue
-        rule_id = topic.rsplit("/", 1)[1]
-        before = [sent for sent, _, rule in starts.values() if rule == rule_id and sent <= arrival]
-        if before:
-            turned_on.append((arrival - max(before)) * 1000)
-    return {"duration_s": duration_s, "captions": captions, "alert_starts": len(starts), "unmatched": unmatched,
-            "start_to_attributes_ms": {"p50": pct(per_start, 50), "p95": pct(per_start, 95), "n": len(per_start)},
-            "start_to_on_ms": {"p50": pct(turned_on, 50), "p95": pct(turned_on, 95), "n": len(turned_on)}}
+        if topic.endswith("/attributes"):
+            body = json.loads(payload)
+            alert_id = (body.get("alert") or {}).get("alert_id")
+            if body.get("last_event") == "start" and alert_id in starts and alert_id not in seen:
+                seen.add(alert_id)
+                to_attributes.append((arrival - starts[alert_id][0]) * 1000)
+                attributes_of[topic.removesuffix("/attributes")] = alert_id
+        elif payload == b"ON" and topic in attributes_of:
+            to_on.append((arrival - starts[attributes_of.pop(topic)][0]) * 1000)
+
+    def summary(values: list[float]) -> dict[str, Any]:
+        return {"p50": pct(values, 50), "p95": pct(values, 95), "n": len(values)}
+
+    return {"duration_s": duration_s, "captions": captions, "alert_starts": len(starts),
+            "unmatched": len(starts) - len(seen), "published_to_nats_ms": summary(to_nats),
+            "published_to_attributes_ms": summary(to_attributes), "published_to_on_ms": summary(to_on)}
 
 
 def main() -> None:
@@ -132,8 +138,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-mqtt-") as tmp:
         result = asyncio.run(run(args.duration, args.captions, Path(tmp)))
-    rows = [{"path": "alert start (NATS) -> HA attributes", **result["start_to_attributes_ms"]},
-            {"path": "alert start (NATS) -> HA state ON", **result["start_to_on_ms"]}]
+    rows = [{"path": "alert start published -> NATS subscriber", **result["published_to_nats_ms"]},
+            {"path": "alert start published -> HA attributes (MQTT)", **result["published_to_attributes_ms"]},
+            {"path": "alert start published -> HA state ON (MQTT)", **result["published_to_on_ms"]}]
     print(table(rows, ["path", "p50", "p95", "n"]))
     print(f"alert starts: {result['alert_starts']}, without attributes naming them: {result['unmatched']}")
     print(write_results("mqtt", result))

@@ -15,7 +15,7 @@ from realtime.bus.embedded import free_port
 from realtime.config import Config
 from realtime.service.plugins.homeassistant import mqtt_target
 from tests.support.mqtt import MqttWatcher
-from tests.support.serve_process import ServeProcess, write_config
+from tests.support.serve_process import ServeProcess, http, write_config
 from tests.support.waiting import wait_until
 
 RULES = [
@@ -82,6 +82,9 @@ async def test_serve_makes_each_stream_a_device_with_live_states_and_leaves_it_u
                              "tracked people counted")
             rule = json.loads(hub.payload("homeassistant/binary_sensor/vidsentry_plaza/crossing/config") or b"")
             assert rule["availability"][0]["topic"] == nodes[0]
+
+            metrics = (await asyncio.to_thread(http, "GET", f"{serve.url}/metrics"))[1]
+            assert "vidsentry_mqtt_connected 1.0" in metrics and "vidsentry_mqtt_published_total" in metrics
 
             assert await asyncio.to_thread(serve.terminate) == 0, serve.stderr()
             await hub.wait_for(nodes[0], b"offline")
