@@ -134,6 +134,8 @@ class RetainedTopics:
         self._client.on_disconnect = self._on_disconnect
         self._client.on_publish = self._on_publish
         self._client.on_message = self._on_message
+        self._client.on_connect_fail = self._on_connect_fail
+        self._failing = False  # a failed connect was logged; the next is not, until one succeeds
 
     # -- what the broker should hold ----------------------------------------------------------
 
@@ -240,6 +242,9 @@ class RetainedTopics:
             self._client.subscribe(self.resend_on, qos=0)
         self._call(self._connected_now)
 
+    def _on_connect_fail(self, _client: Any, _userdata: Any) -> None:
+        self._call(self._connect_failed)
+
     def _on_disconnect(self, _client: Any, _userdata: Any, _flags: Any, _reason: Any, _props: Any) -> None:
         self._call(self._disconnected_now)
 
@@ -252,7 +257,14 @@ class RetainedTopics:
 
     # -- back on the event loop ---------------------------------------------------------------
 
+    def _connect_failed(self) -> None:
+        if not self._failing:
+            self._failing = True
+            log.warning("MQTT broker unreachable host=%s port=%s; retrying every %d s at most",
+                        self.target.host, self.target.port, _RECONNECT_MAX_S)
+
     def _connected_now(self) -> None:
+        self._failing = False
         self._connected = True
         self.stats.connects += 1
         log.info("MQTT connected host=%s port=%s topics=%d", self.target.host, self.target.port, len(self._mirror))
