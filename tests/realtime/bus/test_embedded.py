@@ -107,3 +107,17 @@ async def test_an_mqtt_listener_with_a_login_lets_in_only_who_has_it(tmp_path: P
             assert "authorized" in (hub.refused or "").lower()
         with MqttWatcher(mqtt_port(server), ["a/b"], username="hub", password='p"w\\ord') as hub:
             await hub.ready()
+
+
+def test_an_mqtt_port_in_use_is_named(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = EmbeddedNatsServer(store_dir=tmp_path, mqtt=embedded.MqttListener(port))
+        try:
+            with pytest.raises(NatsServerError, match=f"MQTT port 127.0.0.1:{port} is already in use"):
+                server.start()
+            assert not server.running
+        finally:
+            server.stop()
