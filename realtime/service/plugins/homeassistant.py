@@ -2,7 +2,7 @@
 found by MQTT discovery, its rules, counts and newest alert snapshot kept as retained states.
 
 It belongs to no capability: it is fed by every stream's events, as the capabilities' plugins
-are, and so is one of them (named `homeassistant`, after those of the capabilities). It talks MQTT
+are, and so is one of them (named `homeassistant`, before those of the capabilities). It talks MQTT
 to the NATS server's own listener (`nats.mqtt_port`): the embedded server's, or an external
 server's on the host of the NATS URL.
 """

@@ -88,9 +88,9 @@ def test_every_plugin_names_one_capability_in_the_capabilities_order() -> None:
     names = [c.name for c in CAPABILITIES]
     plugged = [p.capability for p in SERVICE_PLUGINS]
     assert len(set(plugged)) == len(plugged)
-    # Those of no capability (fed by events all the same) come after the capabilities' own.
+    # Those of no capability (fed by events all the same) come before the capabilities' own.
     own = [name for name in plugged if name in names]
-    assert plugged[:len(own)] == own and set(plugged[len(own):]) == {"homeassistant"}
+    assert plugged[len(plugged) - len(own):] == own and set(plugged[:len(plugged) - len(own)]) == {"homeassistant"}
     assert own == sorted(own, key=names.index)  # their taps see an event in this order
     assert {"captions", "descriptions", "clips"} <= set(plugged)
 
