@@ -19,6 +19,7 @@ message lists at most MAX_PROBLEMS_SHOWN problems, each cut to MAX_PROBLEM_CHARS
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from collections.abc import Iterable, Mapping
@@ -78,11 +79,37 @@ class NatsSettings(Section):
     outbox_dir: Path | None = None
     outbox_max_events: int = Field(100_000, ge=1, le=100_000_000)
     outbox_max_bytes: int = Field(256 * 1024 * 1024, ge=1, le=1024**4)  # 1 TiB
+    # MQTT 3.1.1 (Home Assistant and other MQTT clients; docs/mqtt.md). The embedded server listens
+    # on mqtt_host:mqtt_port when a port is set (None: no MQTT); with an external server (`url`) these
+    # say where its own MQTT listener is and how to log in to it: the host is then `url`'s.
+    mqtt_port: int | None = Field(None, ge=1, le=65535)
+    mqtt_host: str = "127.0.0.1"  # the embedded listener's address; a non-loopback one needs a password
+    mqtt_username: str | None = Field(None, min_length=1, max_length=256)
+    mqtt_password: SecretStr | None = None  # kept out of reprs and logs
 
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         return None if value is None else check_nats_url(value)
+
+    @model_validator(mode="after")
+    def _mqtt_login(self) -> NatsSettings:
+        if (self.mqtt_username is None) != (self.mqtt_password is None):
+            raise ValueError("mqtt_username and mqtt_password: set both or neither")
+        if self.mqtt_port is not None and self.url is None and self.mqtt_password is None \
+                and not _loopback(self.mqtt_host):
+            raise ValueError(f"mqtt_host {self.mqtt_host}: an MQTT listener off loopback needs mqtt_username and "
+                             "mqtt_password (anyone reaching it could read every event and publish)")
+        return self
+
+
+def _loopback(host: str) -> bool:
+    if host.rstrip(".").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name may resolve anywhere
 
 
 def check_nats_url(value: str) -> str:
@@ -422,6 +449,20 @@ class ComputeSettings(Section):
     captions_reserve_s: float = Field(0.0, ge=0.0, le=10.0)
 
 
+class HomeAssistantSettings(Section):
+    """Home Assistant over MQTT (docs/mqtt.md): discovery configs and retained states, published
+    through the NATS server's MQTT listener (`nats.mqtt_port`), which must be set."""
+
+    enabled: bool = False
+    discovery_prefix: str = Field("homeassistant", pattern=r"^[A-Za-z0-9_-]{1,64}$")  # HA's own setting
+    # Where the states go: kept apart from `vidsentry/`, so the event subscribers never see them.
+    state_prefix: str = Field("vidsentry-ha", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    # A sensor per class counting its tracked objects; None: the classes the stream's rules name,
+    # or when they name none every class of a model with at most 8 (the bundled one: Normal, Fall).
+    count_classes: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(None, max_length=64)
+    snapshot: bool = True  # the latest alert snapshot as an image entity (JPEG, retained)
+
+
 class _ServiceConfig(Section):
     """The service's own sections; `Config` adds the capabilities'."""
 
@@ -436,6 +477,7 @@ class _ServiceConfig(Section):
     webrtc: WebRtcSettings = WebRtcSettings()
     compute: ComputeSettings = ComputeSettings()
     timeline: TimelineSettings = TimelineSettings()
+    homeassistant: HomeAssistantSettings = HomeAssistantSettings()
     streams: list[StreamSettings] = []
 
     @field_validator("streams", mode="before")
@@ -461,6 +503,12 @@ class _ServiceConfig(Section):
             if isinstance(stream, WebRtcStreamSettings):
                 raise ValueError(f"stream {stream.id!r}: {WEBRTC_NOT_CONFIGURABLE}")
         return streams
+
+    @model_validator(mode="after")
+    def _home_assistant_has_mqtt(self) -> _ServiceConfig:
+        if self.homeassistant.enabled and self.nats.mqtt_port is None:
+            raise ValueError("homeassistant.enabled needs nats.mqtt_port: Home Assistant speaks MQTT")
+        return self
 
     @model_validator(mode="after")
     def _unique_ids(self) -> _ServiceConfig:

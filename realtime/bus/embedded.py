@@ -1,7 +1,13 @@
-"""A local `nats-server` with JetStream, for `vidsentry serve` without a broker and for tests."""
+"""A local `nats-server` with JetStream, for `vidsentry serve` without a broker and for tests.
+
+It can also listen for MQTT 3.1.1 (`mqtt_port`, off by default): nats-server has the listener
+built in, keeping MQTT sessions and retained messages in JetStream, so Home Assistant and other
+MQTT clients reach the events (`vidsentry/<stream>/<kind>`) without another broker (docs/mqtt.md).
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -12,6 +18,7 @@ import sys
 import tempfile
 import time
 import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
@@ -57,12 +64,50 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
         return False
 
 
+@dataclass(frozen=True, slots=True)
+class MqttListener:
+    """nats-server's MQTT 3.1.1 listener: where it listens and whom it lets in.
+
+    With a `username`, MQTT clients must log in with it and `password` (the listener's own
+    credentials; NATS clients are not affected). Without one any MQTT client that reaches the
+    port may read every event and publish, which is why the config refuses a non-loopback host
+    without a password (realtime.config)."""
+
+    port: int
+    host: str = "127.0.0.1"
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    def config_text(self, nats_port: int, *, include: Path | None = None, beside: Path | None = None) -> str:
+        """The config file's text; `include` is the caller's own file, written relative to `beside`
+        (the directory this text is written to: nats-server reads every include as relative)."""
+        lines = []
+        if include is not None:
+            relative = os.path.relpath(include.resolve(), (beside or Path.cwd()).resolve())
+            lines.append(f"include {json.dumps(relative)}")
+        # JSON strings are valid nats-server config strings: quotes and backslashes escaped.
+        lines += [f"server_name: {json.dumps(f'vidsentry-{nats_port}')}", "mqtt {",
+                  f"  listen: {json.dumps(f'{_bracketed(self.host)}:{self.port}')}"]
+        if self.username is not None:
+            lines += ["  authorization {", f"    username: {json.dumps(self.username)}",
+                      f"    password: {json.dumps(self.password or '')}", "  }"]
+        return "\n".join([*lines, "}", ""])
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
 class EmbeddedNatsServer:
     """Runs `nats-server -js` as a child process on a loopback port.
 
     The store directory survives `kill()` and `restart()` (that is the point of outage tests);
     a temporary one made here is removed by `stop()`. `config_file` is passed with `-c` (for
     settings without a flag, e.g. `max_payload`); the address, JetStream and store flags win.
+
+    `mqtt`: an MQTT listener too. Its block goes into a config file of our own that includes
+    `config_file`, so both can be given; the server is named (`server_name`) so that its MQTT
+    state in JetStream belongs to the same server after a restart.
     """
 
     def __init__(
@@ -72,9 +117,11 @@ class EmbeddedNatsServer:
         port: int | None = None,
         *,
         config_file: Path | None = None,
+        mqtt: MqttListener | None = None,
     ):
         self.host = host
         self.config_file = config_file
+        self.mqtt = mqtt
         self._requested_port = port
         self._port: int | None = port
         self._store_dir = Path(store_dir) if store_dir is not None else None
@@ -95,6 +142,11 @@ class EmbeddedNatsServer:
     @property
     def port(self) -> int | None:
         return self._port
+
+    @property
+    def mqtt_url(self) -> str | None:
+        """`mqtt://host:port` of the MQTT listener, None without one."""
+        return None if self.mqtt is None else f"mqtt://{_bracketed(self.mqtt.host)}:{self.mqtt.port}"
 
     @property
     def pid(self) -> int | None:
@@ -130,8 +182,15 @@ class EmbeddedNatsServer:
             raise NatsServerError(f"port {self.host}:{self._port} is already in use")
 
         cmd = [str(binary), "-a", self.host, "-p", str(self._port), "-js", "-sd", str(self._store_dir)]
-        if self.config_file is not None:
-            cmd += ["-c", str(self.config_file)]
+        config_file = self.config_file
+        if self.mqtt is not None:
+            if port_open(self.mqtt.host, self.mqtt.port):
+                raise NatsServerError(f"MQTT port {self.mqtt.host}:{self.mqtt.port} is already in use")
+            config_file = self._work_dir / "mqtt.conf"
+            config_file.write_text(self.mqtt.config_text(self._port, include=self.config_file, beside=self._work_dir))
+            config_file.chmod(0o600)  # it may hold the MQTT password
+        if config_file is not None:
+            cmd += ["-c", str(config_file)]
         assert self.log_path is not None
         with open(self.log_path, "ab") as log_file:
             # Own session: a Ctrl-C in the terminal must not kill the broker before we drain into it.
@@ -158,7 +217,9 @@ class EmbeddedNatsServer:
                 code = self._proc.returncode
                 self._proc = None
                 raise NatsServerError(f"nats-server exited with code {code} during start:\n{self.log_tail()}")
-            if port_open(self.host, self._port):
+            if port_open(self.host, self._port) and (
+                self.mqtt is None or port_open(self.mqtt.host, self.mqtt.port)
+            ):
                 return
             time.sleep(0.02)
         self._terminate(kill_only=True)

@@ -26,7 +26,7 @@ from pipelines.capabilities import CAPABILITIES, critical_share, open_capabiliti
 from pipelines.capability import Capability, CapabilityError, Flag, OpenContext
 from pipelines.compute import ComputeBudget
 from pipelines.detect import DETECTOR, detector_claim
-from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.bus.embedded import EmbeddedNatsServer, MqttListener, NatsServerError
 from realtime.bus.jetstream import StreamConflictError, StreamSetupError
 from realtime.bus.outbox import Outbox
 from realtime.bus.publisher import BusUnavailable, NatsEventPublisher
@@ -129,6 +129,14 @@ def open_outbox(settings: NatsSettings) -> Outbox | None:
         raise CommandError(f"nats.outbox_dir {settings.outbox_dir}: {exc}", EXIT_RUNTIME) from exc
 
 
+def mqtt_listener(settings: NatsSettings) -> MqttListener | None:
+    """The embedded server's MQTT listener as `nats.mqtt_*` ask for it (None: no MQTT)."""
+    if settings.mqtt_port is None:
+        return None
+    password = settings.mqtt_password.get_secret_value() if settings.mqtt_password is not None else None
+    return MqttListener(settings.mqtt_port, settings.mqtt_host, settings.mqtt_username, password)
+
+
 @contextlib.asynccontextmanager
 async def open_bus(nats_url: str | None, settings: NatsSettings, node: str) -> AsyncIterator[NatsEventPublisher]:
     """Connect to the given NATS, or start an embedded server for the duration; with the
@@ -137,11 +145,17 @@ async def open_bus(nats_url: str | None, settings: NatsSettings, node: str) -> A
     store: tempfile.TemporaryDirectory[str] | None = None
     if nats_url is None:
         store = tempfile.TemporaryDirectory(prefix="vidsentry-nats-")
-        embedded = EmbeddedNatsServer(store_dir=Path(store.name))
-        await asyncio.to_thread(embedded.start)
+        embedded = EmbeddedNatsServer(store_dir=Path(store.name), mqtt=mqtt_listener(settings))
+        try:
+            await asyncio.to_thread(embedded.start)
+        except NatsServerError as exc:  # e.g. nats.mqtt_port taken: one line, not a traceback
+            store.cleanup()
+            raise CommandError(str(exc).splitlines()[0], EXIT_RUNTIME) from exc
         nats_url = embedded.url
         print(f"vidsentry: embedded NATS at {nats_url} (vidsentry subscribe --nats-url {nats_url})",
               file=sys.stderr)
+        if embedded.mqtt_url is not None:
+            print(f"vidsentry: MQTT at {embedded.mqtt_url} (topics vidsentry/<stream>/<kind>)", file=sys.stderr)
     try:
         outbox = open_outbox(settings)
         try:

@@ -68,6 +68,6 @@ class Attached:
 
 @dataclass(frozen=True, slots=True)
 class ServicePlugin:
-    capability: str  # its capability's name (pipelines.capabilities.CAPABILITIES)
+    capability: str  # its capability's name (pipelines.capabilities.CAPABILITIES), or its own for one of none
     attach: Callable[[PluginContext], Attached]
     panels: tuple[Panel, ...] = ()  # its cards on the page: a module, a title, the kinds it shows

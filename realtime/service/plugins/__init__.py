@@ -3,6 +3,8 @@
 Found from the capabilities: a capability names its plugin's module (`Capability.service`), and
 that module's `PLUGIN` is it. In the order of `pipelines.capabilities.CAPABILITIES`: their taps
 see each event in this order. Adding a capability with service parts is its module; nothing here.
+Before them come the plugins that belong to no capability, fed by events all the same
+(`OWN_PLUGINS`): Home Assistant.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from typing import overload
 from pipelines.capabilities import CAPABILITIES
 from realtime.service.plugin import ServicePlugin
 
+OWN_PLUGINS = ("realtime.service.plugins.homeassistant",)  # fed by events, of no capability
+
 
 def service_plugins() -> tuple[ServicePlugin, ...]:
-    """Every capability's service plugin, as the registry stands now."""
-    plugins = []
+    """The service's own plugins, then every capability's, as the registry stands now."""
+    plugins = [importlib.import_module(module).PLUGIN for module in OWN_PLUGINS]
     for capability in CAPABILITIES:
         if capability.service is None:
             continue

@@ -7,10 +7,13 @@ import socket
 import sys
 from pathlib import Path
 
+import nats
 import pytest
 
 from realtime.bus import embedded
 from realtime.bus.embedded import EmbeddedNatsServer, NatsServerError, port_open
+from tests.support.mqtt import MqttWatcher, mqtt_nats_server, mqtt_port
+from tests.support.waiting import wait_until
 
 
 def _alive(pid: int) -> bool:
@@ -85,3 +88,36 @@ def test_server_that_exits_reports_its_log() -> None:
     assert "256.0.0.1" in str(info.value)  # the server's own complaint is in the message
     server.stop()
     assert not server.running
+
+
+async def test_an_mqtt_listener_with_a_login_lets_in_only_who_has_it(tmp_path: Path) -> None:
+    extra = tmp_path / "extra.conf"
+    extra.write_text("max_payload: 2097152\n")  # a setting of the caller's own file still applies
+    server = mqtt_nats_server(tmp_path / "store", username="hub", password='p"w\\ord')
+    server.config_file = extra
+    with server:
+        assert server.mqtt_url == f"mqtt://127.0.0.1:{mqtt_port(server)}"
+        nc = await nats.connect(server.url)  # NATS clients need no MQTT login
+        try:
+            assert nc.max_payload == 2097152
+        finally:
+            await nc.close()
+        with MqttWatcher(mqtt_port(server), ["a/b"], client_id="stranger", username="hub", password="wrong") as hub:
+            await wait_until(lambda: hub.refused is not None, 10.0, "the CONNACK refusing the login")
+            assert "authorized" in (hub.refused or "").lower()
+        with MqttWatcher(mqtt_port(server), ["a/b"], username="hub", password='p"w\\ord') as hub:
+            await hub.ready()
+
+
+def test_an_mqtt_port_in_use_is_named(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = EmbeddedNatsServer(store_dir=tmp_path, mqtt=embedded.MqttListener(port))
+        try:
+            with pytest.raises(NatsServerError, match=f"MQTT port 127.0.0.1:{port} is already in use"):
+                server.start()
+            assert not server.running
+        finally:
+            server.stop()
