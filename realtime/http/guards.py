@@ -71,6 +71,14 @@ def _token_matches(header: str, token: bytes) -> bool:
     return hmac.compare_digest(raw, token)
 
 
+def token_given(request: web.Request) -> bool:
+    """Whether the request carries the API token (or none is configured): for a route the token
+    does not guard, whose answer says more to a caller that has it."""
+    token = context_of(request).api_token
+    header = request.headers.get("Authorization")
+    return token is None or (header is not None and _token_matches(header, token))
+
+
 @web.middleware
 async def bearer_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     token = context_of(request).api_token

@@ -12,7 +12,8 @@ stream id is not enough to end or trickle into its session. The answer carries e
 candidate (the service gathers before answering), so PATCH answers 204 with nothing to send
 back. The configured ICE servers go out as `Link: <url>; rel="ice-server"` headers, behind the
 bearer token like `/api/webrtc/config`. OPTIONS answers without a token (a CORS preflight carries
-none) and says only which methods and bodies the resource takes.
+none) with the methods and bodies the resource takes, and adds the `Link` headers only when the
+token is sent (clients that configure ICE from OPTIONS, as `simple-whip-client -f` does).
 
 The page's `pagehide` beacon cannot send headers, so the 201 also carries the session's close
 token in `Vidsentry-Close-Token` for `POST /api/webrtc/close`.
@@ -25,6 +26,7 @@ from multidict import CIMultiDict
 
 from pipelines.frames import InvalidStreamId, validate_stream_id
 from realtime.http.errors import ApiError
+from realtime.http.guards import token_given
 from realtime.http.signalling import SESSIONS, refusals
 from realtime.webrtc.offer import BadOffer, parse_offer
 from realtime.webrtc.session import WebRtcSession
@@ -80,7 +82,12 @@ def ice_server_links(request: web.Request) -> list[str]:
 
 async def endpoint_options(request: web.Request) -> web.Response:
     _stream_id(request)
-    return web.Response(status=204, headers={"Allow": ENDPOINT_METHODS, "Accept-Post": SDP})
+    headers: CIMultiDict[str] = CIMultiDict({"Allow": ENDPOINT_METHODS, "Accept-Post": SDP})
+    if token_given(request):  # clients that configure ICE from OPTIONS (simple-whip-client -f) send the token
+        headers["Cache-Control"] = "no-store"
+        for link in ice_server_links(request):
+            headers.add("Link", link)
+    return web.Response(status=204, headers=headers)
 
 
 async def publish(request: web.Request) -> web.Response:

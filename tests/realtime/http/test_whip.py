@@ -142,6 +142,9 @@ async def test_options_and_methods(svc: LiveService) -> None:
     assert reply.status == 204 and header(reply, "Accept-Post") == SDP
     assert set((header(reply, "Allow") or "").replace(" ", "").split(",")) == {"OPTIONS", "POST"}
     assert "Link" not in reply.headers and "Access-Control-Allow-Origin" not in reply.headers
+    # With the token, OPTIONS names the ICE servers too (clients that configure ICE before offering).
+    async with svc.session.options(svc.url + "/whip/cam-3", headers={"Authorization": f"Bearer {TOKEN}"}) as response:
+        assert response.status == 204 and len(response.headers.getall("Link")) == 2
     reply = await svc.call("OPTIONS", "/whip/cam-3/anything", token=None)
     assert reply.status == 204 and header(reply, "Accept-Patch") == FRAGMENT
     reply = await svc.call("GET", "/whip/cam-3")
