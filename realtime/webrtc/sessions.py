@@ -15,6 +15,10 @@ whose peer never connects holds its slot for `connect_timeout_s`, and four of th
 every new session out for that long, again and again. A session leaves the connecting budget
 when it connects or ends.
 
+WHIP (realtime/http/whip.py) opens sessions through the same `open`; its clients may trickle
+their candidates afterwards (`trickle`), screened and counted as an offer's are, and find their
+session by its random resource id (`whip_session`).
+
 Each session's peer connection is bounded before the answer goes out: its remote candidates
 screened and its STUN requests rate-limited (ice.py), its SCTP transport taking only small
 DataChannel messages (sctp.py). A peer that sends more ends its session; each of these is
@@ -275,7 +279,10 @@ class SessionTable:
             candidate.sdpMid = trickled.mid
             # By mid when the fragment names it: aiortc matches either, and an index could name another section.
             candidate.sdpMLineIndex = trickled.mline_index if trickled.mid is None else None
-            await session.pc.addIceCandidate(candidate)
+            try:
+                await session.pc.addIceCandidate(candidate)
+            except ValueError as exc:  # aioice: after end-of-candidates, or no section matches
+                raise BadOffer("sdpfrag", f"candidate not taken: {exc}") from exc
             added += 1
         if fragment.end:
             await session.pc.addIceCandidate(None)
