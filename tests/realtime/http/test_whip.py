@@ -5,6 +5,7 @@ session bounds as `/api/webrtc/offer`."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -203,3 +204,21 @@ async def test_whip_and_a_camera_share_the_stream_namespace(
             assert_refused(reply, 409, "stream exists")
         finally:
             await pc.close()
+
+
+async def test_the_close_token_header_ends_the_session_by_beacon(svc: LiveService, frames: list[np.ndarray]) -> None:
+    # The page's pagehide beacon cannot DELETE or send the bearer token: it sends the close token
+    # the 201 carried in a header of its own.
+    pc = await offer(frames)
+    try:
+        reply = await svc.call("POST", "/whip/cam-6", data=pc.localDescription.sdp, content_type=SDP)
+        assert reply.status == 201, reply
+        token = header(reply, "Vidsentry-Close-Token")
+        assert token
+        beacon = json.dumps({"stream_id": "cam-6", "close_token": token})
+        closed = await svc.call("POST", "/api/webrtc/close", data=beacon, content_type="text/plain", token=None)
+        assert closed.status == 204, closed
+        assert "cam-6" not in svc.service.sessions
+        assert svc.service.sessions.ended["the page went away"] == 1
+    finally:
+        await pc.close()
