@@ -16,6 +16,7 @@ APT_PACKAGES=(
   libgirepository1.0-dev libcairo2-dev pkg-config
   g++  # tests/engines/tensorrt/test_kernel_source.py runs the CUDA letterbox kernel's body on the CPU
   chromium  # browser tests: playwright drives Debian's build (never `playwright install`)
+  simple-whip-client  # WHIP tests: a third-party publisher (tests/support/whip_client.py)
 )
 
 step() { printf '\n==> %s\n' "$*" >&2; }

@@ -27,6 +27,10 @@ from realtime.http.handlers import Handler
 from realtime.http.hosts import host_name
 
 API_PREFIX = "/api"
+# WHIP (whip.py) is API too: the token, the same-site check and draining hold for it; its bodies
+# are SDP, not JSON, which no form can send either (a cross-site script would need a preflight).
+WHIP_PREFIX = "/whip"
+_PREFIXES = (API_PREFIX, WHIP_PREFIX)
 # A route whose body carries its own secret (a session's close token), for callers that cannot set
 # headers: `navigator.sendBeacon` sends neither a bearer token nor a JSON content type.
 BEACON_ROUTE = "webrtc-close"
@@ -38,10 +42,18 @@ JSON = "application/json"
 def _is_api(request: web.Request) -> bool:
     # The raw path and the matched route both count, so no spelling of a path slips past.
     path = request.path
-    if path == API_PREFIX or path.startswith(API_PREFIX + "/"):
+    if any(path == prefix or path.startswith(prefix + "/") for prefix in _PREFIXES):
         return True
     resource = request.match_info.route.resource
-    return resource is not None and resource.canonical.startswith(API_PREFIX + "/")
+    return resource is not None and resource.canonical.startswith(tuple(prefix + "/" for prefix in _PREFIXES))
+
+
+def _is_whip(request: web.Request) -> bool:
+    path = request.path
+    resource = request.match_info.route.resource
+    return (path == WHIP_PREFIX or path.startswith(WHIP_PREFIX + "/")) or (
+        resource is not None and resource.canonical.startswith(WHIP_PREFIX + "/")
+    )
 
 
 def _is_beacon(request: web.Request) -> bool:
@@ -59,11 +71,21 @@ def _token_matches(header: str, token: bytes) -> bool:
     return hmac.compare_digest(raw, token)
 
 
+def token_given(request: web.Request) -> bool:
+    """Whether the request carries the API token (or none is configured): for a route the token
+    does not guard, whose answer says more to a caller that has it."""
+    token = context_of(request).api_token
+    header = request.headers.get("Authorization")
+    return token is None or (header is not None and _token_matches(header, token))
+
+
 @web.middleware
 async def bearer_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     token = context_of(request).api_token
     if token is None or not _is_api(request) or _is_beacon(request):
         return await handler(request)
+    if request.method == "OPTIONS" and _is_whip(request):
+        return await handler(request)  # a CORS preflight carries no token; OPTIONS tells no secret
     header = request.headers.get("Authorization")
     if header is None and request.method in ("GET", "HEAD") and "sig" in request.query:
         if context_of(request).signer.valid(request.path, request.query):
@@ -158,6 +180,7 @@ async def json_bodies_only(request: web.Request, handler: Handler) -> web.Stream
         and _is_api(request)
         and request.content_type != JSON
         and not _is_beacon(request)
+        and not _is_whip(request)  # SDP bodies; whip.py checks their content types
     ):
         detail = {"expected": JSON, "content_type": request.headers.get("Content-Type")}
         return json_error(415, f"unsupported media type: send the body as {JSON}", detail)

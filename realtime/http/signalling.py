@@ -9,7 +9,9 @@ accepts any content type (the token is the secret; a cross-site page cannot know
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
@@ -37,13 +39,12 @@ def _shutting_down() -> ApiError:
     return ApiError(503, "shutting down", "the service is draining", headers={"Retry-After": "5"})
 
 
-async def create_session(request: web.Request) -> web.Response:
-    table = request.app[SESSIONS]
-    body = await read_json_object(request, what="offer object", example=OFFER_EXAMPLE)
+@contextlib.contextmanager
+def refusals() -> Iterator[None]:
+    """What opening a session can refuse, as the answers the API gives: the offer route and WHIP's
+    `POST /whip/{stream}` answer alike."""
     try:
-        settings = table.settings
-        offer = parse_offer(body, max_sdp_bytes=settings.max_sdp_bytes, max_candidates=settings.max_ice_candidates)
-        answer = await table.open(offer, client=str(request.remote or ""))
+        yield
     except BadOffer as exc:
         raise ApiError(400, f"invalid offer: {exc}", {"field": exc.field, "message": exc.message}) from None
     except TooManyConnecting as exc:  # connecting sessions connect or time out within seconds
@@ -60,6 +61,15 @@ async def create_session(request: web.Request) -> web.Response:
         raise ApiError(503, f"negotiation failed: {exc}", None, headers={"Retry-After": "5"}) from None
     except (SessionsClosed, RegistryClosed):
         raise _shutting_down() from None
+
+
+async def create_session(request: web.Request) -> web.Response:
+    table = request.app[SESSIONS]
+    body = await read_json_object(request, what="offer object", example=OFFER_EXAMPLE)
+    with refusals():
+        settings = table.settings
+        offer = parse_offer(body, max_sdp_bytes=settings.max_sdp_bytes, max_candidates=settings.max_ice_candidates)
+        answer = await table.open(offer, client=str(request.remote or ""))
     return web.json_response(
         {"sdp": answer.sdp, "type": "answer", "stream_id": answer.stream_id, "close_token": answer.close_token},
         status=201,

@@ -24,7 +24,7 @@ from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
 from realtime.fleet.metrics import FleetCollector
 from realtime.fleet.worker import FleetWorker
-from realtime.http import HttpContext, HttpServer, compute, create_app, page, search, signalling
+from realtime.http import HttpContext, HttpServer, compute, create_app, page, search, signalling, whip
 from realtime.http.api import FLEET, SOURCE_POLICY
 from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
@@ -138,6 +138,7 @@ class Service:
             self.app[FLEET] = self.fleet
             self.metrics.registry.register(FleetCollector(self.fleet))
         signalling.add_routes(self.app, self.sessions)
+        whip.add_routes(self.app)
         compute.add_routes(self.app, batcher.compute)
         self.timeline = timeline
         timeline_api = search.add_routes(self.app, timeline)  # answers with the timeline off too

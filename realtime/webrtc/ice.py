@@ -107,6 +107,19 @@ def screen_candidates(sdp: str, *, allow_local: bool = False) -> Screened:
     return Screened("\r\n".join(kept) + "\r\n", mdns, refused)
 
 
+def candidate_refusal(line: str, *, allow_local: bool = False) -> str | None:
+    """Why one trickled `a=candidate:` line is not used ("mdns" or "refused", as
+    `screen_candidates` counts them), or None when it may be."""
+    address = candidate_address(line)
+    if address is None:
+        return None
+    if address.lower().endswith(".local"):
+        return "mdns"
+    if not allow_local and _refused(address):
+        return "refused"
+    return None
+
+
 def without_mdns_candidates(sdp: str) -> tuple[str, int]:
     """The SDP without `.local` host candidates, and how many were removed."""
     screened = screen_candidates(sdp, allow_local=True)

@@ -69,6 +69,12 @@ class WebRtcSession:
         self.pc = pc
         self.settings = settings
         self.close_token = secrets.token_urlsafe(24)
+        # The WHIP resource (`/whip/{stream}/{resource_id}`) and its entity tag: both unguessable,
+        # so knowing a stream's id is not enough to end or trickle into its session.
+        self.resource_id = secrets.token_urlsafe(16)
+        self.etag = f'"{secrets.token_hex(8)}"'
+        self.remote_ice: tuple[str | None, str | None] = (None, None)  # the offer's ice-ufrag, ice-pwd
+        self.candidates = 0  # remote candidates taken, from the offer and trickled (webrtc.max_ice_candidates)
         self.channel = EventChannel(max_buffered_bytes=settings.channel_buffer_bytes, on_stuck=self.close)
         self.stats = MediaStats()
         self.clock = SessionClock()

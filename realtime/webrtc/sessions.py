@@ -15,6 +15,10 @@ whose peer never connects holds its slot for `connect_timeout_s`, and four of th
 every new session out for that long, again and again. A session leaves the connecting budget
 when it connects or ends.
 
+WHIP (realtime/http/whip.py) opens sessions through the same `open`; its clients may trickle
+their candidates afterwards (`trickle`), screened and counted as an offer's are, and find their
+session by its random resource id (`whip_session`).
+
 Each session's peer connection is bounded before the answer goes out: its remote candidates
 screened and its STUN requests rate-limited (ice.py), its SCTP transport taking only small
 DataChannel messages (sctp.py). A peer that sends more ends its session; each of these is
@@ -32,13 +36,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.sdp import candidate_from_sdp
 
 from realtime.config import WebRtcSettings, WebRtcStreamSettings
 from realtime.errors import ServiceError
-from realtime.webrtc.ice import StunBudget, limit_stun_requests, rtc_configuration, screen_candidates
+from realtime.webrtc.dtls import accept_rsa_peers
+from realtime.webrtc.ice import (
+    StunBudget,
+    candidate_refusal,
+    limit_stun_requests,
+    rtc_configuration,
+    screen_candidates,
+)
 from realtime.webrtc.offer import BadOffer, Offer
 from realtime.webrtc.sctp import bound_sctp
 from realtime.webrtc.session import ListenTo, WebRtcSession
+from realtime.webrtc.trickle import Fragment, ice_credentials
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +92,23 @@ class UnknownSession(ServiceError, LookupError):
     pass
 
 
+class IceRestartRefused(ServiceError):
+    """A trickle PATCH with new ICE credentials: an ICE restart, which sessions do not do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trickled:
+    added: int  # candidates handed to aiortc
+    removed: int  # candidates not used: mDNS names and refused addresses (ice.py)
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     sdp: str
     stream_id: str
     close_token: str
+    resource_id: str = ""  # the WHIP resource: /whip/{stream_id}/{resource_id}
+    etag: str = ""
 
 
 class SessionTable:
@@ -151,6 +176,7 @@ class SessionTable:
         self._negotiating.add(stream_id)
         self._clients[stream_id] = client
         pc = RTCPeerConnection(rtc_configuration(self.settings.ice_servers))
+        accept_rsa_peers(pc)
         session = WebRtcSession(
             stream_id, pc, settings=self.settings, listen=self._listen, on_end=self._session_ended,
             on_connected=self._session_connected,
@@ -172,10 +198,12 @@ class SessionTable:
         self._sessions[stream_id] = session
         self.opened += 1
         log.info("webrtc session opened", extra={"stream_id": stream_id, "media": sorted(session.kinds)})
-        return Answer(pc.localDescription.sdp, stream_id, session.close_token)
+        return Answer(pc.localDescription.sdp, stream_id, session.close_token, session.resource_id, session.etag)
 
     async def _negotiate(self, session: WebRtcSession, offer: Offer) -> None:
         pc = session.pc
+        session.remote_ice = ice_credentials(offer.sdp)
+        session.candidates = sum(1 for line in offer.sdp.splitlines() if line.startswith("a=candidate:"))
         screened = screen_candidates(offer.sdp, allow_local=self.settings.allow_local_candidates)
         if screened.mdns or screened.refused:
             log.debug("candidates removed from an offer", extra={"mdns": screened.mdns, "refused": screened.refused})
@@ -220,6 +248,46 @@ class SessionTable:
         if session is None:
             raise UnknownSession(f"stream {stream_id!r}: its browser session has ended")
         return session
+
+    def whip_session(self, stream_id: str, resource_id: str) -> WebRtcSession | None:
+        """The session behind a WHIP resource URL, or None (unknown stream, or not its resource)."""
+        session = self._sessions.get(stream_id)
+        expected = session.resource_id if session is not None else secrets.token_urlsafe(16)
+        matches = hmac.compare_digest(resource_id.encode("utf-8", "surrogatepass"), expected.encode())
+        return session if session is not None and matches else None
+
+    async def trickle(self, session: WebRtcSession, fragment: Fragment) -> Trickled:
+        """Hand a trickle PATCH's candidates to the session's ICE agent, screened and counted as an
+        offer's are. IceRestartRefused for new credentials; BadOffer past max_ice_candidates."""
+        ufrag, pwd = session.remote_ice
+        given = (fragment.ufrag, fragment.pwd)
+        if any(value is not None and value != known for value, known in zip(given, (ufrag, pwd), strict=True)):
+            raise IceRestartRefused("the fragment carries new ICE credentials: an ICE restart")
+        limit = self.settings.max_ice_candidates
+        if session.candidates + len(fragment.candidates) > limit:
+            raise BadOffer("sdpfrag", f"more than webrtc.max_ice_candidates ({limit}) candidates in this session")
+        session.candidates += len(fragment.candidates)
+        added = removed = 0
+        for trickled in fragment.candidates:
+            if candidate_refusal(trickled.line, allow_local=self.settings.allow_local_candidates) is not None:
+                removed += 1
+                continue
+            try:
+                candidate = candidate_from_sdp(trickled.line.split(":", 1)[1])
+            except (ValueError, IndexError) as exc:
+                raise BadOffer("sdpfrag", f"malformed candidate line ({trickled.line[:60]!r})") from exc
+            candidate.sdpMid = trickled.mid
+            # By mid when the fragment names it: aiortc matches either, and an index could name another section.
+            candidate.sdpMLineIndex = trickled.mline_index if trickled.mid is None else None
+            try:
+                await session.pc.addIceCandidate(candidate)
+            except ValueError as exc:  # aioice: after end-of-candidates, or no section matches
+                raise BadOffer("sdpfrag", f"candidate not taken: {exc}") from exc
+            added += 1
+        if fragment.end:
+            await session.pc.addIceCandidate(None)
+        self.refusals["candidates"] += removed
+        return Trickled(added, removed)
 
     def close_with_token(self, stream_id: str, token: str) -> bool:
         """End a session whose close token matches (the page's `pagehide` beacon)."""

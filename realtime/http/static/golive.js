@@ -1,5 +1,6 @@
-// Go live: this browser's camera and microphone sent to the service over WebRTC, and what the
-// service makes of them read back over a DataChannel: boxes drawn over the video here, every event
+// Go live: this browser's camera and microphone sent to the service over WebRTC, published with
+// WHIP (`POST /whip/{stream}`, the path OBS and GStreamer use too), and what the service makes of
+// them read back over a DataChannel: boxes drawn over the video here, every event
 // handed to the mode's router for the cards beside it (captions, the scene, alerts: whatever the
 // server declared). Its own module: it gets the authenticated `api` call, the router and the test
 // hooks from the page instead of importing the page.
@@ -11,6 +12,13 @@ import { drawBoxes } from "./overlay.js";
 const FPS_WINDOW_MS = 2000;
 const STALE_OVERLAY_MS = 1500; // boxes older than this are cleared, not left on a moving picture
 const ICE_GATHER_TIMEOUT_MS = 5000;
+const CLOSE_TOKEN_HEADER = "Vidsentry-Close-Token"; // for the pagehide beacon, which cannot DELETE
+
+// A stream id of the shape the service gives browser sessions: the WHIP URL names the stream.
+function sessionStreamId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(4));
+  return `webrtc-${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
 
 const STATE_TEXT = {
   idle: "idle",
@@ -73,7 +81,7 @@ export class LivePanel {
     this.attempt = 0; // counts Starts and Stops: an older Start that resumes after either gives up
     this.pc = null;
     this.media = null;
-    this.session = null; // {streamId, closeToken}
+    this.session = null; // {streamId, closeToken, location}: location is the WHIP resource
     this.frames = 0;
     this.arrivals = []; // arrival times of detections messages within FPS_WINDOW_MS
     this.lagMs = null;
@@ -196,11 +204,11 @@ export class LivePanel {
       await pc.setLocalDescription(await pc.createOffer());
       await iceGatheringDone(pc);
       if (!current()) return;
-      const offer = pc.localDescription;
-      const response = await this.api("/api/webrtc/offer", {
+      const streamId = sessionStreamId();
+      const response = await this.api(`/whip/${streamId}`, {
         method: "POST",
-        headers: { "Content-Type": "application/json" },
-        body: JSON.stringify({ sdp: offer.sdp, type: offer.type }),
+        headers: { "Content-Type": "application/sdp" },
+        body: pc.localDescription.sdp,
       });
       if (!response.ok) {
         const reason = await this.errorText(response);
@@ -209,15 +217,16 @@ export class LivePanel {
         this.stop("error");
         return;
       }
-      const answer = await response.json();
+      const location = response.headers.get("Location");
+      const answer = await response.text();
       if (!current()) {
-        this.deleteSession(answer.stream_id); // stopped while the server was answering
+        this.deleteSession(location); // stopped while the server was answering
         return;
       }
-      this.session = { streamId: answer.stream_id, closeToken: answer.close_token };
-      this.hooks.streamId = answer.stream_id;
-      this.el.session.textContent = answer.stream_id;
-      await pc.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
+      this.session = { streamId, closeToken: response.headers.get(CLOSE_TOKEN_HEADER), location };
+      this.hooks.streamId = streamId;
+      this.el.session.textContent = streamId;
+      await pc.setRemoteDescription({ type: "answer", sdp: answer });
     } catch (error) {
       if (!current()) return;
       if (error instanceof Unauthorized) {
@@ -229,9 +238,11 @@ export class LivePanel {
     }
   }
 
-  // Bounded, so a server that does not answer cannot hold anything up.
-  deleteSession(streamId) {
-    return this.api(`/api/streams/${encodeURIComponent(streamId)}`, { method: "DELETE", signal: AbortSignal.timeout(3000) })
+  // WHIP's end of a session: DELETE on its resource. Bounded, so a server that does not answer
+  // cannot hold anything up.
+  deleteSession(location) {
+    if (!location) return Promise.resolve(); // a 201 without Location: nothing to DELETE
+    return this.api(location, { method: "DELETE", signal: AbortSignal.timeout(3000) })
       .catch(() => {
         // already gone, or no token: the session ends with its connection anyway
       });
@@ -256,7 +267,7 @@ export class LivePanel {
     }
     // DELETE first, then close: closing first would end the session by its DataChannel and make
     // the DELETE a 404.
-    this.deleteSession(session.streamId).finally(() => pc.close());
+    this.deleteSession(session.location).finally(() => pc.close());
   }
 
   reset() {

@@ -1,6 +1,7 @@
 """Go live from a real headless Chromium: its fake camera (vtest frames) and microphone (espeak
 speech) reach the service over WebRTC, the boxes come back over the DataChannel and are drawn
-over the local video, and the session ends with Stop and with the page."""
+over the local video, and the session ends with Stop and with the page. The page signals with
+WHIP (`POST /whip/{stream}`, `DELETE` on its Location)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest_asyncio
 from playwright.async_api import Browser, Page
@@ -58,10 +60,14 @@ async def test_go_live_draws_boxes_and_the_session_ends_with_stop_and_with_the_p
 ) -> None:
     async with open_page(chromium, viewport=WIDE) as watched:
         page = watched.page
+        sent: list[tuple[str, str]] = []  # (method, path) of every request the page makes
+        page.on("request", lambda request: sent.append((request.method, urlsplit(request.url).path)))
         await page.goto(svc.url + "/")
         await page.wait_for_selector("#app:not([hidden])")
 
         stream_id = await go_live(page)
+        # One signalling path: the page publishes with WHIP, as OBS or GStreamer would.
+        assert ("POST", f"/whip/{stream_id}") in sent and not any(path == "/api/webrtc/offer" for _, path in sent)
         session = (await session_streams(svc))[stream_id]
         assert session["kind"] == "webrtc" and "url" not in session
         hooks = await page.evaluate("window.vidsentry")
@@ -75,6 +81,7 @@ async def test_go_live_draws_boxes_and_the_session_ends_with_stop_and_with_the_p
         await page.click("#stop")
         assert await page.evaluate("document.body.dataset.state") == "closed"
         await wait_gone(svc, stream_id)
+        assert any(method == "DELETE" and path.startswith(f"/whip/{stream_id}/") for method, path in sent)
         assert not await page.is_visible("#live-notice")  # a stop is not an error
 
         stream_id = await go_live(page)
