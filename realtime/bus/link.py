@@ -21,11 +21,12 @@ False, and the last error says why.
 
 A server that stops answering without closing the connection (frozen by SIGSTOP, a hung VM, a
 half-open TCP link) looks, from here, just like JetStream not answering; nats-py's own pings
-notice it only after minutes, while every durable event waits. So when a check fails on a live
-connection, the link pings the server itself (PING/PONG within `_PING_TIMEOUT_S`): a server that
-does not answer that either is left for another one of the list (`force_reconnect`; logged),
-whose reconnect checks the stream again. A server that answers the ping is fine and JetStream is
-only electing a leader: the link keeps asking it.
+notice it only after minutes, while every durable event waits. So when a send goes unanswered
+(before the stream check) and when a check fails on a live connection, the link pings the server
+itself (PING/PONG within `_PING_TIMEOUT_S`): a server that does not answer that either is left
+for another one of the list (`force_reconnect`; logged), whose reconnect checks the stream again.
+A server that answers the ping is fine and JetStream is only electing a leader: the link keeps
+asking it.
 
 Bounds: one check or re-creation runs at a time; checks that a send failure asks for start at
 most once per `_CHECK_INTERVAL_S` (a slow broker that times out thousands of acks gets one
@@ -109,12 +110,17 @@ class BusLink:
         delay = max(0.0, self._last_check + _CHECK_INTERVAL_S - time.monotonic())
         log.debug("durable send failed on a live connection (%s); checking stream %s",
                   describe_error(error), STREAM_NAME)
-        self._reconcile_task = self._supervisor.spawn(self._reconcile_stream(delay), name="nats-stream-check")
+        self._reconcile_task = self._supervisor.spawn(self._reconcile_stream(delay, ping_first=True),
+                                                      name="nats-stream-check")
 
-    async def _reconcile_stream(self, delay: float) -> None:
+    async def _reconcile_stream(self, delay: float, *, ping_first: bool = False) -> None:
         if delay > 0:
             await asyncio.sleep(delay)
         self._last_check = time.monotonic()
+        # A send went unanswered: a frozen server is found in one ping, before the stream check's
+        # own timeout, so leases renewed over this connection are not lost waiting for it.
+        if ping_first and await self._left_silent_server():
+            return
         attempt = 0
         while not self.closed:
             self._ledger.stats.stream_checks += 1
