@@ -72,6 +72,7 @@ class Heard:
     node: str
     ce_id: str
     phase: str | None  # alerts: start / end
+    alert_id: str | None
 
 
 class WireRecorder:
@@ -114,12 +115,13 @@ class WireRecorder:
             headers = msg.headers or {}
             parts = headers.get("ce-source", "").split("/")
             kind = msg.subject.split(".")[-1]
-            phase = None
+            phase = alert_id = None
             if kind == "alerts":
                 with contextlib.suppress(ValueError, AttributeError):
-                    phase = json.loads(msg.data).get("phase")
+                    body = json.loads(msg.data)
+                    phase, alert_id = body.get("event"), body.get("alert_id")
             heard = Heard(time.monotonic(), kind, parts[-1] if parts else "", parts[2] if len(parts) > 3 else "",
-                          headers.get("ce-id", ""), phase)
+                          headers.get("ce-id", ""), phase, alert_id)
             with self._lock:
                 if len(self.events) < self.max_events:
                     self.events.append(heard)
@@ -298,9 +300,15 @@ class LeaderWatch:
         js = nc.jetstream(timeout=1.0)
         while not self._stop.is_set():
             leader: str | None = None
-            with contextlib.suppress(Exception):  # any failure is an answer: no leader now
+            try:
                 info = await js.stream_info(STREAM_NAME)
                 leader = info.cluster.leader if info.cluster is not None else None
+            except Exception:  # any failure is an answer: no leader now
+                with contextlib.suppress(Exception):
+                    try:
+                        await nc.flush(timeout=1)
+                    except nats.errors.TimeoutError:
+                        await nc.force_reconnect()  # our node is frozen: ask another
             self.seen.append((time.monotonic(), leader))
             await asyncio.sleep(0.25)
         with contextlib.suppress(Exception):
@@ -628,14 +636,15 @@ class ChaosRig:
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
             now = time.monotonic()
-            cutting: dict[str, float] = {}  # stream -> when its clip stops recording (inf: alert open)
+            # alert -> (stream, when its clip stops recording: inf while the alert is open)
+            cutting: dict[str | None, tuple[str, float]] = {}
             for e in self.recorder.snapshot()[-5000:]:
                 if e.kind == "alerts" and e.node == holder:
                     if e.phase == "start":
-                        cutting[e.stream_id] = float("inf")
+                        cutting[e.alert_id] = (e.stream_id, float("inf"))
                     elif e.phase == "end":
-                        cutting[e.stream_id] = e.at + CLIPS["post_s"]
-            open_now = [sid for sid, until in cutting.items() if until > now + 0.2]
+                        cutting[e.alert_id] = (e.stream_id, e.at + CLIPS["post_s"])
+            open_now = [sid for sid, until in cutting.values() if until > now + 0.2]
             if open_now:
                 return open_now[0]
             time.sleep(0.1)
@@ -683,8 +692,10 @@ class ChaosRig:
     def account(self) -> dict[str, Any]:
         """Durable events lost and duplicated, overall and per fault window; markers in the index;
         every listed clip opened."""
-        stored = collections.Counter(stored_ids(self.urls))
+        # Heard first, stored after: an event heard but not yet stored is still in flight, not lost.
         heard = self.recorder.snapshot()
+        time.sleep(3.0)
+        stored = collections.Counter(stored_ids(self.urls))
         durable = {e.ce_id: e for e in heard if e.kind in DURABLE_KINDS and e.node != "chaos-probe"}
         lost = {i for i in durable if i not in stored}
         doubled = {i for i, n in stored.items() if n > 1}
@@ -700,9 +711,16 @@ class ChaosRig:
         return {
             "durable_heard": len(durable), "stored": sum(stored.values()), "lost": len(lost),
             "duplicated": len(doubled), "recorder_dropped": self.recorder.dropped,
+            "lost_examples": [self._describe(durable[i]) for i in sorted(lost)[:10]],
             "markers_indexed_once": sum(n == 1 for n in markers.values()), "markers": len(markers),
             "clips": self.check_clips(),
         }
+
+    def _describe(self, e: Heard) -> str:
+        """A heard event, with where it fell against the faults (for a loss to be looked into)."""
+        near = min(self.reports, key=lambda r: abs(e.at - r.started), default=None)
+        when = f"{e.at - near.started:+.1f} s from '{near.name}'" if near is not None else ""
+        return f"{e.kind} {e.stream_id} from {e.node} {e.ce_id} {when}"
 
     def check_clips(self, limit: int = 60) -> dict[str, Any]:
         worker = self.fleet.live()[0]
