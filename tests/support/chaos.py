@@ -39,7 +39,7 @@ import nats.js.errors
 import yaml
 
 from pipelines.event_bodies import caption_event
-from realtime.bus.connection import round_trip
+from realtime.bus.connection import BusUnavailable, round_trip
 from realtime.bus.jetstream import STREAM_NAME
 from realtime.bus.publisher import NatsEventPublisher
 from tests.realtime.fleet.fleet_support import Fleet, Worker, http
@@ -343,7 +343,17 @@ class MarkerProbe:
         word = f"{MARK}{n}"
 
         async def send() -> None:
-            async with NatsEventPublisher(self.urls, node="chaos-probe", stream_replicas=3, ack_timeout=2.0) as pub:
+            pub = NatsEventPublisher(self.urls, node="chaos-probe", stream_replicas=3, ack_timeout=2.0)
+            deadline = time.monotonic() + 60
+            while True:  # a marker is the fault's probe: it is sent whatever the cluster says at first
+                try:
+                    await pub.connect()
+                    break
+                except BusUnavailable:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.5)
+            async with pub:
                 event = caption_event("chaosprobe", segment_id=f"m{n}", words=[(f" {word}", 0.0, 0.4, 0.9)],
                                       language="en", model="probe", captured_at=time.time())
                 await pub.publish(event)
@@ -403,17 +413,19 @@ def _per_worker(samples: list[Sample], skip: Iterable[str]) -> list[list[Sample]
     return list(by_worker.values())
 
 
-def publishing_back(samples: list[Sample], since: float, skip: Iterable[str] = ()) -> tuple[float, float]:
+def publishing_back(samples: list[Sample], since: float, skip: Iterable[str] = (),
+                    until: float = float("inf")) -> tuple[float, float]:
     """(seconds from `since` until the last worker's last stall ended: 0 when none stalled; the
     longest time one worker went without a new ack while events waited). A stall is an ack gap
-    longer than STALL_S that ends after `since`."""
+    longer than STALL_S that ends after `since` and began before `until` (one that begins later,
+    on a loaded machine, is not the fault's)."""
     back = longest = 0.0
     for series in _per_worker(samples, skip):
         last_ack = series[0]
         for prev, s in zip(series, series[1:], strict=False):
             if s.acked > prev.acked:
                 gap = s.at - last_ack.at
-                if gap > STALL_S and s.at >= since and \
+                if gap > STALL_S and s.at >= since and last_ack.at <= until and \
                         max(x.backlog for x in series if last_ack.at <= x.at <= s.at) > 0:
                     longest = max(longest, gap)
                     back = max(back, s.at - since)
@@ -569,7 +581,7 @@ class ChaosRig:
         skip = set(skip)
         window = [s for s in self.sampler.series(report.started - 5.0) if s.at <= report.settled]
         leaderless_s, report.quorum_at = self.leaders.leaderless(report.started, report.settled)
-        back, gap = publishing_back(window, report.started, skip)
+        back, gap = publishing_back(window, report.started, skip, until=report.ended + 5.0)
         # Per worker, against its own count before the fault (a restarted worker counts from 0).
         uploads_before: dict[str, float] = {}
         upload_back: float | None = None
@@ -593,6 +605,9 @@ class ChaosRig:
             "clip_upload_back_s": upload_back,
             "ownership_back_s": None if owned is None else round(owned, 2),
             **readiness(window, skip),
+            # Which of /readyz's checks said not-ready, in worker-samples (one is SAMPLE_EVERY_S).
+            "failing_checks": dict(collections.Counter(
+                name for s in window if s.at >= report.started and s.worker not in skip for name in s.failing)),
         })
 
     def _owned_in(self, listing: Ownership, dead: set[str]) -> bool:
