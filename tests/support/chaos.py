@@ -572,7 +572,9 @@ class ChaosRig:
             report.indexing_back_s = round(self.probe.found_at[report.marker] - report.started, 2)
         with contextlib.suppress(TimeoutError):
             self.wait(self.all_owned, within_s, "every stream owned")
-        time.sleep(2 * SAMPLE_EVERY_S + 0.5)  # samples past the end of the fault
+        past = time.monotonic() + 2 * SAMPLE_EVERY_S
+        self.wait(lambda: all(any(s.at > past for s in self.sampler.series(past) if s.worker == w.name)
+                              for w in self.fleet.live()), 30, "samples past the end of the fault")
         report.settled = time.monotonic()
         self.measure(report, skip)
         return report
@@ -614,8 +616,10 @@ class ChaosRig:
         return all(sid in listing.owners and listing.owners[sid][1] == "live"
                    and listing.owners[sid][0] not in (None, *dead) for sid in self.streams)
 
-    def node_fault(self, name: str, victim: ClusterNode, *, down_s: float, how: str = "kill") -> FaultReport:
-        """SIGKILL (`how="kill"`) or SIGSTOP (`"stop"`) one node for `down_s`, then bring it back."""
+    def node_fault(self, name: str, victim: ClusterNode, *, down_s: float, how: str = "kill",
+                   down_until: Callable[[], bool] | None = None) -> FaultReport:
+        """SIGKILL (`how="kill"`) or SIGSTOP (`"stop"`) one node for `down_s` (or, with
+        `down_until`, until that holds, within `down_s`), then bring it back."""
         report = self.begin(name)
         report.notes.append(f"{how} {victim.name}")
         pid = victim.server.pid
@@ -624,7 +628,10 @@ class ChaosRig:
         else:
             assert pid is not None
             os.kill(pid, signal.SIGSTOP)
-        time.sleep(down_s)  # the fault's length is the schedule, not a condition
+        if down_until is None:
+            time.sleep(down_s)  # the fault's length is the schedule, not a condition
+        else:
+            self.wait(down_until, down_s, f"{name}: the condition to end it")
         if how == "kill":
             victim.server.restart()
         else:
@@ -704,14 +711,18 @@ class ChaosRig:
 
     # -- afterwards -------------------------------------------------------------------------
 
-    def account(self) -> dict[str, Any]:
+    def account(self, clips_checked: int = 60) -> dict[str, Any]:
         """Durable events lost and duplicated, overall and per fault window; markers in the index;
         every listed clip opened."""
-        # Heard first, stored after: an event heard but not yet stored is still in flight, not lost.
+        # Heard first, stored after: an event heard but not yet stored may still be in flight, so
+        # the stream is read again (for up to 15 s) until it holds every one.
         heard = self.recorder.snapshot()
-        time.sleep(3.0)
-        stored = collections.Counter(stored_ids(self.urls))
         durable = {e.ce_id: e for e in heard if e.kind in DURABLE_KINDS and e.node != "chaos-probe"}
+        stored = collections.Counter(stored_ids(self.urls))
+        deadline = time.monotonic() + 15.0
+        while not durable.keys() <= stored.keys() and time.monotonic() < deadline:
+            time.sleep(0.5)
+            stored = collections.Counter(stored_ids(self.urls))
         lost = {i for i in durable if i not in stored}
         doubled = {i for i, n in stored.items() if n > 1}
         for report in self.reports:
@@ -728,7 +739,7 @@ class ChaosRig:
             "duplicated": len(doubled), "recorder_dropped": self.recorder.dropped,
             "lost_examples": [self._describe(durable[i]) for i in sorted(lost)[:10]],
             "markers_indexed_once": sum(n == 1 for n in markers.values()), "markers": len(markers),
-            "clips": self.check_clips(),
+            "clips": self.check_clips(clips_checked),
         }
 
     def _describe(self, e: Heard) -> str:
@@ -737,7 +748,7 @@ class ChaosRig:
         when = f"{e.at - near.started:+.1f} s from '{near.name}'" if near is not None else ""
         return f"{e.kind} {e.stream_id} from {e.node} {e.ce_id} {when}"
 
-    def check_clips(self, limit: int = 60) -> dict[str, Any]:
+    def check_clips(self, limit: int) -> dict[str, Any]:
         worker = self.fleet.live()[0]
         status, body = http("GET", f"{worker.url}/api/clips", timeout=15)
         if status != 200:
