@@ -458,6 +458,7 @@ def readiness(samples: list[Sample], skip: Iterable[str] = ()) -> dict[str, floa
 
 
 def first_after(since: float, condition: Callable[[Any], bool], items: Iterable[Any]) -> float | None:
+    """Seconds from `since` to the first of `items` (each with an `at`) that meets `condition`."""
     for item in items:
         if item.at >= since and condition(item):
             return float(item.at - since)
