@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 
 _DEFAULT_PORTS = {"nats": 4222, "tls": 4222, "ws": 80, "wss": 443}
 _POLL_INTERVAL_S = 0.05
+# A frozen server accepts TCP (the kernel does) and then says nothing: one try of one server of a
+# list gets a share of the connect bound, never less than this, so the next one gets its turn.
+_MIN_TRY_S = 2.0
 
 
 class BusUnavailable(ServiceError, ConnectionError):
@@ -112,7 +115,10 @@ async def connect_nats(
         "max_reconnect_attempts": -1,  # an outage must never end publishing for good
         # nats-py annotates these as int but uses them as float seconds.
         "reconnect_time_wait": cast(int, reconnect_wait),
-        "connect_timeout": cast(int, max(deadline - time.monotonic(), 0.1)),
+        # Each server's try (and each later reconnect's): a share of the bound, so a frozen server
+        # first in the list cannot use all of it.
+        "connect_timeout": cast(int, max(min(deadline - time.monotonic(),
+                                             max(connect_timeout / len(servers), _MIN_TRY_S)), 0.1)),
         # Detect a half-open connection in about a minute instead of the default four.
         "ping_interval": 20,
         "max_outstanding_pings": 3,

@@ -19,6 +19,15 @@ again. If the stream cannot be made (JetStream not answering, another stream now
 subjects), the link keeps trying with back-off while the connection lasts, `stream_ready` stays
 False, and the last error says why.
 
+A server that stops answering without closing the connection (frozen by SIGSTOP, a hung VM, a
+half-open TCP link) looks, from here, just like JetStream not answering; nats-py's own pings
+notice it only after minutes, while every durable event waits. So when a send goes unanswered
+(before the stream check) and when a check fails on a live connection, the link pings the server
+itself (PING/PONG within `_PING_TIMEOUT_S`): a server that does not answer that either is left
+for another one of the list (`force_reconnect`; logged), whose reconnect checks the stream again.
+A server that answers the ping is fine and JetStream is only electing a leader: the link keeps
+asking it.
+
 Bounds: one check or re-creation runs at a time; checks that a send failure asks for start at
 most once per `_CHECK_INTERVAL_S` (a slow broker that times out thousands of acks gets one
 STREAM.INFO a second, not thousands); each check is counted in `stream_checks`. After every
@@ -31,7 +40,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import cast
 
+import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.js.client import JetStreamContext
 
@@ -43,6 +54,9 @@ from realtime.bus.ledger import DeliveryLedger
 log = logging.getLogger(__name__)
 
 _CHECK_INTERVAL_S = 1.0  # at most one send-failure-triggered stream check per this many seconds
+# Asked only after JetStream failed to answer for seconds: a server slower than this to answer a
+# bare PING is of no use to the publisher anyway.
+_PING_TIMEOUT_S = 2.0
 
 
 class BusLink:
@@ -96,12 +110,17 @@ class BusLink:
         delay = max(0.0, self._last_check + _CHECK_INTERVAL_S - time.monotonic())
         log.debug("durable send failed on a live connection (%s); checking stream %s",
                   describe_error(error), STREAM_NAME)
-        self._reconcile_task = self._supervisor.spawn(self._reconcile_stream(delay), name="nats-stream-check")
+        self._reconcile_task = self._supervisor.spawn(self._reconcile_stream(delay, ping_first=True),
+                                                      name="nats-stream-check")
 
-    async def _reconcile_stream(self, delay: float) -> None:
+    async def _reconcile_stream(self, delay: float, *, ping_first: bool = False) -> None:
         if delay > 0:
             await asyncio.sleep(delay)
         self._last_check = time.monotonic()
+        # A send went unanswered: a frozen server is found in one ping, before the stream check's
+        # own timeout, so leases renewed over this connection are not lost waiting for it.
+        if ping_first and await self._left_silent_server():
+            return
         attempt = 0
         while not self.closed:
             self._ledger.stats.stream_checks += 1
@@ -114,7 +133,7 @@ class BusLink:
                 self._ledger.log_error_once(
                     f"JetStream stream {STREAM_NAME} cannot take durable events: {describe_error(exc)}"
                 )
-                if not self.connected:
+                if not self.connected or await self._left_silent_server():
                     return  # the next reconnect tries again
                 await asyncio.sleep(RETRY_BACKOFF_S[min(attempt, len(RETRY_BACKOFF_S) - 1)])
                 attempt += 1
@@ -137,3 +156,25 @@ class BusLink:
             self.stream_ready = True
             self._on_stream_ready()
             return
+
+    async def _left_silent_server(self) -> bool:
+        """Ping the server this connection is on; if it does not answer, reconnect to another of the
+        list and return True (see the module docstring)."""
+        nc = self.nc
+        if nc is None or not nc.is_connected:
+            return False
+        try:
+            await nc.flush(timeout=cast(int, _PING_TIMEOUT_S))  # nats-py annotates int, takes seconds
+            return False
+        except nats.errors.TimeoutError:
+            pass
+        except nats.errors.Error as exc:  # closed or reconnecting meanwhile: the reconnect takes over
+            log.debug("ping after a failed stream check: %s", describe_error(exc))
+            return not self.connected
+        url = nc.connected_url  # host and port only: the URL may carry credentials
+        server = f"{url.hostname}:{url.port}" if url is not None else "?"
+        self._ledger.log_error_once(
+            f"NATS server {server} did not answer a ping within {_PING_TIMEOUT_S:g} s; reconnecting to another"
+        )
+        await nc.force_reconnect()
+        return True

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import nats
+import nats.aio.client
 import pytest
 from nats.aio.client import Client as NatsClient
 
-from realtime.bus.connection import round_trip
+from realtime.bus.connection import connect_nats, round_trip
 from realtime.bus.embedded import EmbeddedNatsServer
 
 pytestmark = pytest.mark.timeout(30)
@@ -73,3 +78,25 @@ async def test_one_flush_alone_can_confirm_before_the_subscription_is_sent(nats_
         await nc.flush()
 
     assert b"SUB wire.order.>" not in await sent_before_the_last_pong(flush, port)
+
+
+async def test_a_frozen_server_first_in_the_list_leaves_time_for_the_next(
+    nats_server: EmbeddedNatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen nats-server (SIGSTOP, a hung VM) still accepts TCP, in the kernel, and then says
+    nothing. Tried first, it must not use up the whole connect bound: the next server of the
+    list, which answers, gets its turn (a `serve` started while one node of a cluster hangs)."""
+    monkeypatch.setattr(nats.aio.client, "shuffle", lambda pool: None)  # the list's order, as written
+    with EmbeddedNatsServer(store_dir=tmp_path / "frozen") as frozen:
+        assert frozen.pid is not None
+        os.kill(frozen.pid, signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            nc = await connect_nats(f"{frozen.url},{nats_server.url}", connect_timeout=5.0, name="test")
+            try:
+                assert nc.connected_url is not None and nc.connected_url.port == nats_server.port
+                assert time.monotonic() - began < 5.0
+            finally:
+                await nc.close()
+        finally:
+            os.kill(frozen.pid, signal.SIGCONT)

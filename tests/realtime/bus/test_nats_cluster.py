@@ -10,6 +10,9 @@ event is stored exactly once, in order. The killed node then comes back and catc
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 from pathlib import Path
 
 import nats.errors
@@ -135,3 +138,61 @@ async def read_when_settled(url: str, limit_s: float = 30.0) -> list[Stored]:
             if asyncio.get_running_loop().time() > deadline:
                 raise
             await asyncio.sleep(0.5)
+
+
+async def test_a_frozen_nats_node_is_left_for_another_within_seconds(
+    nats_cluster: NatsCluster,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP the node the publisher talks to: the TCP connection stays up and says nothing, so
+    nats-py's own pings (every 20 s, three missed) would keep it there for a minute or more while
+    every durable event waits. A send left unanswered makes the link ping the server; a server
+    that does not answer either is left for another node of the list, and publishing goes on."""
+    acks = AckLog()
+    pub = NatsEventPublisher(
+        nats_cluster.url,
+        node="test",
+        stream_replicas=3,
+        reconnect_wait=0.25,
+        ack_timeout=2.0,
+        hooks=acks,
+        outbox=Outbox(tmp_path / "outbox", fsync_interval_s=None),
+    )
+    await pub.connect()
+    produced: dict[str, list[str]] = {stream: [] for stream in STREAMS}
+    stop = asyncio.Event()
+    assert pub.nc is not None and pub.nc.connected_url is not None
+    frozen = nats_cluster.node_on_port(pub.nc.connected_url.port or 0)
+    assert frozen.server.pid is not None
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for stream in STREAMS:
+                paced = camera(pub, stream, stop, produced[stream], rate=RATE_PER_STREAM, next_event=next_event)
+                tg.create_task(paced, name=f"camera-{stream}")
+            await wait_until(lambda: len(acks.acked) >= 60, within_s=10, what="events acked before the freeze")
+            os.kill(frozen.server.pid, signal.SIGSTOP)
+            acked_at_freeze = len(acks.acked)
+            # Ack timeout (2 s) + one ping (2 s), with room for a loaded machine: far below the
+            # minute and more nats-py's own pings take.
+            await wait_until(lambda: pub.stats.reconnects >= 1, within_s=15,
+                             what=lambda: f"publisher left the frozen node {pub.stats}")
+            assert pub.nc.connected_url.port != frozen.server.port
+            await wait_until(
+                lambda: len(acks.acked) > acked_at_freeze + 60,
+                within_s=20,
+                what=lambda: f"events acked on another node ({len(acks.acked) - acked_at_freeze}) {pub.stats}",
+            )
+            stop.set()
+        assert await pub.flush(20), pub.stats
+        os.kill(frozen.server.pid, signal.SIGCONT)
+        await asyncio.to_thread(nats_cluster.wait_ready)
+        survivor = next(node for node in nats_cluster.nodes if node is not frozen)
+        stored = await read_when_settled(survivor.url)
+        assert_exactly_once_in_order(stored, produced)
+        assert {s.event_id for s in stored} >= acks.acked
+        assert not acks.undeliverable and pub.stats.totals().failed == 0
+    finally:
+        stop.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(frozen.server.pid, signal.SIGCONT)
+        await pub.close()
