@@ -86,6 +86,9 @@ async def open_captions(
     try:
         recognizer = await asyncio.to_thread(_load, settings, compute)
         vad = await asyncio.to_thread(VadModel.load)
+        if settings.translate is not None and not getattr(recognizer, "multilingual", False):
+            recognizer.close()
+            raise ValueError(f"captions.translate needs a multilingual model; {recognizer.info.name} is English only")
     except (AsrUnavailable, ValueError, OSError) as exc:
         raise CapabilityError(f"captions: {exc} (or turn them off: captions.enabled: false)") from exc
     try:
