@@ -45,3 +45,17 @@ async def test_spanish_speech_is_captioned_in_spanish_with_an_english_track(
     # The translate decodes took the transcripts' bulk turns, never the streaming decodes' critical claim.
     models = budget.snapshot()["models"]
     assert models["speech recognizer, transcripts"]["turns"] >= 2 * len(transcripts)
+
+
+def test_run_prints_the_english_line_after_its_transcript() -> None:
+    from pipelines.captions.printer import SpokenLines
+    from pipelines.event_bodies import transcript_event, translation_event
+
+    words = [(" Buenos", 1.0, 1.4, 0.9), (" días.", 1.5, 1.9, 0.9)]
+    lines = SpokenLines()
+    said = lines.see(transcript_event("cam", utterance_id="u1", replaces=[], words=words, start=1.0, end=1.9,
+                                      revised=True, changed=False, language="es", model="base", captured_at=0.0))
+    english = lines.see(translation_event("cam", utterance_id="u1", text="Good morning.", start=1.0, end=1.9,
+                                          spoken_language="es", model="base", captured_at=0.0))
+    assert said == ["[cam     1.0s] Buenos días."]
+    assert english == ["[cam     1.0s] (en) Good morning."]
