@@ -13,8 +13,8 @@ NATS. Figures per run:
   - caption_lag p50/p95: a final's arrival on NATS after its last word was heard (`captured_at`);
   - chrF of the English track (`translations`, joined) against the reference English, and its lag
     (arrival after the transcript's speech ended);
-  - detect_fps: frames the detector ran on, a second, over the run (frames_processed less
-    frames_predicted: those the tracker's prediction answered while the cores were the recognizer's);
+  - detect_fps: frames the detector ran on, a second, over the run (frames_processed; the frames
+    the tracker's prediction answered while the cores were the recognizer's are frames_predicted);
     the clip and the peer send 5 fps.
 --streams N runs N RTSP cameras of the first language at once (with and without translation when
 --translate both): audio dropped (`audio_dropped_seconds`), transcripts that kept their finals and
@@ -169,7 +169,7 @@ def figures(speech: Speech, got: Collected, offline: str, counters: dict[str, An
         "chrf": round(chrf(speech.english, english), 1) if translations else None,
         "translation_lag_p50": pct(translation_lags, 0.5),
         "translation_lag_p95": pct(translation_lags, 0.95),
-        "detect_fps": round((counters.get("frames_processed", 0) - counters.get("frames_predicted", 0)) / seconds, 2),
+        "detect_fps": round(counters.get("frames_processed", 0) / seconds, 2),
         "frames_predicted": counters.get("frames_predicted"),
         "audio_dropped_s": counters.get("audio_dropped_seconds"),
         "transcripts_kept_finals": counters.get("transcripts_kept_finals"),
