@@ -75,8 +75,10 @@ class CaptionsSettings(Section):
         english_only = self.model in (None, "tiny.en")
         if english_only and self.translate is not None:
             raise ValueError("translate needs a multilingual model (model: base); tiny.en is English only")
-        if english_only and self.language != "en":
-            raise ValueError("language other than en needs a multilingual model (model: base); tiny.en is English only")
+        if english_only and self.language not in (None, "auto", "en"):  # auto on tiny.en: English
+            raise ValueError(
+                f"language {self.language} needs a multilingual model (model: base); tiny.en is English only"
+            )
         if self.translate is not None and not self.transcript:
             raise ValueError("translate decodes each transcript: it needs transcript: true")
         return self

@@ -59,3 +59,16 @@ def test_run_prints_the_english_line_after_its_transcript() -> None:
                                           spoken_language="es", model="base", captured_at=0.0))
     assert said == ["[cam     1.0s] Buenos días."]
     assert english == ["[cam     1.0s] (en) Good morning."]
+
+
+def test_the_settings_refuse_another_language_or_a_translation_from_the_english_model() -> None:
+    from pydantic import ValidationError
+
+    assert CaptionsSettings(language="auto").recognizer_language is None  # tiny.en: English all the same
+    assert CaptionsSettings(model="base", language=" ES ").recognizer_language == "es"
+    with pytest.raises(ValidationError, match="language fr needs a multilingual model"):
+        CaptionsSettings(language="fr")
+    with pytest.raises(ValidationError, match="translate needs a multilingual model"):
+        CaptionsSettings(model="tiny.en", translate="en")
+    with pytest.raises(ValidationError, match="it needs transcript: true"):
+        CaptionsSettings(model="base", translate="en", transcript=False)
