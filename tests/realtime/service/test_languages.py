@@ -65,6 +65,7 @@ async def test_a_camera_speaking_spanish_gets_spanish_captions_and_an_english_tr
         assert languages.body == {"spoken": ["es"], "translations": ["en"]}
         bad = await svc.call("GET", "/api/streams/cam/captions.vtt?language=../x")
         assert bad.status == 400 and "language" in json.dumps(bad.body)
+        assert (await svc.call("DELETE", "/api/streams/cam")).status == 204
     finally:
         await nc.close()
         rtsp.close()
