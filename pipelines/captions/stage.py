@@ -18,6 +18,12 @@ finals where captions are read back (transcript.py); those decodes run beside th
 so the finals never wait for them. Decodes that look like Whisper's failure modes (a repetition
 loop, speech-free audio) are not used.
 
+With a recognizer that detects the language (`captions.language: auto`), an utterance's first
+final fixes its language for the decodes after it, and every body says it; with
+`captions.translate`, each transcript is decoded once more with Whisper's translate task through
+the transcripts' batcher (bulk work, after the stream's own decodes) and published as its English
+`translations` line.
+
 Audio waiting longer than `max_lag_s` (the recognizer cannot keep up even so) is dropped, oldest
 first, and counted. If the shared recognizer dies, this stream's captions stop (counted, logged
 once) and its video goes on.
