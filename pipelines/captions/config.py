@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from pipelines.captions.engine import CaptionPolicy
 from pipelines.sections import Section, default_of
@@ -24,10 +24,16 @@ class CaptionsSettings(Section):
     """Live captions: one faster-whisper model shared by every stream with audio."""
 
     enabled: bool = True
-    model: Path | None = None  # a CTranslate2 Whisper model directory; None: the bundled tiny.en
+    # tiny.en (bundled, English only), base (multilingual, installed from its two parts by
+    # deploy/setup.sh or at the first start), or a CTranslate2 Whisper model directory; None: tiny.en
+    model: Literal["tiny.en", "base"] | Path | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
     compute_type: Literal["default", "int8", "int8_float16", "int8_float32", "float16", "float32"] = "int8"
-    language: str | None = "en"  # None: detected (multilingual models only)
+    # A language code, or auto (None alike): detected once per utterance (multilingual models only)
+    language: str | None = "en"
+    # en: also English text of the same speech, a `translations` event per transcript (multilingual
+    # models only; a bulk decode in the compute budget, after the spoken language's)
+    translate: Literal["en"] | None = None
     beam_size: int = Field(DEFAULT_BEAM_SIZE, ge=1, le=10)
     # CTranslate2 threads in all (on a CPU two calls run at once, half each); 0: the cores, at most 4
     threads: int = Field(0, ge=0, le=64)
@@ -54,6 +60,34 @@ class CaptionsSettings(Section):
     max_lag_s: float = Field(_captions("max_lag_s"), ge=1.0, le=120.0)  # audio waiting longer is dropped, oldest first
     max_batch: int = Field(8, ge=1, le=64)  # streams decoded in one recognizer call
 
+    @field_validator("language")
+    @classmethod
+    def _language(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        code = value.strip().lower()
+        if not code:
+            raise ValueError("language must be a code (en, es, fr, ...) or auto")
+        return code
+
+    @model_validator(mode="after")
+    def _multilingual(self) -> CaptionsSettings:
+        english_only = self.model in (None, "tiny.en")
+        if english_only and self.translate is not None:
+            raise ValueError("translate needs a multilingual model (model: base); tiny.en is English only")
+        if english_only and self.language not in (None, "auto", "en"):  # auto on tiny.en: English
+            raise ValueError(
+                f"language {self.language} needs a multilingual model (model: base); tiny.en is English only"
+            )
+        if self.translate is not None and not self.transcript:
+            raise ValueError("translate decodes each transcript: it needs transcript: true")
+        return self
+
+    @property
+    def recognizer_language(self) -> str | None:
+        """The language the recognizer is held to; None: detected."""
+        return None if self.language in (None, "auto") else self.language
+
     def to_policy(self) -> CaptionPolicy:
         return CaptionPolicy(
             step_s=self.step_s,
@@ -64,4 +98,5 @@ class CaptionsSettings(Section):
             max_lag_s=self.max_lag_s,
             transcript=self.transcript,
             transcript_beam_size=self.transcript_beam_size,
+            translate=self.translate,
         )

@@ -72,6 +72,9 @@ class CaptionPolicy:
     max_compression_ratio: float = 2.4  # repetition loops compress well
     no_speech_prob: float = 0.6  # with a low avg_logprob: nothing was said
     min_avg_logprob: float = -1.0
+    # "en": each transcript is also decoded as English text (Whisper's translate task), published as
+    # `translations`; None: no English track.
+    translate: str | None = None
 
 
 class SpeechBatcher(ModelBatcher[AsrRequest, AsrResult]):
@@ -116,6 +119,10 @@ class CaptionEngine:
     @property
     def transcriber(self) -> SpeechBatcher:
         return self.transcripts or self.batcher
+
+    @property
+    def translates(self) -> bool:
+        return self.settings.translate is not None and self.settings.transcript
 
     @property
     def model_name(self) -> str:

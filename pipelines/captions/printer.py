@@ -5,14 +5,15 @@ Lines are made of the transcript when the stream has one (`captions.transcript`,
 its pieces trail the speaker by a few seconds, but they are the speech decoded with the context
 the finals lacked, punctuated, so a sentence reads as one line. Finals come a few words at a time
 and mostly unpunctuated while someone talks on; joined, they ran on for thirty words a line.
-Without a transcript the finals are printed the same way."""
+Without a transcript the finals are printed the same way. With `captions.translate`, each
+transcript's English text follows it on a line of its own, marked with its language."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from pipelines.captions.utterances import SENTENCE_STOPS, UTTERANCE_PAUSE_S
-from pipelines.event_bodies import CaptionBody, SpokenBody, SpokenWord, TranscriptBody
+from pipelines.event_bodies import CaptionBody, SpokenBody, SpokenWord, TranscriptBody, TranslationBody
 from pipelines.events import Event
 
 LINE_MAX_WORDS = 30  # a sentence that runs on is printed in pieces of about this many words
@@ -31,6 +32,8 @@ class SpokenLines:
         body = event.body
         if isinstance(body, CaptionBody):
             self.captions += 1
+        if isinstance(body, TranslationBody):
+            return [*self.flush(), f"[{event.stream_id} {body.start:7.1f}s] ({body.language}) {body.text}"]
         return self._words(event.stream_id, body.spoken.words) if isinstance(body, self._read) else []
 
     def counts(self) -> dict[str, int]:

