@@ -264,6 +264,7 @@ class LoadStats:
     peer_sessions: int = 0
     peer_refusals: Counter[int] = field(default_factory=Counter)  # by HTTP status
     peer_errors: int = 0
+    peer_drops: int = 0  # connections that ended before the peer left
     asks: Counter[int] = field(default_factory=Counter)  # by HTTP status (0: no answer)
     ask_latency_s: list[float] = field(default_factory=list)
 
@@ -272,6 +273,7 @@ class LoadStats:
             "sse_events": dict(self.sse_events), "sse_connects": self.sse_connects, "sse_errors": self.sse_errors,
             "channel_messages": dict(self.channel_messages), "peer_sessions": self.peer_sessions,
             "peer_refusals": {str(k): v for k, v in self.peer_refusals.items()}, "peer_errors": self.peer_errors,
+            "peer_drops": self.peer_drops,
             "asks": {str(k): v for k, v in self.asks.items()},
             "ask_latency_s": [round(x, 2) for x in self.ask_latency_s[-100:]],
         }
@@ -335,7 +337,13 @@ class Load:
                     await _wait(stop, 2.0)  # refused (the count says why): try again soon
                     continue
                 self.stats.peer_sessions += 1
-                await _wait(stop, self._random.uniform(*self.plan.peer_on_s))
+                ended = asyncio.Event()
+                pc.on("connectionstatechange", lambda pc=pc, ended=ended: pc.connectionState in ("failed", "closed")
+                      and ended.set())
+                # Stay a while, unless the connection ends first (a tab whose call dropped reloads).
+                await _until(stop, _first(ended.wait(), asyncio.sleep(self._random.uniform(*self.plan.peer_on_s))))
+                if ended.is_set():
+                    self.stats.peer_drops += 1
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     async with http.post(f"{self.base_url}/api/webrtc/close",
                                          json={"stream_id": stream_id, "close_token": token}) as response:
@@ -402,6 +410,17 @@ async def _wait(stop: asyncio.Event, seconds: float) -> bool:
         async with asyncio.timeout(seconds):
             await stop.wait()
     return stop.is_set()
+
+
+async def _first(*work: Any) -> None:
+    """Run the awaitables until the first of them ends; cancel the rest."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _until(stop: asyncio.Event, work: Any) -> None:
