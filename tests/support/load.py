@@ -265,6 +265,8 @@ class LoadStats:
     peer_refusals: Counter[int] = field(default_factory=Counter)  # by HTTP status
     peer_errors: int = 0
     peer_drops: int = 0  # connections that ended before the peer left
+    loop_lag_max_s: float = 0.0  # the load's own event loop, late by this much at worst ...
+    loop_lags_over_half_s: int = 0  # ... and this often by more than aioice's 0.5 s STUN timeout
     asks: Counter[int] = field(default_factory=Counter)  # by HTTP status (0: no answer)
     ask_latency_s: list[float] = field(default_factory=list)
 
@@ -274,6 +276,7 @@ class LoadStats:
             "channel_messages": dict(self.channel_messages), "peer_sessions": self.peer_sessions,
             "peer_refusals": {str(k): v for k, v in self.peer_refusals.items()}, "peer_errors": self.peer_errors,
             "peer_drops": self.peer_drops,
+            "loop_lag_max_s": round(self.loop_lag_max_s, 3), "loop_lags_over_half_s": self.loop_lags_over_half_s,
             "asks": {str(k): v for k, v in self.asks.items()},
             "ask_latency_s": [round(x, 2) for x in self.ask_latency_s[-100:]],
         }
@@ -296,6 +299,7 @@ class Load:
     async def run(self, stop: asyncio.Event) -> None:
         async with aiohttp.ClientSession(headers=self.headers) as http, asyncio.TaskGroup() as tasks:
             tasks.create_task(self.rig.flap(stop))
+            tasks.create_task(self._watch_loop(stop))
             for camera in self.rig.cameras():
                 tasks.create_task(self._read_sse(http, camera.id, stop))
             if self.media is not None:
@@ -303,6 +307,16 @@ class Load:
                     tasks.create_task(self._peer(http, f"peer{index + 1}", index, stop))
             if self.plan.ask_every_s > 0:
                 tasks.create_task(self._ask(http, stop))
+
+    async def _watch_loop(self, stop: asyncio.Event) -> None:
+        """How late this process's loop runs: a peer answers the service's ICE consent checks on
+        it, and a check unanswered for 0.5 s counts as failed (six in a row end the session)."""
+        while not stop.is_set():
+            began = time.monotonic()
+            await asyncio.sleep(0.1)
+            late = time.monotonic() - began - 0.1
+            self.stats.loop_lag_max_s = max(self.stats.loop_lag_max_s, late)
+            self.stats.loop_lags_over_half_s += late > 0.5
 
     async def _read_sse(self, http: aiohttp.ClientSession, stream_id: str, stop: asyncio.Event) -> None:
         """One viewer of the stream's events, reconnecting as a browser's EventSource does."""
