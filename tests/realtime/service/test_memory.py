@@ -39,7 +39,8 @@ print(round(before), round(rss_mb()))
 
 
 def test_freed_memory_is_handed_back_while_no_stream_ends() -> None:
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          check=False)
     assert done.returncode == 0, done.stderr
     before, after = map(int, done.stdout.split())
     assert before > 150, f"the blocks did not stay resident after being freed ({before} MB): nothing to check"
