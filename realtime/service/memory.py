@@ -12,16 +12,10 @@ arenas and a trim after each stream goes. Allocating, filling and freeing one
 the mmap threshold instead kept RSS as flat in an in-process run, but every frame then
 page-faults afresh: 0.7 ms each.) Python objects live in pymalloc under the GIL and ONNX Runtime uses its own
 arena, so the cap does not make them contend.
-
-A trim when a stream goes is not enough: streams that never end (cameras) free and allocate
-frames, packets and buffers all the time, and the freed pages stay with the arenas between
-frees: bench/soak.py saw RSS climb for half an hour while the memory in use stayed flat
-(docs/operations.md, the soak). So the service also trims on a timer (`trim_every`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import logging
 import os
@@ -31,7 +25,6 @@ log = logging.getLogger(__name__)
 
 _M_ARENA_MAX = -8  # mallopt parameter number from glibc's malloc.h
 ARENA_MAX = 2
-TRIM_INTERVAL_S = 60.0  # a trim walks the arenas under their locks: rare enough to cost nothing
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -62,10 +55,3 @@ def release_free_memory() -> None:
     """Hand free pages the arenas still hold back to the OS (after a stream's buffers were freed)."""
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
-
-
-async def trim_every(interval_s: float = TRIM_INTERVAL_S) -> None:
-    """`release_free_memory` every `interval_s`, off the event loop, until cancelled."""
-    while True:
-        await asyncio.sleep(interval_s)
-        await asyncio.to_thread(release_free_memory)

@@ -32,7 +32,7 @@ from realtime.http.metrics import MetricSources, ServiceMetrics
 from realtime.http.resume import ResumeSettings
 from realtime.leases.options import fleet_options
 from realtime.service.engine_metrics import ComputeCollector, capability_collector
-from realtime.service.memory import release_free_memory, trim_every
+from realtime.service.memory import release_free_memory
 from realtime.service.plugin import Attached, PluginContext
 from realtime.service.plugins import SERVICE_PLUGINS
 from realtime.streams.fanout import EventFanout
@@ -206,7 +206,6 @@ class Service:
                 helpers = [
                     group.create_task(self.metrics.sample_rates(), name="frame-rates"),
                     group.create_task(self._report_health(), name="health-log"),
-                    group.create_task(trim_every(), name="memory-trim"),
                 ]
                 if self.timeline is not None:
                     helpers.append(group.create_task(self.timeline.run(), name="timeline-indexer"))
