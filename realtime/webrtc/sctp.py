@@ -18,6 +18,13 @@ process are untouched):
   fragment (nothing can complete before), so the cost per fragment is constant while a message
   is arriving, and bounded by `MAX_HELD_FRAGMENTS` at worst.
 
+Once the connection under it is gone (ICE consent lost: the browser's machine stopped answering),
+aiortc's own background tasks (`_transmit`, `_data_channel_flush`, its retransmission timers)
+still try to send, and each raised `ConnectionError` into a task nobody awaits: asyncio logged
+"Task exception was never retrieved" as an error, with a traceback, for a session that was
+ending anyway (bench/soak.py, peers on an overloaded machine). A chunk sent with no connection
+under it is dropped instead, as the network would drop it, and counted (`sent_unconnected`).
+
 This reaches into aiortc's private reassembly (`InboundStream`, `_get_inbound_stream`,
 `_receive_data_chunk`, `_receive`), pinned by tests that send oversized and fragmented
 messages from a real aiortc peer: an aiortc upgrade that changes them fails those tests.
@@ -31,6 +38,7 @@ from dataclasses import dataclass
 
 from aiortc.rtcsctptransport import (
     SCTP_DATA_LAST_FRAG,
+    Chunk,
     DataChunk,
     InboundStream,
     RTCSctpCapabilities,
@@ -103,6 +111,7 @@ class BoundedSctpTransport(RTCSctpTransport):
     _held: _Held
     _on_refused: Callable[[str], None]
     refused: str | None
+    sent_unconnected: int  # chunks dropped because the connection under them was gone
 
     def getCapabilities(self) -> RTCSctpCapabilities:  # type: ignore[override]  # a classmethod upstream
         return RTCSctpCapabilities(maxMessageSize=MAX_MESSAGE_BYTES)
@@ -133,6 +142,12 @@ class BoundedSctpTransport(RTCSctpTransport):
             return
         await super()._receive(stream_id, pp_id, data)
 
+    async def _send_chunk(self, chunk: Chunk) -> None:
+        try:
+            await super()._send_chunk(chunk)
+        except ConnectionError:
+            self.sent_unconnected += 1  # the session ends on its own (the connection state says so)
+
     def _refuse(self, reason: str) -> None:
         self.refused = reason
         for stream in self._inbound_streams.values():
@@ -154,4 +169,5 @@ def bound_sctp(transport: RTCSctpTransport, on_refused: Callable[[str], None]) -
     transport._held = _Held()
     transport._on_refused = on_refused
     transport.refused = None
+    transport.sent_unconnected = 0
     return transport

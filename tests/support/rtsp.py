@@ -25,8 +25,16 @@ READY_TIMEOUT_S = 30.0
 
 
 class RtspServer:
-    def __init__(self, *, clip: Path | None = None, port: int = 0, log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        clip: Path | None = None,
+        port: int = 0,
+        log_path: Path | None = None,
+        resize_every_s: float | None = None,
+    ) -> None:
         self.clip = clip
+        self.resize_every_s = resize_every_s  # /resize's switch period (None: the server's default)
         self.port = port  # 0 until the first start picks a free port
         self.log_path = log_path
         self._proc: subprocess.Popen[str] | None = None
@@ -41,6 +49,8 @@ class RtspServer:
         command = [sys.executable, str(SERVER_SCRIPT), "--port", str(self.port)]
         if self.clip is not None:
             command += ["--clip", str(self.clip)]
+        if self.resize_every_s is not None:
+            command += ["--resize-every", str(self.resize_every_s)]
         if self.log_path is not None and self._log is None:
             self._log = self.log_path.open("a")
         self._proc = subprocess.Popen(

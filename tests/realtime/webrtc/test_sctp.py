@@ -1,14 +1,16 @@
 """The bounded SCTP reassembly of a session, fed aiortc DATA chunks directly: the held fragments
-are accounted, and a message still arriving costs no rescan."""
+are accounted, and a message still arriving costs no rescan; and what is sent once the connection
+is gone is dropped, not raised into aiortc's unawaited tasks."""
 
 from __future__ import annotations
 
 import gc
 import time
 
+from aiortc import RTCCertificate, RTCDtlsTransport, RTCIceGatherer, RTCIceTransport, RTCSctpTransport
 from aiortc.rtcsctptransport import SCTP_DATA_FIRST_FRAG, SCTP_DATA_LAST_FRAG, DataChunk, InboundStream
 
-from realtime.webrtc.sctp import BoundedInboundStream, _Held
+from realtime.webrtc.sctp import BoundedInboundStream, _Held, bound_sctp
 
 
 def chunk(tsn: int, flags: int = 0, size: int = 1000, seq: int = 0) -> DataChunk:
@@ -61,3 +63,17 @@ def test_held_fragments_are_accounted_through_delivery_and_pruning() -> None:
     stream.add_chunk(chunk(6, SCTP_DATA_LAST_FRAG, 10, seq=2))
     assert stream.prune_chunks(6) == 20  # a FORWARD TSN abandons the message
     assert (held.fragments, held.bytes) == (0, 0)
+
+
+async def test_a_chunk_sent_once_the_connection_is_gone_is_dropped_and_counted() -> None:
+    """aiortc's background tasks keep sending after ICE consent is lost; each raised into a task no
+    one awaits ("Task exception was never retrieved", logged as an error). A real transport over a
+    DTLS transport that is not connected is that state."""
+    ice = RTCIceTransport(RTCIceGatherer())
+    dtls = RTCDtlsTransport(ice, [RTCCertificate.generateCertificate()])
+    transport = bound_sctp(RTCSctpTransport(dtls), lambda reason: None)
+    transport._remote_port = 5000  # what start() sets from the offer, before any chunk is sent
+
+    await transport._send_chunk(chunk(1, SCTP_DATA_FIRST_FRAG | SCTP_DATA_LAST_FRAG))
+
+    assert transport.sent_unconnected == 1
