@@ -17,13 +17,13 @@ def attach(_ctx: PluginContext) -> Attached:
                     forget=(store.forget,), state=store)
 
 
-# Partials, finals and each utterance's transcript in place of its finals, beside Go live's video.
+# Partials, finals and each utterance's transcript in place of its finals: beside Go live's video,
+# and first under the frame in Watch cameras, so a camera's speech is read where it is watched.
 PANEL = Panel(
     "captions",
     "Captions",
     static("captions.js"),
     kinds=("partials", "captions", "transcript"),
-    modes=("live",),
     order=10,
 )
 
