@@ -16,12 +16,15 @@ motion). Not the Kalman filter's state: that is a smoothed box a step behind the
 a velocity per update, which is wrong as soon as updates come irregularly (a loaded model), so
 its predicted box jumped beside the person at each measured frame. A track with no measured
 motion yet, or unmeasured for longer than `max_predict_s`, is not predicted at all: better no
-box than one beside its object (bench/bench_live_boxes.py measures the error).
+box than one beside its object (bench/bench_live_boxes.py measures the error). Live, each
+measurement of a moving track says how far the prediction for that moment would have been from
+it: `prediction_error`, the median over the last measurements, in box widths.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -30,6 +33,8 @@ from scipy.optimize import linear_sum_assignment
 
 from engines.types import Detections
 from pipelines.kalman import KalmanBoxFilter
+
+PREDICTION_ERRORS_KEPT = 256  # the recent measurements `prediction_error` is the median of
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +145,14 @@ class ByteTracker:
         self._frames = 0
         self._last_update: float | None = None  # stream time of the last measured frame
         self.evicted = 0
+        self._prediction_errors: deque[float] = deque(maxlen=PREDICTION_ERRORS_KEPT)
+
+    @property
+    def prediction_error(self) -> float:
+        """How far a predicted box was from the next measured box of its track: the median over the
+        last measurements, in widths of the measured box (0 before any)."""
+        errors = sorted(self._prediction_errors)
+        return round(errors[len(errors) // 2], 3) if errors else 0.0
 
     @property
     def has_tracks(self) -> bool:
@@ -290,6 +303,11 @@ class ByteTracker:
     def _apply(self, track: Track, detections: Detections, det: int, pts: float) -> None:
         box = detections.boxes[det]
         gap = pts - track.last_seen_pts
+        if track.velocity is not None and 0 < gap <= self.config.max_predict_s:
+            expected = track.box + track.velocity * gap  # what predict() said of this moment
+            width = max(float(box[2] - box[0]), 1.0)
+            shift = np.hypot(*((expected[:2] + expected[2:] - box[:2] - box[2:]) / 2))
+            self._prediction_errors.append(float(shift) / width)
         if gap > 0:
             moved = (box.astype(np.float64) - track.box) / gap
             memory = self.config.velocity_memory

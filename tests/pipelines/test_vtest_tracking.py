@@ -99,3 +99,5 @@ def test_predicted_boxes_stay_on_the_people_the_model_then_finds(vtest_detection
     assert np.median(predicted) < 0.8 * np.median(held), (np.median(predicted), np.median(held))
     assert np.percentile(predicted, 95) < 0.5  # never a body's width off, to within a few boxes in 20
     assert tracker.predict(vtest_detections.frames[-1].pts + 2.0) == []  # too long unmeasured: not drawn at all
+    # Live, the tracker reports the same kind of error against each next measurement.
+    assert 0 < tracker.prediction_error < 0.3
