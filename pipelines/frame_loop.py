@@ -36,7 +36,7 @@ from pipelines.event_bodies import detections_event, track_event
 from pipelines.events import EventSink
 from pipelines.frames import FrameResult, VideoFrame
 from pipelines.graph import StageContext, StageFailed, counter, register_counters
-from pipelines.graph.counters import Counters, frame_stage, queue_depth
+from pipelines.graph.counters import Counters, frame_stage, gauge, queue_depth
 from pipelines.graph.stage import FrameObserver
 from pipelines.mailbox import FrameMailbox, MailboxClosed
 from pipelines.rules.engine import RuleEngine
@@ -69,6 +69,9 @@ register_counters(
         "tracks": counter("Tracks confirmed"),
         "track_events": counter("Track lifecycle events"),
         "tracks_evicted": counter("Tracks ended early because the tracker was at max_tracks"),
+        "prediction_error": gauge(
+            "Predicted box's distance from its track's next measured box, in box widths (median of recent)"
+        ),
     },
     section="tracking",
 )
@@ -495,6 +498,7 @@ class FrameLoop:
             "tracks": stats.tracks_started,
             "track_events": stats.track_events,
             "tracks_evicted": self.tracker.evicted,
+            "prediction_error": self.tracker.prediction_error,
             "alerts": stats.alerts.started,
             "alerts_suppressed": engine.suppressed if engine is not None else 0,
             "snapshot_failures": stats.alerts.snapshots_failed,

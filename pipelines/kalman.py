@@ -68,9 +68,3 @@ class KalmanBoxFilter:
 
     def box(self) -> np.ndarray:
         return xyah_to_xyxy(self.mean)
-
-    def ahead(self, steps: float) -> np.ndarray:
-        """The box `steps` predictions ahead (a fraction too), leaving the state as it is."""
-        mean = self.mean[:_NDIM] + steps * self.mean[_NDIM:]
-        mean[3] = max(mean[3], 1e-6)
-        return xyah_to_xyxy(mean)

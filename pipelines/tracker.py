@@ -9,11 +9,22 @@ and retired (`end`) after it has been lost for `lost_timeout_s`.
 
 Association is class-agnostic so a person who falls keeps their id; the track's class is
 a score-weighted vote over recent detections so one flickering frame does not flip it.
+
+For the frames the detector skips, `predict` carries each track's last measured box forward
+by its velocity in pixels per second of stream time (a smoothed average of its measured
+motion). Not the Kalman filter's state: that is a smoothed box a step behind the detection, with
+a velocity per update, which is wrong as soon as updates come irregularly (a loaded model), so
+its predicted box jumped beside the person at each measured frame. A track with no measured
+motion yet, or unmeasured for longer than `max_predict_s`, is not predicted at all: better no
+box than one beside its object (bench/bench_live_boxes.py measures the error). Live, each
+measurement of a moving track says how far the prediction for that moment would have been from
+it: `prediction_error`, the median over the last measurements, in box widths.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -22,6 +33,8 @@ from scipy.optimize import linear_sum_assignment
 
 from engines.types import Detections
 from pipelines.kalman import KalmanBoxFilter
+
+PREDICTION_ERRORS_KEPT = 256  # the recent measurements `prediction_error` is the median of
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +50,8 @@ class TrackerConfig:
     update_move_fraction: float = 0.5  # centre moved by this fraction of the box size → update
     update_size_change: float = 0.35  # box area changed by this fraction → update
     max_tracks: int = 1000  # hard bound on live + lost tracks per stream
+    max_predict_s: float = 1.0  # a track unmeasured for longer gets no predicted box
+    velocity_memory: float = 0.7  # weight of the past in a track's smoothed velocity (per measurement)
 
 
 class TrackState(StrEnum):
@@ -62,6 +77,7 @@ class Track:
     last_seen_pts: float
     hits: int = 1
     state: TrackState = TrackState.TENTATIVE
+    velocity: np.ndarray | None = None  # xyxy pixels per second of stream time; None until it moved twice
     announced_box: np.ndarray | None = None
     announced_class: int | None = None
 
@@ -128,8 +144,15 @@ class ByteTracker:
         self._ids = itertools.count(1)
         self._frames = 0
         self._last_update: float | None = None  # stream time of the last measured frame
-        self._step_s = 0.0  # stream time between measured frames (smoothed)
         self.evicted = 0
+        self._prediction_errors: deque[float] = deque(maxlen=PREDICTION_ERRORS_KEPT)
+
+    @property
+    def prediction_error(self) -> float:
+        """How far a predicted box was from the next measured box of its track: the median over the
+        last measurements, in widths of the measured box (0 before any)."""
+        errors = sorted(self._prediction_errors)
+        return round(errors[len(errors) // 2], 3) if errors else 0.0
 
     @property
     def has_tracks(self) -> bool:
@@ -141,26 +164,24 @@ class ByteTracker:
 
     def predict(self, pts: float) -> list[tuple[Track, np.ndarray]]:
         """Where each confirmed, currently seen track is at stream time `pts`, for a frame the
-        detector skipped: its filter's motion carried forward from the last measured frame. Nothing
-        changes: the next `update` goes on from the last measurement as if this was never asked."""
+        detector skipped: its last measured box moved on by its velocity. Tracks whose velocity is
+        not known yet, or measured too long ago, are left out. Nothing changes: the next `update`
+        goes on from the last measurement as if this was never asked."""
         last = self._last_update
         if last is None:
             return []
-        # The filter's velocity is per update; updates come every `_step_s` of stream time.
-        steps = max(0.0, pts - last) / self._step_s if self._step_s > 0 else 0.0
+        ahead = max(0.0, pts - last)
+        if ahead > self.config.max_predict_s:
+            return []
         return [
-            (track, track.filter.ahead(steps))
+            (track, (track.box + track.velocity * ahead).astype(np.float32))
             for track in self._tracks
-            if track.state is TrackState.TRACKED and track.last_seen_pts == last
+            if track.state is TrackState.TRACKED and track.last_seen_pts == last and track.velocity is not None
         ]
 
     def update(self, detections: Detections, pts: float) -> TrackerOutput:
         cfg = self.config
         self._frames += 1
-        if self._last_update is not None and pts > self._last_update:
-            # The stream time between measured frames, smoothed: a prediction's unit of motion.
-            gap = pts - self._last_update
-            self._step_s = gap if self._step_s <= 0 else 0.7 * self._step_s + 0.3 * gap
         self._last_update = pts
         n = len(detections)
         assigned: list[Track | None] = [None] * n
@@ -175,7 +196,7 @@ class ByteTracker:
         tentative = [t for t in self._tracks if t.state is TrackState.TENTATIVE]
 
         # Round 1: confident detections vs tracked + lost; IoU weighted by detection score.
-        sim = self._similarity(confirmed, detections, high) * scores[high][None, :]
+        sim = self._similarity(confirmed, detections, high, pts) * scores[high][None, :]
         matched_tracks: set[int] = set()
         remaining_high = set(high)
         for ti, dj in _match(sim, cfg.match_iou):
@@ -187,7 +208,7 @@ class ByteTracker:
 
         # Round 2: still-unmatched live tracks vs low-score detections.
         live_left = [t for t in confirmed if id(t) not in matched_tracks and t.state is TrackState.TRACKED]
-        for ti, dj in _match(self._similarity(live_left, detections, low), cfg.low_match_iou):
+        for ti, dj in _match(self._similarity(live_left, detections, low, pts), cfg.low_match_iou):
             det = low[dj]
             self._apply(live_left[ti], detections, det, pts)
             assigned[det] = live_left[ti]
@@ -195,7 +216,7 @@ class ByteTracker:
 
         # Round 3: tentative tracks vs the confident detections nobody took.
         left = sorted(remaining_high)
-        for ti, dj in _match(self._similarity(tentative, detections, left), cfg.unconfirmed_match_iou):
+        for ti, dj in _match(self._similarity(tentative, detections, left, pts), cfg.unconfirmed_match_iou):
             det = left[dj]
             track = tentative[ti]
             self._apply(track, detections, det, pts)
@@ -263,14 +284,34 @@ class ByteTracker:
         self._tracks = []
         return events
 
-    def _similarity(self, tracks: list[Track], detections: Detections, indices: list[int]) -> np.ndarray:
+    def _similarity(self, tracks: list[Track], detections: Detections, indices: list[int], pts: float) -> np.ndarray:
         if not tracks or not indices:
             return np.zeros((len(tracks), len(indices)), np.float32)
-        predicted = np.stack([t.filter.box() for t in tracks])
+        predicted = np.stack([self._expected(t, pts) for t in tracks])
         return iou_matrix(predicted, detections.boxes[indices])
+
+    def _expected(self, track: Track, pts: float) -> np.ndarray:
+        # Where to look for a track on a measured frame: moved by its velocity over the stream time
+        # since it was last measured, as the filter's per-update step misses when updates come
+        # irregularly or sparsely; a track lost for longer than max_predict_s is looked for where
+        # the filter has it.
+        ahead = pts - track.last_seen_pts
+        if track.velocity is None or ahead > self.config.max_predict_s:
+            return track.filter.box()
+        return (track.box + track.velocity * ahead).astype(np.float32)
 
     def _apply(self, track: Track, detections: Detections, det: int, pts: float) -> None:
         box = detections.boxes[det]
+        gap = pts - track.last_seen_pts
+        if track.velocity is not None and 0 < gap <= self.config.max_predict_s:
+            expected = track.box + track.velocity * gap  # what predict() said of this moment
+            width = max(float(box[2] - box[0]), 1.0)
+            shift = np.hypot(*((expected[:2] + expected[2:] - box[:2] - box[2:]) / 2))
+            self._prediction_errors.append(float(shift) / width)
+        if gap > 0:
+            moved = (box.astype(np.float64) - track.box) / gap
+            memory = self.config.velocity_memory
+            track.velocity = moved if track.velocity is None else memory * track.velocity + (1 - memory) * moved
         track.filter.update(box)
         track.box = box.astype(np.float32)
         track.score = float(detections.scores[det])

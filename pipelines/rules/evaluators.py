@@ -95,7 +95,7 @@ class CountingEvaluator(Evaluator):
     rule: PresentRule | AbsentRule | CountRule
 
     def __init__(self, rule: PresentRule | AbsentRule | CountRule) -> None:
-        self.membership = ZoneMembership(rule.hysteresis)
+        self.membership = ZoneMembership(rule.hysteresis, rule.settle_s)
         self.zone: tuple[Point, ...] = ()
         super().__init__(rule)
 
@@ -107,7 +107,7 @@ class CountingEvaluator(Evaluator):
         for track_id in view.gone:
             self.membership.forget(track_id)
         # Membership first: it must follow every track, whatever its class is at the moment.
-        matching = [t for t in view.tracks.values() if self._in_zone(t) and self.wants(t.obj)]
+        matching = [t for t in view.tracks.values() if self._in_zone(t, view.now) and self.wants(t.obj)]
         count = len(matching)
         holds = self._holds(count)
         change = self.lifecycle.observe(
@@ -121,12 +121,12 @@ class CountingEvaluator(Evaluator):
         )
         return [change] if change is not None else []
 
-    def _in_zone(self, track: LiveTrack) -> bool:
+    def _in_zone(self, track: LiveTrack, now: Moment) -> bool:
         if self.rule.zone is None:
             return True
         if not track.seen_now:
             return self.membership.inside(track.obj.track_id)
-        return self.membership.update(self.zone, track.obj.track_id, track.obj.box)[1]
+        return self.membership.update(self.zone, track.obj.track_id, track.obj.box, now.t)[1]
 
     def _holds(self, count: int) -> bool:
         rule = self.rule
@@ -161,7 +161,7 @@ class ZoneEvaluator(Evaluator):
     rule: ZoneRule
 
     def __init__(self, rule: ZoneRule) -> None:
-        self.membership = ZoneMembership(rule.hysteresis)
+        self.membership = ZoneMembership(rule.hysteresis, rule.settle_s)
         self.polygon: tuple[Point, ...] = ()
         super().__init__(rule)
 
@@ -180,7 +180,7 @@ class ZoneEvaluator(Evaluator):
                     changes.append(ended)
         for track_id, track in view.tracks.items():
             if track.seen_now:
-                before, inside = self.membership.update(self.polygon, track_id, track.obj.box)
+                before, inside = self.membership.update(self.polygon, track_id, track.obj.box, now.t)
             else:
                 before = inside = self.membership.inside(track_id)
             wanted = self.wants(track.obj)
@@ -215,7 +215,7 @@ class LineEvaluator(Evaluator):
     rule: LineRule
 
     def __init__(self, rule: LineRule) -> None:
-        self.sides = LineSides(rule.hysteresis)
+        self.sides = LineSides(rule.hysteresis, rule.settle_s)
         self.line: tuple[Point, ...] = ()
         self.counts = {"a_to_b": 0, "b_to_a": 0}
         super().__init__(rule)
@@ -235,7 +235,7 @@ class LineEvaluator(Evaluator):
         for track_id, track in view.tracks.items():
             if not track.seen_now:
                 continue  # a lost track's last box does not move
-            crossed = self.sides.update(a, b, track_id, track.obj.box)
+            crossed = self.sides.update(a, b, track_id, track.obj.box, view.now.t)
             if crossed is None or not self.wants(track.obj):
                 continue
             direction = "a_to_b" if crossed == SIDE_B else "b_to_a"

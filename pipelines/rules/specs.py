@@ -42,6 +42,10 @@ Direction = Literal["a_to_b", "b_to_a", "any"]
 
 MAX_POLYGON_POINTS = 256
 MAX_RULES = 64
+# Long enough to outlast a box's jitter at an edge (a leg found or lost, predicted frames between
+# measured ones), short against a person's walk across a zone's edge or a line.
+DEFAULT_SETTLE_S = 0.5
+MAX_SETTLE_S = 60.0
 MAX_DURATION_S = 7 * 24 * 3600.0  # for_s, dwell_s, cooldown_s, clear_s: a week is already "never"
 MAX_COUNT = 10_000  # objects in a frame: no detector reports more
 MAX_PIXEL = 100_000.0  # pixel coordinates: larger than any frame (webrtc takes at most 7680 x 4320)
@@ -163,6 +167,8 @@ class _OptionalZone(_ClassFiltered):
     # Only objects whose bottom-centre is in this polygon count; None: the whole frame.
     zone: Polygon | None = None
     hysteresis: float = Field(0.1, ge=0, le=1)
+    # A change of side (in/out of the zone, across the line) counts once it lasts this long.
+    settle_s: float = Field(DEFAULT_SETTLE_S, ge=0, le=MAX_SETTLE_S)
     for_s: float = Field(0.0, ge=0, le=MAX_DURATION_S)
 
     @field_validator("zone")
@@ -211,6 +217,8 @@ class ZoneRule(_ClassFiltered):
     dwell_s: float | None = Field(None, gt=0, le=MAX_DURATION_S, validate_default=True)
     for_s: float = Field(0.0, ge=0, le=MAX_DURATION_S)  # an object must be inside this long before `enter` fires
     hysteresis: float = Field(0.1, ge=0, le=1)
+    # A change of side (in/out of the zone, across the line) counts once it lasts this long.
+    settle_s: float = Field(DEFAULT_SETTLE_S, ge=0, le=MAX_SETTLE_S)
 
     @field_validator("polygon")
     @classmethod
@@ -251,6 +259,8 @@ class LineRule(_ClassFiltered):
     points: Segment
     direction: Direction = "any"
     hysteresis: float = Field(0.1, ge=0, le=1)
+    # A change of side (in/out of the zone, across the line) counts once it lasts this long.
+    settle_s: float = Field(DEFAULT_SETTLE_S, ge=0, le=MAX_SETTLE_S)
 
     @field_validator("points")
     @classmethod

@@ -133,7 +133,7 @@ async def test_rules_run_on_predicted_frames() -> None:
     # The feet (x + 50) cross x = 300 at pts 2.3; with detect_fps 4 the model sees pts 2.25 (outside)
     # and 2.5.
     zone = {"id": "door", "type": "zone", "polygon": [[300, 0], [640, 0], [640, 480], [300, 480]],
-            "events": ["enter"], "cooldown_s": 0}
+            "events": ["enter"], "cooldown_s": 0, "settle_s": 0}  # settle_s 0: the very frame it crossed on
     sink, _, _ = await run_live(2.8, model_s=0.0, detect_fps=4, rules=rules(zone))
     starts = [e for e in sink.events if e.kind is EventKind.ALERTS and e.data["event"] == "start"]
     assert len(starts) == 1

@@ -145,10 +145,12 @@ export class CaptionPanel {
   }
 }
 
-// The captions plugin's card (realtime/service/plugins/captions.py), in Go live.
-export default function mount(card) {
+// The captions plugin's card (realtime/service/plugins/captions.py): beside Go live's video, and
+// under the frame in Watch cameras. Ids are per mode, as both cards are in one document.
+export default function mount(card, view) {
+  const id = view && view.mode === "watch" ? "watch-captions" : "captions";
   card.insertAdjacentHTML("beforeend",
-    '<ol id="captions" class="captions" aria-live="polite"></ol>' +
-    '<p id="captions-empty" class="muted small">Captions appear here as the server transcribes speech.</p>');
-  return new CaptionPanel(card.querySelector("ol.captions"), card.querySelector("#captions-empty"));
+    `<ol id="${id}" class="captions" aria-live="polite"></ol>` +
+    `<p id="${id}-empty" class="muted small">Captions appear here as the server transcribes speech.</p>`);
+  return new CaptionPanel(card.querySelector("ol.captions"), card.querySelector(`#${id}-empty`));
 }

@@ -18,13 +18,13 @@ def attach(_ctx: PluginContext) -> Attached:
 
 
 # Partials, finals and each utterance's transcript in place of its finals, with its English text
-# under it (captions.translate), beside Go live's video.
+# under it (captions.translate): beside Go live's video, and first under the frame in Watch cameras,
+# so a camera's speech is read where it is watched.
 PANEL = Panel(
     "captions",
     "Captions",
     static("captions.js"),
     kinds=("partials", "captions", "transcript", "translations"),
-    modes=("live",),
     order=10,
 )
 

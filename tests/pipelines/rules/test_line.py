@@ -42,7 +42,8 @@ def test_direction(direction: str, path: list[float], fires: bool) -> None:
         return
     start, end = changes
     assert start.alert_id == end.alert_id and start.track_ids == (1,)
-    assert start.pts == end.pts == end.ended_pts == pytest.approx(2.1)  # first frame clear of the 10 px band
+    # The first frame clear of the 10 px band is at 2.1; the crossing counts once it lasted settle_s (0.5).
+    assert start.pts == end.pts == end.ended_pts == pytest.approx(2.6)
     expected = "a_to_b" if path is DOWN else "b_to_a"
     assert start.evidence["trigger"] == expected and start.evidence["counts"][expected] == 1
     assert start.evidence["line"] == LINE

@@ -16,7 +16,8 @@ def zone(**extra: object) -> dict:
 
 
 def test_enter_dwell_and_exit_with_their_times_and_stable_ids() -> None:
-    eng = engine(zone(events=["enter", "exit", "dwell"], dwell_s=3, clear_s=1))
+    # settle_s 0: the times below are those of the frames themselves (settling has its own tests).
+    eng = engine(zone(events=["enter", "exit", "dwell"], dwell_s=3, clear_s=1, settle_s=0))
     frames = [(t, [person(1, 100, 400)]) for t in timeline(0, 2)]
     frames += [(t, [person(1, 400, 400)]) for t in timeline(2, 8)]
     frames += [(t, [person(1, 700, 400)]) for t in timeline(8, 12)]
@@ -62,9 +63,29 @@ def test_jitter_on_the_edge_does_not_flap() -> None:
     frames = [(t, [person(1, 400, 600 + rng.uniform(-6, 6))]) for t in timeline(0, 60)]
     steady = run(engine(zone(events=["enter", "exit"], cooldown_s=0, clear_s=0)), frames)
     assert len(starts(steady)) <= 1 and not [c for c in steady if c.evidence["trigger"] == "exit"]
-    # Without the hysteresis band the same footage flaps: that is what the band is for.
-    flapping = run(engine(zone(events=["enter", "exit"], cooldown_s=0, clear_s=0, hysteresis=0)), frames)
+    # Without the hysteresis band (nor settling) the same footage flaps: that is what the band is for.
+    flapping = run(engine(zone(events=["enter", "exit"], cooldown_s=0, clear_s=0, hysteresis=0, settle_s=0)), frames)
     assert len(starts(flapping)) > 20
+
+
+def test_jitter_wider_than_the_band_does_not_flap_once_changes_must_settle() -> None:
+    # A real box's bottom edge jumps by more than the band (a leg found or lost, a predicted box
+    # between measured ones): here by up to 25 px on a 100 px person, whose band is 10 px.
+    rng = random.Random(5)
+    frames = [(t, [person(1, 400, 600 + rng.uniform(-25, 25))]) for t in timeline(0, 60)]
+    rules = {"events": ["enter", "exit"], "cooldown_s": 0, "clear_s": 0}
+    settled = run(engine(zone(**rules)), frames)  # settle_s: 0.5 by default
+    assert len(starts(settled)) <= 1, [(c.evidence["trigger"], c.pts) for c in settled]
+    unsettled = run(engine(zone(**rules, settle_s=0)), frames)
+    assert len(starts(unsettled)) > 20  # the band alone: what the sample's east-side zone did
+
+
+def test_jitter_across_a_line_is_not_a_crossing_once_it_must_settle() -> None:
+    rng = random.Random(6)
+    frames = [(t, [person(1, 500, 500 + rng.uniform(-25, 25))]) for t in timeline(0, 60)]
+    line = {"id": "gate", "type": "line", "points": [[200, 500], [800, 500]], "cooldown_s": 0}
+    assert len(starts(run(engine(line), frames))) <= 1  # a 0.5 s run clear on the far side can happen by chance
+    assert len(starts(run(engine({**line, "settle_s": 0}), frames))) > 20
 
 
 def test_a_walk_in_and_out_across_the_edge_still_counts() -> None:

@@ -30,9 +30,9 @@ def test_the_core_page_has_the_alerts_card_in_both_modes_and_the_plugins_add_the
     page = Page()
     for plugin in SERVICE_PLUGINS:
         page.add(plugin.panels)
-    # The order the page was written in: captions, scene, alerts beside the video; scene, alerts, clips below the frame.
+    # Captions, scene, alerts beside the video; captions, scene, alerts, clips below the frame.
     assert cards(page, "live") == ["captions", "scene", "alerts"]
-    assert cards(page, "watch") == ["scene", "alerts", "clips"]
+    assert cards(page, "watch") == ["captions", "scene", "alerts", "clips"]
     assert {"alerts.js", "captions.js", "scene.js", "clips.js", "app.js", "router.js"} <= set(page.files)
     assert "index.html" not in page.files  # served as / only
 

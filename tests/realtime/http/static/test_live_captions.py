@@ -69,3 +69,24 @@ async def test_the_page_shows_live_captions_of_the_microphone(
             await page.click("#stop")
     finally:
         await nc.close()
+
+
+async def test_watch_cameras_shows_a_cameras_captions_under_its_frame(
+    svc: LiveService, chromium: Browser, sample_clip: Path, screenshots: Path
+) -> None:
+    body = {"id": "narrated", "url": str(sample_clip), "detect_fps": 2}
+    assert (await svc.call("POST", "/api/streams", json_body=body)).status == 201
+    try:
+        async with open_page(chromium, viewport=WIDE) as watched:
+            page = watched.page
+            await page.goto(svc.url + "/#watch")
+            await page.click(".stream[data-id=narrated]")
+            # The same card as Go live's, filled from the stream's server-sent events.
+            await page.wait_for_selector("#watch-captions .caption.final", timeout=45_000)
+            assert await page.locator("#captions-empty").is_visible() is False  # Go live's card is untouched
+            shown = await page.locator("#watch-captions").text_content() or ""
+            assert words_of(shown), shown
+            await page.screenshot(path=screenshots / "watch-captions.png", full_page=True)
+            assert [p for p in await watched.problems() if not p.endswith("/frame.jpg]")] == []
+    finally:
+        await svc.call("DELETE", "/api/streams/narrated")

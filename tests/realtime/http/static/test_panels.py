@@ -60,7 +60,7 @@ async def test_the_page_serves_the_declared_cards_and_modules_and_nothing_else(s
             f'<section class="card" data-panel="chimes" data-mode="{mode}" data-module="/static/chimes.js"'
             ' data-kinds="chimes">\n  <h2>Chimes</h2>\n</section>'
         ) in index.body
-    assert index.body.count('data-panel="captions"') == 1 and index.body.count('data-panel="clips"') == 1
+    assert index.body.count('data-panel="captions"') == 2 and index.body.count('data-panel="clips"') == 1
     assert '<link rel="modulepreload" href="/static/chimes.js">' in index.body
     async with svc.session.get(f"{svc.url}/static/chimes.js") as reply:
         assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/javascript")
@@ -89,7 +89,7 @@ async def test_a_declared_card_shows_its_kind_from_sse_and_from_the_datachannel(
         card = page.locator('#watch section.card[data-panel="chimes"]')
         assert await card.locator("h2").text_content() == "Chimes"
         titles = await page.locator("#watch section.card[data-panel] h2").all_text_contents()
-        assert titles == ["Scene", "Alerts", "Clips", "Chimes"]  # by their declared order
+        assert titles == ["Captions", "Scene", "Alerts", "Clips", "Chimes"]  # by their declared order
         await page.click(".stream[data-id=plaza]")
         await wait_until(lambda: svc.service.fanout.viewer_count == 1, 10, "the page's SSE reader")
         assert (await shown(page, "#watch-chimes")).startswith("bell at frame ")
