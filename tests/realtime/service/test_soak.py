@@ -26,7 +26,10 @@ LOAD_S = 60.0
 def test_a_minute_of_everything_at_once_loses_nothing_and_breaks_nothing(sample_clip: Path, tmp_path: Path) -> None:
     plan = LoadPlan(cameras=3, peers=1, seconds=LOAD_S + 60, flap_every_s=20, flap_down_s=4, resize_every_s=12,
                     peer_on_s=(25, 30), peer_off_s=(2, 3), ask_every_s=20, peer_fps=10)
-    result = asyncio.run(run_soak(plan, tmp_path, seconds=LOAD_S, interval_s=5))
+    # A crowd alert can stay open all minute where the detector keeps up: a clip is cut at 20 s so
+    # one is finished and listed however busy the machine is.
+    clips = {"clips": {"max_s": 20.0, "post_s": 2.0}}
+    result = asyncio.run(run_soak(plan, tmp_path, seconds=LOAD_S, interval_s=5, config_sections=clips))
     found = targets(result)
 
     assert result.events["counts_logged"], "serve logged no per-kind counts when it stopped"
@@ -34,7 +37,7 @@ def test_a_minute_of_everything_at_once_loses_nothing_and_breaks_nothing(sample_
     stored = sum(k["stored"] for k in result.events["kinds"].values())
     assert stored > 0
 
-    assert result.clips["listed"] > 0, "no rule fired a clip in a minute of vtest's pedestrians"
+    assert result.clips["listed"] > 0, ("no clip listed in a minute of vtest's pedestrians", result.events["kinds"])
     assert result.clips["bad"] == [], result.clips
     assert result.index["captions"] > 0, "the talking camera gave no caption"
     assert result.index["missing"] == 0, result.index
