@@ -59,21 +59,11 @@ from tests.support.languages import PAUSE_S, SENTENCES, speech_clip, synthesize 
 from tests.support.peer import connect  # noqa: E402
 from tests.support.rtsp import RtspServer  # noqa: E402
 from tests.support.service import LiveService, live_service, make_config  # noqa: E402
-from tests.support.speech import words_of  # noqa: E402
+from tests.support.speech import edit_distance, words_of  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 TAIL_S = 20.0  # after the speech: the last transcript and its translation come this long after, at most
 LEAD_S = 1.0
-
-
-def edit_distance(ref: list[str], hyp: list[str]) -> int:
-    previous = list(range(len(hyp) + 1))
-    for i, r in enumerate(ref, 1):
-        current = [i] + [0] * len(hyp)
-        for j, h in enumerate(hyp, 1):
-            current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (r != h))
-        previous = current
-    return previous[-1]
 
 
 def error_rate(ref: list[str], hyp: list[str]) -> float:

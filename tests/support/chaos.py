@@ -43,6 +43,7 @@ from realtime.bus.connection import BusUnavailable, round_trip
 from realtime.bus.jetstream import STREAM_NAME
 from realtime.bus.publisher import NatsEventPublisher
 from tests.realtime.fleet.fleet_support import Fleet, Worker, http
+from tests.support.nats import stored_event_ids
 from tests.support.nats_cluster import ClusterNode, NatsCluster
 
 # A renewal sent while a bucket elects a new leader waits out its request timeout: the TTL
@@ -137,22 +138,7 @@ class WireRecorder:
 
 
 async def _stored_ids(urls: list[str]) -> list[str]:
-    nc = await nats.connect(urls, max_reconnect_attempts=5, reconnect_time_wait=0.25)
-    try:
-        js = nc.jetstream()
-        total = (await js.stream_info(STREAM_NAME)).state.messages
-        sub = await js.subscribe("vidsentry.>", ordered_consumer=True)
-        ids: list[str] = []
-        while len(ids) < total:
-            try:
-                msg = await sub.next_msg(timeout=3)
-            except nats.errors.TimeoutError:
-                break
-            ids.append((msg.headers or {}).get("ce-id", ""))
-        await sub.unsubscribe()
-        return ids
-    finally:
-        await nc.close()
+    return await stored_event_ids(urls, timeout_s=3.0, max_reconnect_attempts=5, reconnect_time_wait=0.25)
 
 
 def stored_ids(urls: list[str], within_s: float = 60.0) -> list[str]:

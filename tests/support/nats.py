@@ -24,6 +24,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.bus.jetstream import STREAM_NAME
 
 
 def running_server(store_dir: Path) -> Iterator[EmbeddedNatsServer]:
@@ -56,6 +57,29 @@ async def stored_messages(url: str, subject: str) -> list[Msg]:
                 messages.append(await sub.next_msg(timeout=1.0))
             except nats.errors.TimeoutError:
                 return messages
+    finally:
+        await nc.close()
+
+
+async def stored_event_ids(
+    servers: str | list[str], subject: str = "vidsentry.>", *, timeout_s: float = 2.0, **options: Any
+) -> list[str]:
+    """ce-id of every message the VIDSENTRY stream holds on `subject`, read up to the count its
+    info gives (or until `timeout_s` brings none); `options` go to nats.connect."""
+    nc = await nats.connect(servers, **options)
+    try:
+        js = nc.jetstream()
+        total = (await js.stream_info(STREAM_NAME)).state.messages
+        sub = await js.subscribe(subject, ordered_consumer=True)
+        ids: list[str] = []
+        while len(ids) < total:
+            try:
+                msg = await sub.next_msg(timeout=timeout_s)
+            except nats.errors.TimeoutError:
+                break
+            ids.append((msg.headers or {}).get("ce-id", ""))
+        await sub.unsubscribe()
+        return ids
     finally:
         await nc.close()
 

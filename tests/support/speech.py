@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import av
@@ -17,16 +18,21 @@ def words_of(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def wer(reference: str, hypothesis: str) -> float:
-    """Word error rate: (substitutions + deletions + insertions) / reference words."""
-    ref, hyp = words_of(reference), words_of(hypothesis)
+def edit_distance(ref: Sequence[str], hyp: Sequence[str]) -> int:
+    """Substitutions + deletions + insertions from `ref` to `hyp` (words, or characters for CER)."""
     previous = list(range(len(hyp) + 1))
     for i, r in enumerate(ref, 1):
         current = [i] + [0] * len(hyp)
         for j, h in enumerate(hyp, 1):
             current[j] = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (r != h))
         previous = current
-    return previous[-1] / max(1, len(ref))
+    return previous[-1]
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    """Word error rate: (substitutions + deletions + insertions) / reference words."""
+    ref = words_of(reference)
+    return edit_distance(ref, words_of(hypothesis)) / max(1, len(ref))
 
 
 def script() -> str:

@@ -17,6 +17,7 @@ import nats
 
 from realtime.bus import cloudevents
 from realtime.bus.connection import round_trip
+from tests.support.nats import stored_event_ids
 from tests.support.serve_process import ServeProcess, http, poll, write_config
 
 # Short leases keep the tests quick: a dead worker's streams move within TTL + one renewal.
@@ -190,24 +191,4 @@ class EventRecorder:
 
 def stored_ce_ids(url: str, subject: str = "vidsentry.>") -> list[str]:
     """ce-id of every message the VIDSENTRY JetStream stream holds on `subject`."""
-
-    async def read() -> list[str]:
-        nc = await nats.connect(url)
-        try:
-            js = nc.jetstream()
-            info = await js.stream_info("VIDSENTRY")
-            total = info.state.messages
-            sub = await js.subscribe(subject, ordered_consumer=True)
-            ids: list[str] = []
-            while len(ids) < total:
-                try:
-                    msg = await sub.next_msg(timeout=2)
-                except nats.errors.TimeoutError:
-                    break
-                ids.append((msg.headers or {}).get("ce-id", ""))
-            await sub.unsubscribe()
-            return ids
-        finally:
-            await nc.close()
-
-    return asyncio.run(read())
+    return asyncio.run(stored_event_ids(url, subject))
