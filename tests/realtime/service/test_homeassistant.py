@@ -75,6 +75,10 @@ async def test_serve_makes_each_stream_a_device_with_live_states_and_leaves_it_u
             await wait_until(lambda: configs <= set(hub.matching("homeassistant/")), 60.0,
                              lambda: f"discovery configs, got {sorted(hub.matching('homeassistant/'))}")
             await hub.wait_for("vidsentry-ha/stream/plaza/availability", b"online", within_s=60.0)
+            # nats-server may not hand a retained message to a subscriber of its first moments: a hub
+            # then announces itself (its birth message), and the service sends its states again.
+            hub.publish("homeassistant/status", b"online")
+            await wait_until(lambda: hub.matching("vidsentry-ha/node/edge_example_com_"), 30.0, "the node's status")
             nodes = [t for t in hub.matching("vidsentry-ha/node/edge_example_com_")]
             assert len(nodes) == 1 and hub.payload(nodes[0]) == b"online"
             # People walk through the sample: the count follows its tracks.
