@@ -59,6 +59,19 @@ def next_event(stream: str, i: int) -> Event:
     return event(EventKind.TRACKS, stream, track_id=i % 7, phase="update")
 
 
+def cluster_publisher(cluster: NatsCluster, acks: AckLog, tmp_path: Path) -> NatsEventPublisher:
+    """A publisher on the whole cluster (R3 stream), quick to reconnect, its acks noted in `acks`."""
+    return NatsEventPublisher(
+        cluster.url,
+        node="test",
+        stream_replicas=3,
+        reconnect_wait=0.25,
+        ack_timeout=2.0,
+        hooks=acks,
+        outbox=Outbox(tmp_path / "outbox", fsync_interval_s=None),
+    )
+
+
 async def stream_leader(js: JetStreamContext) -> str | None:
     info = await js.stream_info(STREAM_NAME)
     return info.cluster.leader if info.cluster is not None else None
@@ -69,15 +82,7 @@ async def test_losing_a_nats_node_loses_and_duplicates_no_durable_event(
     tmp_path: Path,
 ) -> None:
     acks = AckLog()
-    pub = NatsEventPublisher(
-        nats_cluster.url,
-        node="test",
-        stream_replicas=3,
-        reconnect_wait=0.25,
-        ack_timeout=2.0,
-        hooks=acks,
-        outbox=Outbox(tmp_path / "outbox", fsync_interval_s=None),
-    )
+    pub = cluster_publisher(nats_cluster, acks, tmp_path)
     await pub.connect()
     produced: dict[str, list[str]] = {stream: [] for stream in STREAMS}
     stop = asyncio.Event()
@@ -149,15 +154,7 @@ async def test_a_frozen_nats_node_is_left_for_another_within_seconds(
     every durable event waits. A send left unanswered makes the link ping the server; a server
     that does not answer either is left for another node of the list, and publishing goes on."""
     acks = AckLog()
-    pub = NatsEventPublisher(
-        nats_cluster.url,
-        node="test",
-        stream_replicas=3,
-        reconnect_wait=0.25,
-        ack_timeout=2.0,
-        hooks=acks,
-        outbox=Outbox(tmp_path / "outbox", fsync_interval_s=None),
-    )
+    pub = cluster_publisher(nats_cluster, acks, tmp_path)
     await pub.connect()
     produced: dict[str, list[str]] = {stream: [] for stream in STREAMS}
     stop = asyncio.Event()
