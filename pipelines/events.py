@@ -31,19 +31,19 @@ class _DeclaredKinds(type):
         if not name.isupper():
             raise AttributeError(name)
         try:
-            return _declared()[1][name]
+            return _table().names[name]
         except KeyError:
             raise AttributeError(f"no event kind {name.lower()!r} is declared") from None
 
     def __iter__(cls) -> Iterator[EventKind]:
-        return iter([spec.kind for spec in _declared()[0].values()])
+        return iter([spec.kind for spec in _table().specs.values()])
 
     def __len__(cls) -> int:
-        return len(_declared()[0])
+        return len(_table().specs)
 
     def __call__(cls, value: object) -> EventKind:
         """The declared kind named `value`; ValueError when no body declares it."""
-        found = _declared()[0].get(value) if isinstance(value, str) else None
+        found = _table().specs.get(value) if isinstance(value, str) else None
         if found is None:
             raise ValueError(f"{value!r} is not a declared event kind")
         return found.kind
@@ -162,11 +162,6 @@ class _Table:
 _TABLE: _Table | None = None
 
 
-def _declared() -> tuple[dict[str, KindSpec], dict[str, EventKind]]:
-    table = _table()
-    return table.specs, table.names
-
-
 def _table() -> _Table:
     global _TABLE
     if _TABLE is None:
@@ -202,13 +197,13 @@ class _Kinds(Mapping[EventKind, KindSpec]):
     """Every declared kind's spec, read from the registry when first needed."""
 
     def __getitem__(self, kind: EventKind) -> KindSpec:
-        return _declared()[0][kind]
+        return _table().specs[kind]
 
     def __iter__(self) -> Iterator[EventKind]:
-        return (spec.kind for spec in _declared()[0].values())
+        return (spec.kind for spec in _table().specs.values())
 
     def __len__(self) -> int:
-        return len(_declared()[0])
+        return len(_table().specs)
 
     def __repr__(self) -> str:
         return f"KINDS({list(self)!r})"
@@ -229,11 +224,11 @@ class _KindsWhere(Set[EventKind]):
             self._delivery is None or spec.delivery is self._delivery)
 
     def __contains__(self, kind: object) -> bool:
-        spec = _declared()[0].get(kind) if isinstance(kind, str) else None
+        spec = _table().specs.get(kind) if isinstance(kind, str) else None
         return spec is not None and self._matches(spec)
 
     def __iter__(self) -> Iterator[EventKind]:
-        return (spec.kind for spec in _declared()[0].values() if self._matches(spec))
+        return (spec.kind for spec in _table().specs.values() if self._matches(spec))
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
