@@ -82,12 +82,15 @@ async def footprint(session: aiohttp.ClientSession, serve: ServeProcess) -> Foot
 
 async def settled_footprint(session: aiohttp.ClientSession, serve: ServeProcess, before: Footprint) -> Footprint:
     """The footprint once the last cycle's own work is done: a stream's end still publishes its last
-    events (its utterance's transcript among them) for a moment after its run ended. A leak from 200
-    cycles does not go away in SETTLE_S; a task finishing its publish does."""
+    events (its utterance's transcript among them) and its reader thread ends, for a moment after its
+    run ended. A leak from 200 cycles does not go away in SETTLE_S; a task finishing its publish, or
+    a thread its join, does."""
     deadline = time.monotonic() + SETTLE_S
     while True:
         now = await footprint(session, serve)
-        if now.asyncio_tasks <= before.asyncio_tasks or time.monotonic() > deadline:
+        settled = (now.asyncio_tasks <= before.asyncio_tasks and now.python_threads <= before.python_threads
+                   and now.os_threads <= before.os_threads)
+        if settled or time.monotonic() > deadline:
             return now
         await asyncio.sleep(0.2)
 
