@@ -108,7 +108,7 @@ def test_fleet_workers_ride_out_the_loss_of_a_nats_node(
         for sid in STREAMS:
             status, body = http("POST", f"{w0.url}/api/streams", {**stream_body(live_rtsp), "id": sid})
             assert status == 201, body
-        poll(lambda: all_live(w1), 40, "every stream live")
+        poll(lambda: all_live(w0) and all_live(w1), 40, "every stream live, as both workers list it")
 
         victim = node_serving(cluster, "vidsentry-publisher@w0")
         survivor = next(node for node in cluster.nodes if node is not victim)
