@@ -30,10 +30,15 @@ BINARY_NAME = "nats-server"
 _START_TIMEOUT_S = 10.0
 _STOP_GRACE_S = 5.0
 _LOG_TAIL_BYTES = 2000
+_PORT_TRIES = 3
 
 
 class NatsServerError(ServiceError, RuntimeError):
     """The embedded server could not be found, started or stopped."""
+
+
+class _PortTaken(NatsServerError):
+    """The port was in use when nats-server tried to bind it."""
 
 
 def find_nats_server() -> Path:
@@ -176,12 +181,31 @@ class EmbeddedNatsServer:
             self._store_dir = self._work_dir / "store"
             self._own_store = True
         self._store_dir.mkdir(parents=True, exist_ok=True)
-        if self._port is None:
-            self._port = free_port(self.host)
-        if port_open(self.host, self._port):
-            raise NatsServerError(f"port {self.host}:{self._port} is already in use")
+        chosen_here = self._port is None
+        tries = _PORT_TRIES if chosen_here else 1
+        for attempt in range(1, tries + 1):
+            if chosen_here:
+                self._port = free_port(self.host)
+            try:
+                return self._start_once(binary)
+            except _PortTaken as exc:
+                # A port we picked can be taken by another process before nats-server binds it.
+                if attempt == tries:
+                    if chosen_here:
+                        self._port = None
+                    raise NatsServerError(str(exc)) from None
+                log.info("nats-server port %s taken before it bound; trying another", self._port)
+        raise AssertionError("unreachable")
 
-        cmd = [str(binary), "-a", self.host, "-p", str(self._port), "-js", "-sd", str(self._store_dir)]
+    def _start_once(self, binary: Path) -> EmbeddedNatsServer:
+        assert self._work_dir is not None and self._store_dir is not None and self._port is not None
+        if port_open(self.host, self._port):
+            raise _PortTaken(f"port {self.host}:{self._port} is already in use")
+        ports_dir = self._work_dir / "ports"
+        ports_dir.mkdir(exist_ok=True)
+
+        cmd = [str(binary), "-a", self.host, "-p", str(self._port), "-js", "-sd", str(self._store_dir),
+               "--ports_file_dir", str(ports_dir)]
         config_file = self.config_file
         if self.mqtt is not None:
             if port_open(self.mqtt.host, self.mqtt.port):
@@ -205,19 +229,24 @@ class EmbeddedNatsServer:
         if self._finalizer is not None:
             self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _cleanup, self._proc, self._work_dir)
-        self._wait_ready()
+        self._wait_ready(ports_dir / f"{binary.name}_{self._proc.pid}.ports")
         log.info("nats-server started url=%s pid=%s store=%s", self.url, self.pid, self._store_dir)
         return self
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, ports_file: Path) -> None:
+        """Ready once our own process has written its ports file: an open port alone could be
+        another process's that took the port first (two test workers, two services)."""
         assert self._proc is not None and self._port is not None
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 code = self._proc.returncode
                 self._proc = None
-                raise NatsServerError(f"nats-server exited with code {code} during start:\n{self.log_tail()}")
-            if port_open(self.host, self._port) and (
+                tail = self.log_tail()
+                if "address already in use" in tail.rsplit("Starting nats-server", 1)[-1]:
+                    raise _PortTaken(f"nats-server could not bind {self.host}:{self._port}:\n{tail}")
+                raise NatsServerError(f"nats-server exited with code {code} during start:\n{tail}")
+            if ports_file.exists() and (
                 self.mqtt is None or port_open(self.mqtt.host, self.mqtt.port)
             ):
                 return

@@ -71,6 +71,29 @@ def test_busy_port_is_a_clear_error() -> None:
             EmbeddedNatsServer(port=port).start()
 
 
+async def test_a_port_taken_between_choosing_and_binding_is_not_mistaken_for_ours(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another process (a second test worker, a second service) can take the port we picked
+    before nats-server binds it. That port then answers, but not with our server: start picks
+    another port instead of returning a server that is someone else's."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        taken_port = taken.getsockname()[1]
+        picks = iter([taken_port])
+        real_free_port = embedded.free_port
+        monkeypatch.setattr(embedded, "free_port", lambda host: next(picks, None) or real_free_port(host))
+        monkeypatch.setattr(embedded, "port_open", lambda host, port, timeout=0.2: False)  # the race's window
+        with EmbeddedNatsServer() as server:
+            assert server.port is not None and server.port != taken_port
+            nc = await nats.connect(server.url)
+            try:
+                assert nc.connected_url is not None and nc.connected_url.port == server.port
+            finally:
+                await nc.close()
+
+
 def test_missing_binary_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
