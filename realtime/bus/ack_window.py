@@ -6,12 +6,15 @@ timer that fails it with AckTimeoutError after `ack_timeout` s. At most `capacit
 once; `wait_for_slot` is the back-pressure (the oldest ack, bounded by its timer, frees a slot).
 When an ack or its failure arrives the send leaves the window and the `on_done` it was sent with
 hears about it; `recall` takes sends back unanswered (their acks no longer count).
+`silent_for` says how long sends have waited with no ack arriving at all: the link's sign of a
+server that stopped answering (see link.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -34,6 +37,7 @@ class InFlight:
     timer: asyncio.TimerHandle
     on_done: AckCallback
     outbox_seq: int | None = None  # set for a replay out of the outbox
+    sent_at: float = 0.0  # time.monotonic() when it was handed to the connection
 
     @property
     def acked(self) -> bool:
@@ -48,6 +52,7 @@ class AckWindow:
         self.ack_timeout = ack_timeout
         self._inflight: dict[int, InFlight] = {}  # insertion order == send order
         self._keys = itertools.count()
+        self._answered_at = 0.0  # time.monotonic() of the last ack that arrived
 
     def __len__(self) -> int:
         return len(self._inflight)
@@ -55,6 +60,14 @@ class AckWindow:
     @property
     def room(self) -> int:
         return self.capacity - len(self._inflight)
+
+    def silent_for(self, now: float) -> float:
+        """Seconds the oldest waiting send has gone without any ack arriving since it was sent
+        (0 when nothing waits)."""
+        oldest = next(iter(self._inflight.values()), None)
+        if oldest is None:
+            return 0.0
+        return max(0.0, now - max(oldest.sent_at, self._answered_at))
 
     async def wait_for_slot(self) -> None:
         # Back-pressure instead of growth: wait for the oldest ack (its timer bounds the wait).
@@ -88,7 +101,7 @@ class AckWindow:
             return False
         key = next(self._keys)
         timer = asyncio.get_running_loop().call_later(self.ack_timeout, self._expire, key)
-        self._inflight[key] = InFlight(msg, attempt, future, timer, on_done, outbox_seq)
+        self._inflight[key] = InFlight(msg, attempt, future, timer, on_done, outbox_seq, time.monotonic())
         future.add_done_callback(partial(self._on_ack_done, key))
         return True
 
@@ -121,5 +134,7 @@ class AckWindow:
         if entry is None:
             return  # recalled
         entry.timer.cancel()
+        if not future.cancelled() and future.exception() is None:
+            self._answered_at = time.monotonic()
         error = PublisherClosedError("ack wait cancelled") if future.cancelled() else future.exception()
         entry.on_done(entry, None if error is not None else future.result(), error)

@@ -144,6 +144,7 @@ class PublisherStats:
     reconnects: int = 0
     stream_ready: bool = False  # connected and the VIDSENTRY stream is known to take durable events
     stream_checks: int = 0  # STREAM.INFO checks after a (re)connect or a durable send without an ack
+    silence_pings: int = 0  # PINGs sent because durable sends waited a second with no ack arriving
     stream_recreations: int = 0  # the stream was found missing (deleted, broker lost its store) and made again
     last_error: str | None = None
 

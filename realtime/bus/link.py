@@ -26,7 +26,10 @@ notice it only after minutes, while every durable event waits. So when a send go
 itself (PING/PONG within `_PING_TIMEOUT_S`): a server that does not answer that either is left
 for another one of the list (`force_reconnect`; logged), whose reconnect checks the stream again.
 A server that answers the ping is fine and JetStream is only electing a leader: the link keeps
-asking it.
+asking it. Waiting for an ack to time out before asking costs `ack_timeout` (5 s) on top, so the
+link also watches the ack window (`watch`): once sends have waited `_SILENT_S` with no ack
+arriving at all, it pings then. A healthy but slow JetStream answers that ping and costs one
+PING per `_SILENT_S`; a frozen server is left a few seconds after it went silent.
 
 Bounds: one check or re-creation runs at a time; checks that a send failure asks for start at
 most once per `_CHECK_INTERVAL_S` (a slow broker that times out thousands of acks gets one
@@ -47,6 +50,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.client import JetStreamContext
 
 from pipelines.tasks import TaskOwner, describe_error
+from realtime.bus.ack_window import AckWindow
 from realtime.bus.delivery import RETRY_BACKOFF_S
 from realtime.bus.jetstream import STREAM_NAME, StreamSetup
 from realtime.bus.ledger import DeliveryLedger
@@ -57,6 +61,10 @@ _CHECK_INTERVAL_S = 1.0  # at most one send-failure-triggered stream check per t
 # Asked only after JetStream failed to answer for seconds: a server slower than this to answer a
 # bare PING is of no use to the publisher anyway.
 _PING_TIMEOUT_S = 2.0
+# Acks usually come back within milliseconds, even replicated three ways; a second of none while
+# sends wait is worth one PING.
+_SILENT_S = 1.0
+_WATCH_EVERY_S = 0.25
 
 
 class BusLink:
@@ -98,6 +106,23 @@ class BusLink:
         self._connection_gen += 1
         if self._reconcile_task is None or self._reconcile_task.done():
             self._reconcile_task = self._supervisor.spawn(self._reconcile_stream(0.0), name="nats-stream-reconcile")
+
+    def watch(self, window: AckWindow) -> None:
+        """Ping the server whenever `window`'s sends go `_SILENT_S` without an ack (until closed)."""
+        self._supervisor.spawn(self._watch_silence(window), name="nats-silence-watch")
+
+    async def _watch_silence(self, window: AckWindow) -> None:
+        quiet_until = 0.0
+        while not self.closed:
+            await asyncio.sleep(_WATCH_EVERY_S)
+            now = time.monotonic()
+            if now < quiet_until or not self.durable_ready or window.silent_for(now) < _SILENT_S:
+                continue
+            if self._reconcile_task is not None and not self._reconcile_task.done():
+                continue  # a check is asking the server already
+            self._ledger.stats.silence_pings += 1
+            await self._left_silent_server()
+            quiet_until = time.monotonic() + _SILENT_S  # answered: JetStream is slow, not the server
 
     def suspect_stream(self, error: BaseException) -> None:
         """A durable send on a live connection got no ack in time, or "no responders": ask

@@ -225,6 +225,7 @@ class NatsEventPublisher:
             raise
         link.stream_ready = True
         self._delivery.start()
+        link.watch(self._window)
         log.info("NATS publisher connected url=%s node=%s", self._shown_url, self.node)
 
     async def _ensure_stream_at_start(self) -> None:

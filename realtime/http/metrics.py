@@ -271,6 +271,11 @@ class _ServiceCollector(Collector):
             "Checks of the VIDSENTRY stream after a (re)connect or a durable publish without an ack",
             value=stats.stream_checks,
         )
+        silence_pings = CounterMetricFamily(
+            "vidsentry_nats_silence_pings",
+            "PINGs sent because durable events waited a second with no JetStream ack arriving",
+            value=stats.silence_pings,
+        )
         recreations = CounterMetricFamily(
             "vidsentry_nats_stream_recreations",
             "Times the VIDSENTRY stream was found missing (deleted, broker lost its store) and created again",
@@ -281,7 +286,8 @@ class _ServiceCollector(Collector):
             "1 while the publisher's background tasks run",
             value=float(self.sources.publisher_alive()),
         )
-        yield from (connected, pending, backlog, reconnects, stream_ready, stream_checks, recreations, alive)
+        yield from (connected, pending, backlog, reconnects, stream_ready, stream_checks, silence_pings, recreations,
+                    alive)
         outbox = self.sources.outbox_depth()
         if outbox is not None:
             events = GaugeMetricFamily("vidsentry_outbox_events", "Durable events spooled on disk", value=outbox[0])

@@ -59,14 +59,15 @@ def next_event(stream: str, i: int) -> Event:
     return event(EventKind.TRACKS, stream, track_id=i % 7, phase="update")
 
 
-def cluster_publisher(cluster: NatsCluster, acks: AckLog, tmp_path: Path) -> NatsEventPublisher:
+def cluster_publisher(cluster: NatsCluster, acks: AckLog, tmp_path: Path,
+                      ack_timeout: float = 2.0) -> NatsEventPublisher:
     """A publisher on the whole cluster (R3 stream), quick to reconnect, its acks noted in `acks`."""
     return NatsEventPublisher(
         cluster.url,
         node="test",
         stream_replicas=3,
         reconnect_wait=0.25,
-        ack_timeout=2.0,
+        ack_timeout=ack_timeout,
         hooks=acks,
         outbox=Outbox(tmp_path / "outbox", fsync_interval_s=None),
     )
@@ -151,10 +152,11 @@ async def test_a_frozen_nats_node_is_left_for_another_within_seconds(
 ) -> None:
     """SIGSTOP the node the publisher talks to: the TCP connection stays up and says nothing, so
     nats-py's own pings (every 20 s, three missed) would keep it there for a minute or more while
-    every durable event waits. A send left unanswered makes the link ping the server; a server
-    that does not answer either is left for another node of the list, and publishing goes on."""
+    every durable event waits. Sends that go a second with no ack make the link ping the server,
+    without waiting for an ack to time out (here 30 s: longer than the test waits); a server that
+    does not answer either is left for another node of the list, and publishing goes on."""
     acks = AckLog()
-    pub = cluster_publisher(nats_cluster, acks, tmp_path)
+    pub = cluster_publisher(nats_cluster, acks, tmp_path, ack_timeout=30.0)
     await pub.connect()
     produced: dict[str, list[str]] = {stream: [] for stream in STREAMS}
     stop = asyncio.Event()
@@ -169,11 +171,12 @@ async def test_a_frozen_nats_node_is_left_for_another_within_seconds(
             await wait_until(lambda: len(acks.acked) >= 60, within_s=10, what="events acked before the freeze")
             os.kill(frozen.server.pid, signal.SIGSTOP)
             acked_at_freeze = len(acks.acked)
-            # Ack timeout (2 s) + one ping (2 s), with room for a loaded machine: far below the
-            # minute and more nats-py's own pings take.
+            # A second of silence + one ping (2 s), with room for a loaded machine: below the ack
+            # timeout, and far below the minute and more nats-py's own pings take.
             await wait_until(lambda: pub.stats.reconnects >= 1, within_s=15,
                              what=lambda: f"publisher left the frozen node {pub.stats}")
             assert pub.nc.connected_url.port != frozen.server.port
+            assert pub.stats.silence_pings >= 1
             await wait_until(
                 lambda: len(acks.acked) > acked_at_freeze + 60,
                 within_s=20,
