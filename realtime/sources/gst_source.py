@@ -51,6 +51,8 @@ NS = 1_000_000_000
 PULL_TIMEOUT_NS = 50_000_000  # how often the reader looks at the bus and the stop flag
 AUDIO_CAPS = f"audio/x-raw,format=F32LE,rate={AUDIO_SAMPLE_RATE},channels=1,layout=interleaved"
 VIDEO_CAPS = "video/x-raw,format=RGB"
+# A local file shows its streams within milliseconds; one that shows none in this long never will.
+_FILE_TYPEFIND_S = 5.0
 AUDIO_LEAD_S = 0.5  # files: audio may run this far ahead of the video it is muxed with
 REQUIRED_ELEMENTS = {
     "rtspsrc": "gstreamer1.0-plugins-good",
@@ -109,6 +111,7 @@ class GstSession:
         self._audio_sink: Any = None
         self._video_ready = threading.Event()
         self._no_more_pads = threading.Event()
+        self._any_pad = threading.Event()  # uridecodebin exposed a decoded stream
         self._rtp_video_seen = False
         self._interrupted = threading.Event()
         self._pts = PtsOrigin(rebase=spec.is_network)
@@ -147,7 +150,8 @@ class GstSession:
 
         if pipeline.set_state(gst.State.PLAYING) == gst.StateChangeReturn.FAILURE:
             self._raise_bus_error(default=f"cannot start reading {self._spec.display}")
-        deadline = time.monotonic() + self._options.open_timeout_s
+        began = time.monotonic()
+        deadline = began + self._options.open_timeout_s
         while not self._video_ready.is_set():
             if self._interrupted.is_set():
                 raise SourceError("interrupted while connecting")
@@ -159,6 +163,11 @@ class GstSession:
             if self._no_more_pads.is_set() and not self._video_expected():
                 # Every stream is exposed and none is video.
                 raise SourceError(f"no video stream in {self._spec.display}")
+            if self._spec.is_file and not self._any_pad.is_set() and time.monotonic() - began > _FILE_TYPEFIND_S:
+                # qtdemux's "no playable streams" on a cut file does not always reach the bus
+                # (decodebin can drop it), and then nothing else ever would.
+                raise SourceError(f"not a media file or corrupt: {self._spec.display} "
+                                  f"(no stream found in it within {_FILE_TYPEFIND_S:g} s)")
             if time.monotonic() > deadline:
                 where = self._spec.host_port or self._spec.display
                 raise SourceError(f"no video from {where} within {self._options.open_timeout_s:g} s")
@@ -197,6 +206,7 @@ class GstSession:
             element.set_property("max-errors", -1)
 
     def _on_raw_pad(self, _decoder: Any, pad: Any) -> None:
+        self._any_pad.set()
         caps = pad.get_current_caps() or pad.query_caps(None)
         kind = caps.get_structure(0).get_name() if caps.get_size() else ""
         with self._lock:
