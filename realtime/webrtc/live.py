@@ -111,6 +111,7 @@ class PacketTrack(MediaStreamTrack):
             self._queue.clear()
             self._behind_in_a_row += 1
             if self._behind_in_a_row >= self._max_skips:
+                self.stop()  # takes nothing more, whatever the owner does
                 self._on_behind()
                 return
             if not packet.keyframe:
