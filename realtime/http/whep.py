@@ -25,7 +25,7 @@ from aiohttp import web
 
 from realtime.http.context import context_of
 from realtime.http.errors import ApiError
-from realtime.http.guards import WHEP_PREFIX
+from realtime.http.guards import WHEP_PREFIX, token_given
 from realtime.http.signalling import refusals
 from realtime.http.whip import SDP, created, endpoint_answer, read_text, require_type, stream_id_of
 from realtime.webrtc.live import RTP_CLOCK, LiveView, NotOffered, Viewer, ViewerLimitReached
@@ -43,9 +43,25 @@ def _stream(request: web.Request) -> str:
     return stream_id
 
 
+LIVE_VIDEO_HEADER = "Vidsentry-Live-Video"
+
+
 async def endpoint_options(request: web.Request) -> web.Response:
-    stream_id_of(request, "WHEP")
-    return endpoint_answer(request)
+    """As WHIP's; to a token holder it also says whether the stream's video is forwarded, so the
+    page asks for live video only where there is some (a refused POST is an error in its console)."""
+    stream_id = stream_id_of(request, "WHEP")
+    response = endpoint_answer(request)
+    if token_given(request):
+        if stream_id not in context_of(request).registry:
+            response.headers[LIVE_VIDEO_HEADER] = "not offered; no such stream"
+        else:
+            try:
+                feed = request.app[LIVE_VIEW].feed(stream_id)
+                ready = feed.codec is not None
+                response.headers[LIVE_VIDEO_HEADER] = "offered" if ready else "not offered; no video yet"
+            except NotOffered as exc:
+                response.headers[LIVE_VIDEO_HEADER] = f"not offered; {exc}"
+    return response
 
 
 async def view(request: web.Request) -> web.Response:
