@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 import av
-from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc import RTCPeerConnection, RTCRtpSender
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 from aiortc.rtcpeerconnection import filter_preferred_codecs
 
@@ -45,7 +45,7 @@ from realtime.errors import ServiceError
 from realtime.webrtc.dtls import accept_rsa_peers
 from realtime.webrtc.ice import rtc_configuration, screen_candidates
 from realtime.webrtc.offer import BadOffer
-from realtime.webrtc.sessions import NEGOTIATION_TIMEOUT_S, NegotiationFailed, SessionsClosed
+from realtime.webrtc.sessions import SessionsClosed, make_answer, read_offer
 
 log = logging.getLogger(__name__)
 
@@ -314,13 +314,7 @@ class LiveView:
     async def _negotiate(self, viewer: Viewer, sdp: str) -> None:
         pc = viewer.pc
         screened = screen_candidates(sdp, allow_local=self.settings.allow_local_candidates)
-        try:
-            async with asyncio.timeout(NEGOTIATION_TIMEOUT_S):
-                await pc.setRemoteDescription(RTCSessionDescription(sdp=screened.sdp, type="offer"))
-        except TimeoutError:
-            raise NegotiationFailed("reading the offer took too long") from None
-        except Exception as exc:  # aiortc raises ValueError, KeyError ... on SDP it cannot use
-            raise BadOffer("sdp", f"cannot be used: {type(exc).__name__}: {str(exc)[:80]}") from None
+        await read_offer(pc, screened.sdp)
         video = [t for t in pc.getTransceivers() if t.kind == "video"]
         if not video or video[0].direction not in ("recvonly", "sendrecv"):
             raise BadOffer("sdp", "the offer receives no video (a WHEP offer has a recvonly video section)")
@@ -333,13 +327,7 @@ class LiveView:
             raise BadOffer("sdp", "the client does not receive H.264, the only codec forwarded (it is not re-encoded)")
         video[0]._codecs = common
         pc.addTrack(viewer.track)
-        try:
-            async with asyncio.timeout(NEGOTIATION_TIMEOUT_S):
-                await pc.setLocalDescription(await pc.createAnswer())
-        except TimeoutError:
-            raise NegotiationFailed("gathering ICE candidates took too long") from None
-        except Exception as exc:  # no codec in common
-            raise BadOffer("sdp", f"cannot be answered (does the client receive H.264?): {str(exc)[:80]}") from None
+        await make_answer(pc, " (does the client receive H.264?)")
 
     async def _connect_within(self, viewer: Viewer) -> None:
         await asyncio.sleep(self.settings.connect_timeout_s)
