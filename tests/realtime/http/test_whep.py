@@ -152,6 +152,11 @@ async def test_bad_requests_get_a_4xx_with_a_reason(svc: LiveService) -> None:
         assert reply.status == 415 and reply.headers["Accept-Post"] == SDP
         reply = await svc.call("OPTIONS", "/whep/cam", token=None)
         assert reply.status == 204 and reply.headers["Allow"] == "OPTIONS, POST" and "Link" not in reply.headers
+        assert "Vidsentry-Live-Video" not in reply.headers  # nothing about the stream without the token
+        reply = await svc.call("OPTIONS", "/whep/cam")
+        assert reply.headers["Vidsentry-Live-Video"] == "offered" and "Link" in reply.headers
+        reply = await svc.call("OPTIONS", "/whep/nope")
+        assert reply.headers["Vidsentry-Live-Video"] == "not offered; no such stream"
         assert (await svc.call("PUT", "/whep/cam", data=sdp, content_type=SDP)).status == 405
         sendonly = RTCPeerConnection()  # an offer that receives no video
         sendonly.addTransceiver("audio", direction="recvonly")
