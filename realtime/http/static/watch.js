@@ -17,7 +17,6 @@ const FRAME_EVERY_MS = 500; // frame.jpg is encoded at most every 0.5 s anyway
 const EVENTS_RETRY_MS = 3000;
 const KEEP_DETECTIONS = 100; // enough to match a frame a few seconds old to its boxes
 const SAME_FRAME_S = 0.002; // pts of one frame, through the 90 kHz RTP clock and back
-const NEAR_FRAME_S = 0.15; // boxes of a frame this close are drawn, said to be of a nearby frame
 const KEEP_LATENCIES = 2000;
 const HOLD_MARGIN_MS = 60;
 
@@ -124,7 +123,7 @@ export class WatchPanel {
       canvas.dataset.frames = "0";
     }
     this.hooks.watch = { streamId: id, boxesDrawn: 0, messages: 0, live: false, fallback: null, videoFrames: 0,
-      matched: 0, near: 0, unmatched: 0, latenciesMs: [], holdMs: 0 };
+      matched: 0, unmatched: 0, latenciesMs: [], holdMs: 0 };
     this.shown.clear();
     this.holdMs = 0;
     this.router.select(id, abort.signal); // e.g. the clips listed, the scene as last described
@@ -139,6 +138,9 @@ export class WatchPanel {
   async watchLive(id, signal) {
     const player = new WhepPlayer(this.api, this.errorText);
     try {
+      if (!("requestVideoFrameCallback" in HTMLVideoElement.prototype)) {
+        throw new NotOffered("this browser cannot tell which frame it shows, so boxes could not be drawn on it");
+      }
       await player.start(id, this.el.video, signal);
     } catch (error) {
       player.stop();
@@ -176,22 +178,20 @@ export class WatchPanel {
     this.note("");
     const pts = this.player.ptsOf(metadata);
     const shownAt = performance.timeOrigin + metadata.expectedDisplayTime;
+    // Only the frame's own boxes: another frame's would sit beside the objects as they move.
     let body = null;
-    let near = false;
     if (pts !== null) {
       body = this.detectionsAt(pts, SAME_FRAME_S);
       if (body) {
         watch.matched += 1;
         this.latency(body, shownAt);
       } else {
-        this.shown.set(pts, shownAt);
+        this.shown.set(pts, shownAt); // its boxes may still come: they say how long to hold frames
         if (this.shown.size > KEEP_DETECTIONS) this.shown.delete(this.shown.keys().next().value);
-        body = this.detectionsAt(pts, NEAR_FRAME_S);
-        near = Boolean(body);
-        watch[near ? "near" : "unmatched"] += 1;
+        watch.unmatched += 1;
       }
     }
-    this.drawLive(body, near, pts);
+    this.drawLive(body, pts);
   }
 
   latency(body, shownAt) {
@@ -200,6 +200,13 @@ export class WatchPanel {
     const list = this.hooks.watch.latenciesMs;
     list.push(shownAt - captured);
     if (list.length > KEEP_LATENCIES) list.shift();
+  }
+
+  // The median glass-to-glass latency of the last frames shown, in words.
+  glassToGlass() {
+    const recent = this.hooks.watch.latenciesMs.slice(-50).sort((a, b) => a - b);
+    if (recent.length < 5) return "";
+    return `${Math.round(recent[Math.floor(recent.length / 2)])} ms glass to glass`;
   }
 
   // The detections of the frame at `pts`, within `tolerance` seconds; the closest one.
@@ -231,7 +238,7 @@ export class WatchPanel {
     }
   }
 
-  drawLive(body, near, pts) {
+  drawLive(body, pts) {
     const video = this.el.video;
     const canvas = this.el.overlay;
     const width = video.videoWidth;
@@ -254,9 +261,10 @@ export class WatchPanel {
     this.el.frame.textContent = [
       "live video",
       pts === null ? "waiting for the frame clock" : `pts ${pts.toFixed(2)} s`,
-      `${counts.drawn} box${counts.drawn === 1 ? "" : "es"}${near ? " (of a nearby frame)" : ""}`,
+      body ? `${counts.drawn} box${counts.drawn === 1 ? "" : "es"}` : "no boxes for this frame (yet)",
       body && body.inference === "predicted" ? "predicted by the tracker (dashed)" : "",
       this.holdMs ? `held ${Math.round(this.holdMs)} ms for the boxes` : "",
+      this.glassToGlass(),
       active ? `${active} active alert${active === 1 ? "" : "s"}` : "",
     ].filter(Boolean).join(" · ");
   }

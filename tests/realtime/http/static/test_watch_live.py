@@ -52,6 +52,7 @@ async def test_the_watch_view_plays_live_video_with_each_frame_s_boxes_on_it(
         size = await page.evaluate("[document.getElementById('watch-video').videoWidth, "
                                    "document.getElementById('watch-video').videoHeight]")
         assert size == [768, 576]
+        await wait_for_boxes(page, "watch-overlay")  # a frame shown with its boxes, for the picture
         await page.screenshot(path=screenshots / "watch-live.png")
         assert svc.service.live.count == 1
 
