@@ -167,3 +167,39 @@ async def test_bad_requests_get_a_4xx_with_a_reason(svc: LiveService) -> None:
         assert live_view(svc).count == 0
     finally:
         await pc.close()
+
+
+async def test_a_viewer_whose_sender_stops_reading_is_dropped_and_counted_and_the_other_plays_on(
+    detector: Detector, shared_nats_server: EmbeddedNatsServer, rtsp_server: RtspServer
+) -> None:
+    config = make_config(webrtc={"max_viewers": 2, "allow_local_candidates": True, "viewer_queue_packets": 8,
+                                 "max_viewer_skips": 1},
+                         streams=[{"id": "cam", "url": rtsp_server.url("/test"), "audio": False}])
+    async with live_service(detector, shared_nats_server.url, config=config, token=TOKEN) as svc:
+        await svc.wait_for_state("cam", "live", within_s=20)
+        peers = [await recvonly_offer() for _ in range(2)]
+        received = [Received(pc) for pc in peers]
+        try:
+            for pc in peers:
+                status, _, answer = await post(svc, "/whep/cam", pc.localDescription.sdp)
+                assert status == 201, answer
+                await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+            await wait_until(lambda: all(len(r.frames) >= 5 for r in received), 20, "both viewers decoding")
+            live = live_view(svc)
+            stuck, playing = list(live._viewers.values())
+            # The service's sender to one viewer stops taking packets (as a starved one would): its
+            # queue fills, it is dropped, and the other viewer never notices.
+            stuck.track.recv = asyncio.Event().wait  # type: ignore[method-assign,assignment]
+            await wait_until(lambda: live.ended["behind"] == 1, 10, "the stuck viewer dropped")
+            assert live.count == 1 and playing.end_reason is None and stuck.end_reason == "behind"
+            assert len(stuck.track._queue) == 0  # nothing kept for it
+            before = [len(r.frames) for r in received]  # which peer is `playing` is not known here: either
+            await wait_until(lambda: max(len(r.frames) - b for r, b in zip(received, before, strict=True)) >= 10, 10,
+                             "the other viewer still decoding")
+            metrics = await svc.call("GET", "/metrics")
+            assert 'vidsentry_live_viewers_ended_total{reason="behind"} 1.0' in metrics.body
+        finally:
+            for r in received:
+                await r.aclose()
+            for pc in peers:
+                await pc.close()
