@@ -398,6 +398,13 @@ class WebRtcSettings(Section):
     # Keep candidates on loopback, link-local, multicast and metadata addresses (removed by default:
     # they would make the service send UDP there for a client). For a browser on this machine.
     allow_local_candidates: bool = False
+    # Live viewers (`POST /whep/{stream}`), of all streams together (503 past it): each one is a
+    # peer connection the camera's packets are copied to.
+    max_viewers: int = Field(8, ge=1, le=10_000)
+    # Packets queued for one viewer; a viewer this far behind skips to the next keyframe (counted),
+    # and one that falls behind `max_viewer_skips` times in a row is dropped.
+    viewer_queue_packets: int = Field(90, ge=8, le=10_000)
+    max_viewer_skips: int = Field(3, ge=1, le=1000)
 
 
 class FleetSettings(Section):

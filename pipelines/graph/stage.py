@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from engines.media.remux import EncodedPacket
 from pipelines.clock import StreamClock
 from pipelines.events import Event, EventSink
 from pipelines.frames import FrameResult
@@ -55,7 +56,7 @@ class StageContext:
     clock: StreamClock = field(default_factory=StreamClock)  # the stream's one timeline; its frame tee stamps it
     built: list[Stage] = field(default_factory=list, repr=False)  # the stages built so far, in order
     owners: list[TaskOwner] = field(default_factory=list, repr=False)  # handed out by tasks(), in order
-    packet_input: PacketInput | None = field(default=None, repr=False)  # set by packets()
+    packet_inputs: list[PacketInput] = field(default_factory=list, repr=False)  # added by packets()
     _primary_taken: bool = field(default=False, repr=False)
 
     @property
@@ -111,15 +112,34 @@ class StageContext:
         return owner
 
     def packets(self, into: PacketInput) -> None:
-        """Have the source put this stream's encoded video packets into `into` (one consumer per
-        stream; a source that does not demux, such as a browser session, puts none)."""
-        if self.packet_input is not None:
-            raise ValueError("a stream graph has one packet consumer")
-        self.packet_input = into
+        """Have the source put this stream's encoded video packets into `into` too (clips keep
+        them, live viewers are sent them; a source that does not demux, such as a browser
+        session, puts none). Each consumer's `put` runs on the reader thread and must be quick."""
+        self.packet_inputs.append(into)
+
+    @property
+    def packet_input(self) -> PacketInput | None:
+        """What the source puts its packets into: None without consumers."""
+        if not self.packet_inputs:
+            return None
+        if len(self.packet_inputs) == 1:
+            return self.packet_inputs[0]
+        return PacketFanout(tuple(self.packet_inputs))
 
     def audio(self, name: str, *, max_seconds: float) -> AudioBuffer | None:
         """A bounded buffer of this stream's audio (16 kHz mono) for one consumer; None without audio."""
         return None if self.audio_tee is None else self.audio_tee.attach(name, max_seconds=max_seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class PacketFanout:
+    """Every packet to each consumer, in the order they asked."""
+
+    consumers: tuple[PacketInput, ...]
+
+    def put(self, t: float, packet: EncodedPacket) -> None:
+        for consumer in self.consumers:
+            consumer.put(t, packet)
 
 
 StageFactory = Callable[[StageContext], "Stage | None"]

@@ -30,7 +30,9 @@ API_PREFIX = "/api"
 # WHIP (whip.py) is API too: the token, the same-site check and draining hold for it; its bodies
 # are SDP, not JSON, which no form can send either (a cross-site script would need a preflight).
 WHIP_PREFIX = "/whip"
-_PREFIXES = (API_PREFIX, WHIP_PREFIX)
+WHEP_PREFIX = "/whep"  # WHEP (whep.py): the same rules as WHIP
+_SDP_PREFIXES = (WHIP_PREFIX, WHEP_PREFIX)
+_PREFIXES = (API_PREFIX, *_SDP_PREFIXES)
 # A route whose body carries its own secret (a session's close token), for callers that cannot set
 # headers: `navigator.sendBeacon` sends neither a bearer token nor a JSON content type.
 BEACON_ROUTE = "webrtc-close"
@@ -49,10 +51,11 @@ def _is_api(request: web.Request) -> bool:
 
 
 def _is_whip(request: web.Request) -> bool:
+    """A WHIP or WHEP URL: SDP bodies, and an OPTIONS without the token."""
     path = request.path
     resource = request.match_info.route.resource
-    return (path == WHIP_PREFIX or path.startswith(WHIP_PREFIX + "/")) or (
-        resource is not None and resource.canonical.startswith(WHIP_PREFIX + "/")
+    return any(path == prefix or path.startswith(prefix + "/") for prefix in _SDP_PREFIXES) or (
+        resource is not None and resource.canonical.startswith(tuple(prefix + "/" for prefix in _SDP_PREFIXES))
     )
 
 

@@ -63,6 +63,7 @@ PAGE_FILES = tuple(
         "masks.js",
         "golive.js",
         "watch.js",
+        "whep.js",
         "streams.js",
         "timeline.js",
         "app.css",

@@ -41,23 +41,31 @@ ENDPOINT_METHODS = "OPTIONS, POST"
 RESOURCE_METHODS = "OPTIONS, PATCH, DELETE"
 
 
-def _stream_id(request: web.Request) -> str:
+def stream_id_of(request: web.Request, protocol: str = "WHIP") -> str:
+    """The `{stream}` of a WHIP or WHEP URL, checked (400)."""
     stream_id = request.match_info["stream"]
     try:
         validate_stream_id(stream_id)
     except InvalidStreamId:
-        raise ApiError(400, "invalid stream id in the WHIP URL", "use 1-64 characters from A-Z a-z 0-9 _ -") from None
+        raise ApiError(400, f"invalid stream id in the {protocol} URL", "use 1-64 characters from A-Z a-z 0-9 _ -") \
+            from None
     return stream_id
 
 
-def _require(request: web.Request, content_type: str, accept_header: str) -> None:
+def _stream_id(request: web.Request) -> str:
+    return stream_id_of(request)
+
+
+def require_type(request: web.Request, content_type: str, accept_header: str) -> None:
+    """415 unless the body is `content_type` (`accept_header` names what is accepted)."""
     if request.content_type != content_type:
         detail = {"expected": content_type, "content_type": request.headers.get("Content-Type")}
         raise ApiError(415, f"unsupported media type: send the body as {content_type}", detail,
                        headers={accept_header: content_type})
 
 
-async def _text(request: web.Request, what: str) -> str:
+async def read_text(request: web.Request, what: str) -> str:
+    """The body as text; 400 when empty or not UTF-8."""
     raw = await request.read()
     if not raw:
         raise ApiError(400, f"missing body: send the {what}", {"content_type": request.content_type})
@@ -82,6 +90,11 @@ def ice_server_links(request: web.Request) -> list[str]:
 
 async def endpoint_options(request: web.Request) -> web.Response:
     _stream_id(request)
+    return endpoint_answer(request)
+
+
+def endpoint_answer(request: web.Request) -> web.Response:
+    """OPTIONS on a WHIP or WHEP endpoint: what it takes, and the ICE servers to a token holder."""
     headers: CIMultiDict[str] = CIMultiDict({"Allow": ENDPOINT_METHODS, "Accept-Post": SDP})
     if token_given(request):  # clients that configure ICE from OPTIONS (simple-whip-client -f) send the token
         headers["Cache-Control"] = "no-store"
@@ -92,24 +105,27 @@ async def endpoint_options(request: web.Request) -> web.Response:
 
 async def publish(request: web.Request) -> web.Response:
     stream_id = _stream_id(request)
-    _require(request, SDP, "Accept-Post")
-    sdp = await _text(request, "SDP offer")
+    require_type(request, SDP, "Accept-Post")
+    sdp = await read_text(request, "SDP offer")
     table = request.app[SESSIONS]
     settings = table.settings
     with refusals():
         offer = parse_offer({"sdp": sdp, "type": "offer", "stream_id": stream_id},
                             max_sdp_bytes=settings.max_sdp_bytes, max_candidates=settings.max_ice_candidates)
         answer = await table.open(offer, client=str(request.remote or ""))
-    headers: CIMultiDict[str] = CIMultiDict()
-    headers["Location"] = f"{WHIP_PREFIX}/{answer.stream_id}/{answer.resource_id}"
-    headers["ETag"] = answer.etag
-    headers["Accept-Patch"] = SDP_FRAGMENT
-    headers[CLOSE_TOKEN_HEADER] = answer.close_token
+    location = f"{WHIP_PREFIX}/{answer.stream_id}/{answer.resource_id}"
+    return created(request, location, answer.etag, answer.sdp,
+                   {"Accept-Patch": SDP_FRAGMENT, CLOSE_TOKEN_HEADER: answer.close_token})
+
+
+def created(request: web.Request, location: str, etag: str, sdp: str, extra: dict[str, str]) -> web.Response:
+    """The 201 of a WHIP or WHEP POST: the answer, its resource, and the ICE servers."""
+    headers: CIMultiDict[str] = CIMultiDict({"Location": location, "ETag": etag, **extra})
     headers["Cache-Control"] = "no-store"  # the Link headers may carry TURN credentials
     for link in ice_server_links(request):
         headers.add("Link", link)
     headers["Content-Type"] = SDP  # no charset parameter: some clients compare the type exactly
-    return web.Response(status=201, body=answer.sdp.encode(), headers=headers)
+    return web.Response(status=201, body=sdp.encode(), headers=headers)
 
 
 def _session(request: web.Request) -> WebRtcSession:
@@ -127,13 +143,13 @@ async def resource_options(request: web.Request) -> web.Response:
 
 async def trickle(request: web.Request) -> web.Response:
     session = _session(request)
-    _require(request, SDP_FRAGMENT, "Accept-Patch")
+    require_type(request, SDP_FRAGMENT, "Accept-Patch")
     match = request.headers.get("If-Match")
     if match is not None and match.strip() not in ("*", session.etag):
         raise ApiError(412, "If-Match does not match the session's entity tag", {"etag": session.etag})
     table = request.app[SESSIONS]
     settings = table.settings
-    text = await _text(request, "SDP fragment")
+    text = await read_text(request, "SDP fragment")
     try:
         fragment = parse_fragment(text, max_bytes=settings.max_sdp_bytes, max_candidates=settings.max_ice_candidates)
         await table.trickle(session, fragment)

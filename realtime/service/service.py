@@ -19,12 +19,13 @@ from urllib.parse import urlsplit
 from pipelines.detect import DetectionBatcher
 from pipelines.events import Event
 from pipelines.graph import SharedEngines
+from pipelines.stages import DEFAULT_STAGES
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
 from realtime.fleet.metrics import FleetCollector
 from realtime.fleet.worker import FleetWorker
-from realtime.http import HttpContext, HttpServer, compute, create_app, page, search, signalling, whip
+from realtime.http import HttpContext, HttpServer, compute, create_app, page, search, signalling, whep, whip
 from realtime.http.api import FLEET, SOURCE_POLICY
 from realtime.http.history import JetStreamHistory
 from realtime.http.hosts import HostPolicy
@@ -41,7 +42,8 @@ from realtime.streams.runner import StreamRunner
 from realtime.streams.spec import stream_spec
 from realtime.streams.view import StreamView
 from realtime.timeline.timeline import Timeline, TimelineCollector
-from realtime.webrtc.metrics import SessionCollector
+from realtime.webrtc.live import LiveView
+from realtime.webrtc.metrics import SessionCollector, ViewerCollector
 from realtime.webrtc.sessions import SessionTable
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,9 @@ class Service:
             config.webrtc, admit=self.registry.add, forget=self._forget_session, listen=self.fanout.listen
         )
         self.metrics.registry.register(SessionCollector(self.sessions))
+        # Live viewers (WHEP): each stream that demuxes hands its packets to a feed here too.
+        self.live = LiveView(config.webrtc)
+        self.metrics.registry.register(ViewerCollector(self.live))
         self.metrics.registry.register(capability_collector(opened))
         if batcher.compute is not None:  # one budget for every model on the CPU
             self.metrics.registry.register(ComputeCollector(batcher.compute))
@@ -139,6 +144,7 @@ class Service:
             self.metrics.registry.register(FleetCollector(self.fleet))
         signalling.add_routes(self.app, self.sessions)
         whip.add_routes(self.app)
+        whep.add_routes(self.app, self.live)
         compute.add_routes(self.app, batcher.compute)
         self.timeline = timeline
         timeline_api = search.add_routes(self.app, timeline)  # answers with the timeline off too
@@ -243,6 +249,7 @@ class Service:
             reconciler.cancel()
             await asyncio.wait({reconciler})
         await self.sessions.aclose()  # sessions negotiated but never started, too
+        await self.live.aclose()
 
     def _make_runner(self, settings: AnyStreamSettings) -> StreamRunner:
         config = self.config
@@ -259,6 +266,7 @@ class Service:
             self.engines,
             sink,
             on_frame=self.metrics.frame_observer(settings.id),
+            stages=(*DEFAULT_STAGES, self.live.build),
             source=source,
         )
 
@@ -273,6 +281,7 @@ class Service:
             for forget in attached.forget:
                 forget(stream_id)
         self.sessions.discard(stream_id)
+        self.live.forget(stream_id)
         self.metrics.forget(stream_id)
         release_free_memory()
 

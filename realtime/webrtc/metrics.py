@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from realtime.webrtc.live import ENDINGS, LiveView
 from realtime.webrtc.sessions import SessionTable
 
 
@@ -42,3 +43,30 @@ class SessionCollector(Collector):
         for what in ("channel", "candidates", "stun_deferred"):
             refusals.add_metric([what], table.refusals[what])
         yield refusals
+
+
+class ViewerCollector(Collector):
+    """Live viewers (WHEP): now, the bound, refused, and why they ended (`behind`: dropped slow)."""
+
+    def __init__(self, live: LiveView) -> None:
+        self.live = live
+
+    def collect(self) -> Iterable[Metric]:
+        live = self.live
+        yield GaugeMetricFamily("vidsentry_live_viewers", "Live viewers (WHEP) now", value=live.count)
+        yield GaugeMetricFamily("vidsentry_live_viewers_limit", "webrtc.max_viewers", value=live.settings.max_viewers)
+        yield CounterMetricFamily("vidsentry_live_viewers_opened", "Live viewers opened", value=live.opened)
+        yield CounterMetricFamily("vidsentry_live_viewers_refused", "WHEP offers refused by webrtc.max_viewers (503)",
+                                  value=live.refused)
+        ended = CounterMetricFamily(
+            "vidsentry_live_viewers_ended",
+            "Live viewers ended, by why: deleted, stream_ended, connection, connect_timeout, behind (dropped: too "
+            "far behind webrtc.max_viewer_skips times in a row), shutdown",
+            labels=["reason"],
+        )
+        for reason in ENDINGS:
+            ended.add_metric([reason], live.ended[reason])
+        yield ended
+        yield CounterMetricFamily("vidsentry_live_viewer_skips",
+                                  "Times a live viewer fell webrtc.viewer_queue_packets behind and skipped to the "
+                                  "next keyframe (open viewers and ended ones)", value=live.skips)

@@ -208,24 +208,12 @@ class SessionTable:
         if screened.mdns or screened.refused:
             log.debug("candidates removed from an offer", extra={"mdns": screened.mdns, "refused": screened.refused})
             self.refusals["candidates"] += screened.refused
-        try:
-            async with asyncio.timeout(NEGOTIATION_TIMEOUT_S):
-                await pc.setRemoteDescription(RTCSessionDescription(sdp=screened.sdp, type="offer"))
-        except TimeoutError:
-            raise NegotiationFailed("reading the offer took too long") from None
-        except Exception as exc:  # aiortc raises ValueError, KeyError, IndexError ... on SDP it cannot use
-            raise BadOffer("sdp", f"cannot be used: {_in_words(exc)}") from None
+        await read_offer(pc, screened.sdp)
         if not session.tracks:
             raise BadOffer("sdp", "the offer sends no audio or video track (a receive-only offer?)")
         if pc.sctp is not None:
             bound_sctp(pc.sctp, lambda reason: self._channel_refused(session, reason))
-        try:
-            async with asyncio.timeout(NEGOTIATION_TIMEOUT_S):
-                await pc.setLocalDescription(await pc.createAnswer())
-        except TimeoutError:
-            raise NegotiationFailed("gathering ICE candidates took too long") from None
-        except Exception as exc:  # e.g. no codec in common
-            raise BadOffer("sdp", f"cannot be answered: {_in_words(exc)}") from None
+        await make_answer(pc)
         # Right away: the checks start in a task setLocalDescription scheduled, after this returns.
         budget = self._stun[session.stream_id] = StunBudget()
         limit_stun_requests(pc, budget)
@@ -330,6 +318,28 @@ class SessionTable:
         peers = [session.close_peer() for session in sessions] + list(self._closing_peers)
         if peers:
             await asyncio.gather(*peers, return_exceptions=True)
+
+
+async def read_offer(pc: RTCPeerConnection, sdp: str) -> None:
+    """`setRemoteDescription` of an offer, in time; what aiortc cannot use is a BadOffer in words."""
+    try:
+        async with asyncio.timeout(NEGOTIATION_TIMEOUT_S):
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+    except TimeoutError:
+        raise NegotiationFailed("reading the offer took too long") from None
+    except Exception as exc:  # aiortc raises ValueError, KeyError, IndexError ... on SDP it cannot use
+        raise BadOffer("sdp", f"cannot be used: {_in_words(exc)}") from None
+
+
+async def make_answer(pc: RTCPeerConnection, hint: str = "") -> None:
+    """`setLocalDescription` of the answer, every candidate gathered, in time."""
+    try:
+        async with asyncio.timeout(NEGOTIATION_TIMEOUT_S):
+            await pc.setLocalDescription(await pc.createAnswer())
+    except TimeoutError:
+        raise NegotiationFailed("gathering ICE candidates took too long") from None
+    except Exception as exc:  # e.g. no codec in common
+        raise BadOffer("sdp", f"cannot be answered{hint}: {_in_words(exc)}") from None
 
 
 def _in_words(exc: Exception) -> str:

@@ -66,7 +66,8 @@ async function boot() {
   );
   const watch = new WatchPanel(
     { title: $("watch-title"), meta: $("watch-meta"), canvas: $("watch-canvas"), placeholder: $("watch-placeholder"),
-      frame: $("watch-frame"), streams: { list: $("streams"), empty: $("streams-empty") } },
+      frame: $("watch-frame"), live: $("watch-live"), video: $("watch-video"), overlay: $("watch-overlay"),
+      fallback: $("watch-fallback"), streams: { list: $("streams"), empty: $("streams-empty") } },
     { api, errorText, pageNotice, hooks, router: watchRouter },
   );
   new TimelinePanel(
