@@ -30,12 +30,25 @@ def test_sample_config_loads(sample_clip: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def settings(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
-    """Every setting of a config model as a dotted key; a section is its settings, not a key."""
+    """Every setting of a config model as a dotted key; a section is its settings, not a key (a
+    stream's switch that may hold its capability's own settings is its key and theirs)."""
     for name, info in model.model_fields.items():
         if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
             yield from settings(info.annotation, f"{prefix}{name}.")
         else:
             yield prefix + name
+            switch = info.json_schema_extra == {"stage_switch": True}
+            for own in _models_in(info.annotation) if switch else ():
+                yield from settings(own, f"{prefix}{name}.")
+
+
+def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+    """The config models inside a union (Annotated and tagged, as a switch with settings is)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+        return
+    for arg in get_args(annotation):
+        yield from _models_in(arg)
 
 
 def keys(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
