@@ -9,7 +9,9 @@ compute budget, the nudenet 320n detector on one thread as the tests use it), it
 NATS. Figures per run:
   - language_accuracy: transcripts (one per utterance or piece) whose `language` is the one spoken;
   - wer_vs_offline: the transcripts' words joined against the same model's offline decode of the same
-    sentences (each decoded whole, language detected); cer_vs_offline beside it;
+    sentences (each decoded whole, language detected); cer_vs_offline beside it (letters and digits
+    of any script, spaces and punctuation left out); for a language written without spaces (ja)
+    words do not split, and `error_vs_offline` (the figure to read) is the CER;
   - caption_lag p50/p95: a final's arrival on NATS after its last word was heard (`captured_at`);
   - chrF of the English track (`translations`, joined) against the reference English, and its lag
     (arrival after the transcript's speech ended);
@@ -20,7 +22,7 @@ NATS. Figures per run:
 --translate both): audio dropped (`audio_dropped_seconds`), transcripts that kept their finals and
 translations missed say where a 2-core machine stops keeping pace.
 
-    python bench/bench_languages.py [--languages es,fr,de] [--sentences 3] [--translate on|off|both]
+    python bench/bench_languages.py [--languages es,fr,de,ja] [--sentences 3] [--translate on|off|both]
                                     [--streams 1,2,3] [--skip-peers]
 
 Prints a table; writes bench/results/languages.json.
@@ -52,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 from engines.asr.types import AsrRequest  # noqa: E402
 from engines.asr.vad import VadModel  # noqa: E402
 from engines.asr.whisper import create_recognizer  # noqa: E402
+from engines.asr.words import NO_SPACE_LANGUAGES  # noqa: E402
 from engines.models import nudenet_model_path  # noqa: E402
 from engines.registry import create_detector  # noqa: E402
 from realtime.bus.embedded import EmbeddedNatsServer  # noqa: E402
@@ -68,6 +71,11 @@ LEAD_S = 1.0
 
 def error_rate(ref: list[str], hyp: list[str]) -> float:
     return edit_distance(ref, hyp) / max(1, len(ref))
+
+
+def characters(text: str) -> list[str]:
+    """The letters and digits of any script, lower-cased: what a CER counts (words_of keeps a-z only)."""
+    return [ch for ch in text.lower() if ch.isalnum()]
 
 
 def chrf(reference: str, hypothesis: str, n: int = 6, beta: float = 2.0) -> float:
@@ -144,14 +152,19 @@ def figures(speech: Speech, got: Collected, offline: str, counters: dict[str, An
     english = " ".join(str(b["text"]) for _, b in translations)
     lags = [at - wall(b["captured_at"]) for at, b in got.of("captions")]
     translation_lags = [at - wall(b["captured_at"]) for at, b in translations]
+    wer = round(error_rate(words_of(offline), words_of(heard)), 3)
+    cer = round(error_rate(characters(offline), characters(heard)), 3)
+    no_spaces = speech.language in NO_SPACE_LANGUAGES
     return {
         "language": speech.language,
         "utterances": len(transcripts),
         "language_accuracy": round(sum(b["language"] == speech.language for b in transcripts) / len(transcripts), 3)
         if transcripts else None,
         "languages_heard": dict(Counter(str(b["language"]) for b in transcripts)),
-        "wer_vs_offline": round(error_rate(words_of(offline), words_of(heard)), 3),
-        "cer_vs_offline": round(error_rate(list("".join(words_of(offline))), list("".join(words_of(heard)))), 3),
+        "wer_vs_offline": wer,
+        "cer_vs_offline": cer,
+        "error_vs_offline": cer if no_spaces else wer,
+        "error_kind": "cer" if no_spaces else "wer",
         "wer_vs_script": round(error_rate(words_of(" ".join(speech.texts)), words_of(heard)), 3),
         "caption_lag_p50": pct(lags, 0.5),
         "caption_lag_p95": pct(lags, 0.95),
@@ -261,9 +274,9 @@ async def main_async(args: argparse.Namespace) -> int:
                         print(json.dumps(rows[-1], ensure_ascii=False), flush=True)
         bus.stop()
     recognizer.close()
-    columns = ["streams", "source", "translate", "language", "utterances", "language_accuracy", "wer_vs_offline",
-               "cer_vs_offline", "caption_lag_p50", "caption_lag_p95", "chrf", "translation_lag_p50",
-               "translation_lag_p95", "detect_fps", "audio_dropped_s", "transcripts_kept_finals",
+    columns = ["streams", "source", "translate", "language", "utterances", "language_accuracy", "error_kind",
+               "error_vs_offline", "cer_vs_offline", "caption_lag_p50", "caption_lag_p95", "chrf",
+               "translation_lag_p50", "translation_lag_p95", "detect_fps", "audio_dropped_s", "transcripts_kept_finals",
                "translations_missed"]
     print("\n" + " | ".join(columns))
     for row in rows:
@@ -278,7 +291,7 @@ async def main_async(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--languages", default="es,fr,de")
+    parser.add_argument("--languages", default="es,fr,de,ja")
     parser.add_argument("--sentences", type=int, default=3)
     parser.add_argument("--translate", choices=["on", "off", "both"], default="on")
     parser.add_argument("--streams", default="1", help="comma list; counts over 1 run that many RTSP cameras at once")
