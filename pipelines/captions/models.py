@@ -78,6 +78,9 @@ class ModelShelf:
     # Recognizers loaded by someone else (the tests' session models): served, never closed here.
     lent: Mapping[str, SpeechRecognizer] = field(default_factory=dict)
     _loaded: dict[str, _Loaded] = field(default_factory=dict)
+    # Models whose load failed (an altered part is only found by joining the parts): refused from then
+    # on with that reason, until the service starts again.
+    _failed: dict[str, str] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     refused: int = 0  # streams whose model could not be served (their captions stayed off)
 
@@ -96,6 +99,8 @@ class ModelShelf:
         loaded = {self.default_name, *self._loaded, *also}
         if name in loaded:
             return None
+        if name in self._failed:
+            return self._failed[name]
         if name not in self.lent and (reason := self.unavailable(name)) is not None:
             return f"model {name} cannot be loaded here: {reason}"
         if len(loaded) >= self.max_models:
@@ -147,7 +152,8 @@ class ModelShelf:
             await closing.aclose()
             if isinstance(exc, Exception):
                 self.refused += 1
-                raise ModelRefused(f"model {name} could not be loaded: {exc}") from exc
+                self._failed[name] = f"model {name} could not be loaded: {exc}"
+                raise ModelRefused(self._failed[name]) from exc
             raise
         return _Loaded(served, closing)
 

@@ -712,11 +712,11 @@ def build(ctx: StageContext) -> CaptionStage | None:
     audio = ctx.audio(STAGE_NAME, max_seconds=max_seconds)
     if audio is None:
         return None
-    settings, model = stream_policy(engine, ctx.spec.own(STAGE_NAME))
+    settings, model = stream_policy(engine, ctx.spec.own(STAGE_NAME), ctx.stream_id)
     return CaptionStage(ctx.stream_id, audio, engine, ctx.sink, live=not ctx.lossless, settings=settings, model=model)
 
 
-def stream_policy(engine: CaptionEngine, own: object) -> tuple[CaptionPolicy, str | None]:
+def stream_policy(engine: CaptionEngine, own: object, stream_id: str = "") -> tuple[CaptionPolicy, str | None]:
     """The policy and model of a stream with its own captions settings (the engine's where it has
     none): its language and English track over the section's, its model if another than the
     section's. Settings the section cannot take were refused where the stream was configured or
@@ -727,7 +727,7 @@ def stream_policy(engine: CaptionEngine, own: object) -> tuple[CaptionPolicy, st
         section = own.over(engine.section)
     except ValueError as exc:
         log.warning("the stream's own captions settings do not fit this service's: its section's are used",
-                    extra={"reason": str(exc)})
+                    extra={"stream_id": stream_id, "reason": str(exc)})
         return engine.settings, None
     settings = replace(engine.settings, language=section.language or AUTO, translate=section.translate)
     model = section.model_name if section.model_name != engine.section.model_name else None

