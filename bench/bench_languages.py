@@ -184,7 +184,10 @@ def figures(speech: Speech, got: Collected, offline: str, counters: dict[str, An
 
 
 async def run_camera(svc: LiveService, nats_url: str, speech: Speech, tmp: Path, count: int) -> list[dict[str, Any]]:
-    clip = speech_clip(tmp / f"{speech.language}.mp4", speech.audio)
+    # Silence after the speech for the whole wait: the server plays the clip once, and a stream that
+    # ended would be reconnected and hear the speech again within the wait.
+    tail = np.zeros(int((TAIL_S + 10) * 16_000), np.float32)
+    clip = speech_clip(tmp / f"{speech.language}.mp4", np.concatenate([speech.audio, tail]))
     servers = [RtspServer(clip=clip, log_path=tmp / f"rtsp{i}.log").start() for i in range(count)]
     collected = [Collected() for _ in range(count)]
     ncs = [await c.start(nats_url, f"cam{i}") for i, c in enumerate(collected)]
