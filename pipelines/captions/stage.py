@@ -18,6 +18,11 @@ finals where captions are read back (transcript.py); those decodes run beside th
 so the finals never wait for them. Decodes that look like Whisper's failure modes (a repetition
 loop, speech-free audio) are not used.
 
+A stream may choose its own model, language and English track (`streams[].captions: {...}`): its
+policy carries the language and the translation, and a model other than the section's is leased
+from the engine's shelf for as long as the stage runs (models.py); one the shelf refuses leaves
+this stream's captions off (counted, logged) and its video going on.
+
 With a recognizer that detects the language (`captions.language: auto`), an utterance's first
 final fixes its language for the decodes after it, and every body says it; with
 `captions.translate`, each transcript is decoded once more with Whisper's translate task through
@@ -293,6 +298,12 @@ class CaptionStage:
                 pending = self.agreement.pending
                 self._queue_transcript(self._utterance.due(pending[0].start if pending else None))
 
+    @property
+    def _said_in(self) -> str:
+        """The language of words no decode has told: the utterance's, else the stream's (English when detected)."""
+        held = self.settings.language
+        return self._spoken or (held if held not in (None, AUTO) else "en")
+
     def _decode_due(self) -> bool:
         return policy.decode_due(grown_s=self.window.end - self._decoded_to, window_s=self.window.duration,
                                  step_s=self.settings.step_s, live=self.live, load=self._served.batcher.load())
@@ -419,7 +430,7 @@ class CaptionStage:
                         "committed": join_words(committed),
                     },
                 )
-        await self._publish(committed, tentative, language=result.language if result else self._spoken or "en")
+        await self._publish(committed, tentative, language=result.language if result else self._said_in)
 
     async def _recognize(self, request: AsrRequest, *, whole: bool = False) -> AsrResult | None:
         """The recognizer's result, or None when it failed or looks like a Whisper failure mode;
@@ -528,7 +539,7 @@ class CaptionStage:
         piece, utterance = queued.piece, self._utterance
         assert utterance is not None
         finals = piece.finals
-        words, language = finals, queued.language or "en"
+        words, language = finals, queued.language or self._said_in
         if queued.decode and not self._recognizer_gone and piece.end - piece.start >= policy.MIN_DECODE_S:
             # The whole piece is more to detect its language from than the first final had.
             heard = await self._decode_piece(piece, utterance, self.settings.language)
