@@ -20,10 +20,13 @@ NATS. Figures per run:
     the clip and the peer send 5 fps.
 --streams N runs N RTSP cameras of the first language at once (with and without translation when
 --translate both): audio dropped (`audio_dropped_seconds`), transcripts that kept their finals and
-translations missed say where a 2-core machine stops keeping pace.
+translations missed say where a 2-core machine stops keeping pace. --mixed runs two streams that
+chose their own captions (docs/captions.md): an English camera on the service's tiny.en beside a
+camera of the first language naming Whisper base, `language: auto` and the English track for
+itself, so two models serve one machine's streams side by side.
 
     python bench/bench_languages.py [--languages es,fr,de,ja] [--sentences 3] [--translate on|off|both]
-                                    [--streams 1,2,3] [--skip-peers]
+                                    [--streams 1,2,3] [--skip-peers] [--mixed | --only-mixed]
 
 Prints a table; writes bench/results/languages.json.
 """
@@ -183,23 +186,30 @@ def figures(speech: Speech, got: Collected, offline: str, counters: dict[str, An
     }
 
 
-async def run_camera(svc: LiveService, nats_url: str, speech: Speech, tmp: Path, count: int) -> list[dict[str, Any]]:
+async def run_camera(
+    svc: LiveService, nats_url: str, speeches: list[Speech], tmp: Path, own: list[dict[str, Any] | None] | None = None
+) -> list[dict[str, Any]]:
+    """One RTSP camera per speech, at once (`own`: each stream's own captions settings, if any)."""
     # Silence after the speech for the whole wait: the server plays the clip once, and a stream that
     # ended would be reconnected and hear the speech again within the wait.
     tail = np.zeros(int((TAIL_S + 10) * 16_000), np.float32)
-    clip = speech_clip(tmp / f"{speech.language}.mp4", np.concatenate([speech.audio, tail]))
-    servers = [RtspServer(clip=clip, log_path=tmp / f"rtsp{i}.log").start() for i in range(count)]
-    collected = [Collected() for _ in range(count)]
+    clips = {sp.language: speech_clip(tmp / f"{sp.language}.mp4", np.concatenate([sp.audio, tail])) for sp in speeches}
+    servers = [RtspServer(clip=clips[sp.language], log_path=tmp / f"rtsp{i}.log").start()
+               for i, sp in enumerate(speeches)]
+    collected = [Collected() for _ in speeches]
     ncs = [await c.start(nats_url, f"cam{i}") for i, c in enumerate(collected)]
     try:
         started = time.monotonic()
         for i, server in enumerate(servers):
-            reply = await svc.call("POST", "/api/streams", json_body={"id": f"cam{i}", "url": server.url("/vtest")})
+            body: dict[str, Any] = {"id": f"cam{i}", "url": server.url("/vtest")}
+            if own is not None and own[i] is not None:
+                body["captions"] = own[i]
+            reply = await svc.call("POST", "/api/streams", json_body=body)
             assert reply.status == 201, reply
-        await asyncio.sleep(speech.seconds + TAIL_S)
+        await asyncio.sleep(max(sp.seconds for sp in speeches) + TAIL_S)
         seconds = time.monotonic() - started
-        counters = [(await svc.stream(f"cam{i}"))["counters"] for i in range(count)]
-        for i in range(count):
+        counters = [(await svc.stream(f"cam{i}"))["counters"] for i in range(len(speeches))]
+        for i in range(len(speeches)):
             await svc.call("DELETE", f"/api/streams/cam{i}")
     finally:
         for nc in ncs:
@@ -208,6 +218,25 @@ async def run_camera(svc: LiveService, nats_url: str, speech: Speech, tmp: Path,
             server.close()
     pairs = zip(counters, collected, strict=True)
     return [{"source": "rtsp", "counters": c, "seconds": seconds, "got": g} for c, g in pairs]
+
+
+async def run_mixed(
+    models: tuple[Any, Any], vad: VadModel, nats_url: str, tmp: Path, speeches: list[Speech], *, translate: bool
+) -> list[dict[str, Any]]:
+    """Streams choosing their own models in one service: the section's tiny.en in English for the
+    first speech (English), Whisper base with `language: auto` (and the English track) for the
+    others, each naming it (`captions: {model: base, ...}`). `models`: (base, tiny.en), loaded."""
+    recognizer, tiny = models
+    detector = create_detector(nudenet_model_path(), "onnx-cpu", threads=1)
+    own: list[dict[str, Any] | None] = [None] + [
+        {"model": "base", "language": "auto", "translate": "en" if translate else "off"} for _ in speeches[1:]
+    ]
+    try:
+        async with live_service(detector, nats_url, config=make_config(), captions=(tiny, vad),
+                                more_models={"base": recognizer}) as svc:
+            return await run_camera(svc, nats_url, speeches, tmp, own)
+    finally:
+        detector.close()
 
 
 async def run_peer(svc: LiveService, nats_url: str, speech: Speech) -> dict[str, Any]:
@@ -259,10 +288,10 @@ async def main_async(args: argparse.Namespace) -> int:
         tmp = Path(tmp_dir)
         bus = EmbeddedNatsServer(store_dir=tmp / "nats")
         bus.start()
-        for translate in modes:
+        for translate in modes if not args.only_mixed else []:
             async with service(recognizer, vad, bus.url, translate) as svc:
                 for lang, speech in speeches.items():
-                    runs = await run_camera(svc, bus.url, speech, tmp, 1)
+                    runs = await run_camera(svc, bus.url, [speech], tmp)
                     if not args.skip_peers:
                         runs.append(await run_peer(svc, bus.url, speech))
                     for run in runs:
@@ -271,10 +300,25 @@ async def main_async(args: argparse.Namespace) -> int:
                         print(json.dumps(rows[-1], ensure_ascii=False), flush=True)
                 for count in [int(n) for n in args.streams.split(",") if n and int(n) > 1]:
                     speech = speeches[languages[0]]
-                    for i, run in enumerate(await run_camera(svc, bus.url, speech, tmp, count)):
+                    for i, run in enumerate(await run_camera(svc, bus.url, [speech] * count, tmp)):
                         row = figures(speech, run["got"], offline[languages[0]], run["counters"], run["seconds"])
                         rows.append({"streams": count, "stream": i, "source": "rtsp", "translate": translate, **row})
                         print(json.dumps(rows[-1], ensure_ascii=False), flush=True)
+        if args.mixed or args.only_mixed:
+            tiny = create_recognizer(threads=min(4, os.cpu_count() or 1))
+            english = Speech("en", args.sentences)
+            heard = " ".join(r.text for r in tiny.transcribe_batch([AsrRequest(s) for s in english.sentences]))
+            offline["en (tiny.en)"] = heard
+            mixed = [english, speeches[languages[0]]]
+            for translate in modes:
+                runs = await run_mixed((recognizer, tiny), vad, bus.url, tmp, mixed, translate=translate)
+                for speech, run in zip(mixed, runs, strict=True):
+                    said = heard if speech is english else offline[speech.language]
+                    row = figures(speech, run["got"], said, run["counters"], run["seconds"])
+                    rows.append({"streams": "mixed", "source": "rtsp", "translate": translate and speech is not english,
+                                 "model": "tiny.en" if speech is english else "base", **row})
+                    print(json.dumps(rows[-1], ensure_ascii=False), flush=True)
+            tiny.close()
         bus.stop()
     recognizer.close()
     columns = ["streams", "source", "translate", "language", "utterances", "language_accuracy", "error_kind",
@@ -299,6 +343,10 @@ def main() -> int:
     parser.add_argument("--translate", choices=["on", "off", "both"], default="on")
     parser.add_argument("--streams", default="1", help="comma list; counts over 1 run that many RTSP cameras at once")
     parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--mixed", action="store_true",
+                        help="also: an English camera on the section's tiny.en beside one of the first language naming "
+                             "base for itself (captions: {model: base, ...}), two models in one service")
+    parser.add_argument("--only-mixed", action="store_true", help="the mixed run alone")
     return asyncio.run(main_async(parser.parse_args()))
 
 

@@ -16,6 +16,11 @@ from tests.support.speech import load_pcm16k
 # By Whisper code (also the espeak-ng voice): sentences and their English, short and common so that a
 # synthetic voice is still understood.
 SENTENCES: dict[str, list[tuple[str, str]]] = {
+    "en": [
+        ("Good morning. Today it is very hot in the city.", "Good morning. Today it is very hot in the city."),
+        ("The train leaves at ten in the morning.", "The train leaves at ten in the morning."),
+        ("I really like to read books at night.", "I really like to read books at night."),
+    ],
     "es": [
         ("Buenos días. Hoy hace mucho calor en la ciudad.", "Good morning. Today it is very hot in the city."),
         ("El tren sale a las diez de la mañana.", "The train leaves at ten in the morning."),

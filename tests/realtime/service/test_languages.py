@@ -16,7 +16,7 @@ import pytest
 from engines.detector import Detector
 from pipelines.captions.engine import CAPTIONS
 from realtime.bus.embedded import EmbeddedNatsServer
-from tests.support.languages import PAUSE_S, SENTENCES, speech_clip, spoken, synthesize
+from tests.support.languages import speech_clip, spoken
 from tests.support.peer import connect
 from tests.support.rtsp import RtspServer
 from tests.support.service import CaptionModels, LiveService, live_service, make_config
@@ -74,15 +74,6 @@ async def test_a_camera_speaking_spanish_gets_spanish_captions_and_an_english_tr
         rtsp.close()
 
 
-def english(count: int = 2) -> np.ndarray:
-    """The Spanish sentences' English, spoken as `spoken` speaks the other languages."""
-    gap = np.zeros(int(PAUSE_S * 16_000), np.float32)
-    parts = [np.zeros(16_000, np.float32)]
-    for _, text in SENTENCES["es"][:count]:
-        parts += [synthesize(text, "en-us"), gap]
-    return np.concatenate(parts)
-
-
 @pytest.fixture
 async def two_models(
     detector: Detector,
@@ -102,7 +93,7 @@ async def test_two_streams_each_in_its_own_model_and_language_and_only_one_trans
 ) -> None:
     svc = two_models
     clips = {
-        "en": speech_clip(tmp_path / "en.mp4", english()),
+        "en": speech_clip(tmp_path / "en.mp4", spoken("en", 2, lead_s=1.0)),
         "es": speech_clip(tmp_path / "es.mp4", spoken("es", 2, lead_s=1.0)),
     }
     bodies: dict[tuple[str, str], list[dict[str, Any]]] = {}
