@@ -169,6 +169,9 @@ def figures(speech: Speech, got: Collected, offline: str, counters: dict[str, An
         "error_vs_offline": cer if no_spaces else wer,
         "error_kind": "cer" if no_spaces else "wer",
         "wer_vs_script": round(error_rate(words_of(" ".join(speech.texts)), words_of(heard)), 3),
+        # Against the sentences as written: where the offline decode wrote another script (kanji or
+        # Latin letters for kana), the CER against it says little.
+        "cer_vs_script": round(error_rate(characters(" ".join(speech.texts)), characters(heard)), 3),
         "caption_lag_p50": pct(lags, 0.5),
         "caption_lag_p95": pct(lags, 0.95),
         "translations": len(translations),
@@ -322,7 +325,7 @@ async def main_async(args: argparse.Namespace) -> int:
         bus.stop()
     recognizer.close()
     columns = ["streams", "source", "translate", "language", "utterances", "language_accuracy", "error_kind",
-               "error_vs_offline", "cer_vs_offline", "caption_lag_p50", "caption_lag_p95", "chrf",
+               "error_vs_offline", "cer_vs_offline", "cer_vs_script", "caption_lag_p50", "caption_lag_p95", "chrf",
                "translation_lag_p50", "translation_lag_p95", "detect_fps", "audio_dropped_s", "transcripts_kept_finals",
                "translations_missed"]
     print("\n" + " | ".join(columns))
