@@ -183,6 +183,7 @@ def figures(speech: Speech, got: Collected, offline: str, counters: dict[str, An
         "audio_dropped_s": counters.get("audio_dropped_seconds"),
         "transcripts_kept_finals": counters.get("transcripts_kept_finals"),
         "translations_missed": counters.get("translations_missed"),
+        "load_1m": round(os.getloadavg()[0], 1),  # the machine's load as the run ended (2 cores shared)
         "counters": counters,
         "heard": heard[:300],
         "english": english[:300],
@@ -327,7 +328,7 @@ async def main_async(args: argparse.Namespace) -> int:
     columns = ["streams", "source", "translate", "language", "utterances", "language_accuracy", "error_kind",
                "error_vs_offline", "cer_vs_offline", "cer_vs_script", "caption_lag_p50", "caption_lag_p95", "chrf",
                "translation_lag_p50", "translation_lag_p95", "detect_fps", "audio_dropped_s", "transcripts_kept_finals",
-               "translations_missed"]
+               "translations_missed", "load_1m"]
     print("\n" + " | ".join(columns))
     for row in rows:
         print(" | ".join(str(row.get(c)) for c in columns))
