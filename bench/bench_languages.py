@@ -9,7 +9,9 @@ compute budget, the nudenet 320n detector on one thread as the tests use it), it
 NATS. Figures per run:
   - language_accuracy: transcripts (one per utterance or piece) whose `language` is the one spoken;
   - wer_vs_offline: the transcripts' words joined against the same model's offline decode of the same
-    sentences (each decoded whole, language detected); cer_vs_offline beside it;
+    sentences (each decoded whole, language detected); cer_vs_offline beside it (letters and digits
+    of any script, spaces and punctuation left out); for a language written without spaces (ja)
+    words do not split, and `error_vs_offline` (the figure to read) is the CER;
   - caption_lag p50/p95: a final's arrival on NATS after its last word was heard (`captured_at`);
   - chrF of the English track (`translations`, joined) against the reference English, and its lag
     (arrival after the transcript's speech ended);
@@ -18,10 +20,13 @@ NATS. Figures per run:
     the clip and the peer send 5 fps.
 --streams N runs N RTSP cameras of the first language at once (with and without translation when
 --translate both): audio dropped (`audio_dropped_seconds`), transcripts that kept their finals and
-translations missed say where a 2-core machine stops keeping pace.
+translations missed say where a 2-core machine stops keeping pace. --mixed runs two streams that
+chose their own captions (docs/captions.md): an English camera on the service's tiny.en beside a
+camera of the first language naming Whisper base, `language: auto` and the English track for
+itself, so two models serve one machine's streams side by side.
 
-    python bench/bench_languages.py [--languages es,fr,de] [--sentences 3] [--translate on|off|both]
-                                    [--streams 1,2,3] [--skip-peers]
+    python bench/bench_languages.py [--languages es,fr,de,ja] [--sentences 3] [--translate on|off|both]
+                                    [--streams 1,2,3] [--skip-peers] [--mixed | --only-mixed]
 
 Prints a table; writes bench/results/languages.json.
 """
@@ -52,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 from engines.asr.types import AsrRequest  # noqa: E402
 from engines.asr.vad import VadModel  # noqa: E402
 from engines.asr.whisper import create_recognizer  # noqa: E402
+from engines.asr.words import NO_SPACE_LANGUAGES  # noqa: E402
 from engines.models import nudenet_model_path  # noqa: E402
 from engines.registry import create_detector  # noqa: E402
 from realtime.bus.embedded import EmbeddedNatsServer  # noqa: E402
@@ -68,6 +74,11 @@ LEAD_S = 1.0
 
 def error_rate(ref: list[str], hyp: list[str]) -> float:
     return edit_distance(ref, hyp) / max(1, len(ref))
+
+
+def characters(text: str) -> list[str]:
+    """The letters and digits of any script, lower-cased: what a CER counts (words_of keeps a-z only)."""
+    return [ch for ch in text.lower() if ch.isalnum()]
 
 
 def chrf(reference: str, hypothesis: str, n: int = 6, beta: float = 2.0) -> float:
@@ -144,15 +155,23 @@ def figures(speech: Speech, got: Collected, offline: str, counters: dict[str, An
     english = " ".join(str(b["text"]) for _, b in translations)
     lags = [at - wall(b["captured_at"]) for at, b in got.of("captions")]
     translation_lags = [at - wall(b["captured_at"]) for at, b in translations]
+    wer = round(error_rate(words_of(offline), words_of(heard)), 3)
+    cer = round(error_rate(characters(offline), characters(heard)), 3)
+    no_spaces = speech.language in NO_SPACE_LANGUAGES
     return {
         "language": speech.language,
         "utterances": len(transcripts),
         "language_accuracy": round(sum(b["language"] == speech.language for b in transcripts) / len(transcripts), 3)
         if transcripts else None,
         "languages_heard": dict(Counter(str(b["language"]) for b in transcripts)),
-        "wer_vs_offline": round(error_rate(words_of(offline), words_of(heard)), 3),
-        "cer_vs_offline": round(error_rate(list("".join(words_of(offline))), list("".join(words_of(heard)))), 3),
+        "wer_vs_offline": wer,
+        "cer_vs_offline": cer,
+        "error_vs_offline": cer if no_spaces else wer,
+        "error_kind": "cer" if no_spaces else "wer",
         "wer_vs_script": round(error_rate(words_of(" ".join(speech.texts)), words_of(heard)), 3),
+        # Against the sentences as written: where the offline decode wrote another script (kanji or
+        # Latin letters for kana), the CER against it says little.
+        "cer_vs_script": round(error_rate(characters(" ".join(speech.texts)), characters(heard)), 3),
         "caption_lag_p50": pct(lags, 0.5),
         "caption_lag_p95": pct(lags, 0.95),
         "translations": len(translations),
@@ -164,26 +183,37 @@ def figures(speech: Speech, got: Collected, offline: str, counters: dict[str, An
         "audio_dropped_s": counters.get("audio_dropped_seconds"),
         "transcripts_kept_finals": counters.get("transcripts_kept_finals"),
         "translations_missed": counters.get("translations_missed"),
+        "load_1m": round(os.getloadavg()[0], 1),  # the machine's load as the run ended (2 cores shared)
         "counters": counters,
         "heard": heard[:300],
         "english": english[:300],
     }
 
 
-async def run_camera(svc: LiveService, nats_url: str, speech: Speech, tmp: Path, count: int) -> list[dict[str, Any]]:
-    clip = speech_clip(tmp / f"{speech.language}.mp4", speech.audio)
-    servers = [RtspServer(clip=clip, log_path=tmp / f"rtsp{i}.log").start() for i in range(count)]
-    collected = [Collected() for _ in range(count)]
+async def run_camera(
+    svc: LiveService, nats_url: str, speeches: list[Speech], tmp: Path, own: list[dict[str, Any] | None] | None = None
+) -> list[dict[str, Any]]:
+    """One RTSP camera per speech, at once (`own`: each stream's own captions settings, if any)."""
+    # Silence after the speech for the whole wait: the server plays the clip once, and a stream that
+    # ended would be reconnected and hear the speech again within the wait.
+    tail = np.zeros(int((TAIL_S + 10) * 16_000), np.float32)
+    clips = {sp.language: speech_clip(tmp / f"{sp.language}.mp4", np.concatenate([sp.audio, tail])) for sp in speeches}
+    servers = [RtspServer(clip=clips[sp.language], log_path=tmp / f"rtsp{i}.log").start()
+               for i, sp in enumerate(speeches)]
+    collected = [Collected() for _ in speeches]
     ncs = [await c.start(nats_url, f"cam{i}") for i, c in enumerate(collected)]
     try:
         started = time.monotonic()
         for i, server in enumerate(servers):
-            reply = await svc.call("POST", "/api/streams", json_body={"id": f"cam{i}", "url": server.url("/vtest")})
+            body: dict[str, Any] = {"id": f"cam{i}", "url": server.url("/vtest")}
+            if own is not None and own[i] is not None:
+                body["captions"] = own[i]
+            reply = await svc.call("POST", "/api/streams", json_body=body)
             assert reply.status == 201, reply
-        await asyncio.sleep(speech.seconds + TAIL_S)
+        await asyncio.sleep(max(sp.seconds for sp in speeches) + TAIL_S)
         seconds = time.monotonic() - started
-        counters = [(await svc.stream(f"cam{i}"))["counters"] for i in range(count)]
-        for i in range(count):
+        counters = [(await svc.stream(f"cam{i}"))["counters"] for i in range(len(speeches))]
+        for i in range(len(speeches)):
             await svc.call("DELETE", f"/api/streams/cam{i}")
     finally:
         for nc in ncs:
@@ -192,6 +222,25 @@ async def run_camera(svc: LiveService, nats_url: str, speech: Speech, tmp: Path,
             server.close()
     pairs = zip(counters, collected, strict=True)
     return [{"source": "rtsp", "counters": c, "seconds": seconds, "got": g} for c, g in pairs]
+
+
+async def run_mixed(
+    models: tuple[Any, Any], vad: VadModel, nats_url: str, tmp: Path, speeches: list[Speech], *, translate: bool
+) -> list[dict[str, Any]]:
+    """Streams choosing their own models in one service: the section's tiny.en in English for the
+    first speech (English), Whisper base with `language: auto` (and the English track) for the
+    others, each naming it (`captions: {model: base, ...}`). `models`: (base, tiny.en), loaded."""
+    recognizer, tiny = models
+    detector = create_detector(nudenet_model_path(), "onnx-cpu", threads=1)
+    own: list[dict[str, Any] | None] = [None] + [
+        {"model": "base", "language": "auto", "translate": "en" if translate else "off"} for _ in speeches[1:]
+    ]
+    try:
+        async with live_service(detector, nats_url, config=make_config(), captions=(tiny, vad),
+                                more_models={"base": recognizer}) as svc:
+            return await run_camera(svc, nats_url, speeches, tmp, own)
+    finally:
+        detector.close()
 
 
 async def run_peer(svc: LiveService, nats_url: str, speech: Speech) -> dict[str, Any]:
@@ -243,10 +292,10 @@ async def main_async(args: argparse.Namespace) -> int:
         tmp = Path(tmp_dir)
         bus = EmbeddedNatsServer(store_dir=tmp / "nats")
         bus.start()
-        for translate in modes:
+        for translate in modes if not args.only_mixed else []:
             async with service(recognizer, vad, bus.url, translate) as svc:
                 for lang, speech in speeches.items():
-                    runs = await run_camera(svc, bus.url, speech, tmp, 1)
+                    runs = await run_camera(svc, bus.url, [speech], tmp)
                     if not args.skip_peers:
                         runs.append(await run_peer(svc, bus.url, speech))
                     for run in runs:
@@ -255,16 +304,31 @@ async def main_async(args: argparse.Namespace) -> int:
                         print(json.dumps(rows[-1], ensure_ascii=False), flush=True)
                 for count in [int(n) for n in args.streams.split(",") if n and int(n) > 1]:
                     speech = speeches[languages[0]]
-                    for i, run in enumerate(await run_camera(svc, bus.url, speech, tmp, count)):
+                    for i, run in enumerate(await run_camera(svc, bus.url, [speech] * count, tmp)):
                         row = figures(speech, run["got"], offline[languages[0]], run["counters"], run["seconds"])
                         rows.append({"streams": count, "stream": i, "source": "rtsp", "translate": translate, **row})
                         print(json.dumps(rows[-1], ensure_ascii=False), flush=True)
+        if args.mixed or args.only_mixed:
+            tiny = create_recognizer(threads=min(4, os.cpu_count() or 1))
+            english = Speech("en", args.sentences)
+            heard = " ".join(r.text for r in tiny.transcribe_batch([AsrRequest(s) for s in english.sentences]))
+            offline["en (tiny.en)"] = heard
+            mixed = [english, speeches[languages[0]]]
+            for translate in modes:
+                runs = await run_mixed((recognizer, tiny), vad, bus.url, tmp, mixed, translate=translate)
+                for speech, run in zip(mixed, runs, strict=True):
+                    said = heard if speech is english else offline[speech.language]
+                    row = figures(speech, run["got"], said, run["counters"], run["seconds"])
+                    rows.append({"streams": "mixed", "source": "rtsp", "translate": translate and speech is not english,
+                                 "model": "tiny.en" if speech is english else "base", **row})
+                    print(json.dumps(rows[-1], ensure_ascii=False), flush=True)
+            tiny.close()
         bus.stop()
     recognizer.close()
-    columns = ["streams", "source", "translate", "language", "utterances", "language_accuracy", "wer_vs_offline",
-               "cer_vs_offline", "caption_lag_p50", "caption_lag_p95", "chrf", "translation_lag_p50",
-               "translation_lag_p95", "detect_fps", "audio_dropped_s", "transcripts_kept_finals",
-               "translations_missed"]
+    columns = ["streams", "source", "translate", "language", "utterances", "language_accuracy", "error_kind",
+               "error_vs_offline", "cer_vs_offline", "cer_vs_script", "caption_lag_p50", "caption_lag_p95", "chrf",
+               "translation_lag_p50", "translation_lag_p95", "detect_fps", "audio_dropped_s", "transcripts_kept_finals",
+               "translations_missed", "load_1m"]
     print("\n" + " | ".join(columns))
     for row in rows:
         print(" | ".join(str(row.get(c)) for c in columns))
@@ -278,11 +342,15 @@ async def main_async(args: argparse.Namespace) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--languages", default="es,fr,de")
+    parser.add_argument("--languages", default="es,fr,de,ja")
     parser.add_argument("--sentences", type=int, default=3)
     parser.add_argument("--translate", choices=["on", "off", "both"], default="on")
     parser.add_argument("--streams", default="1", help="comma list; counts over 1 run that many RTSP cameras at once")
     parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--mixed", action="store_true",
+                        help="also: an English camera on the section's tiny.en beside one of the first language naming "
+                             "base for itself (captions: {model: base, ...}), two models in one service")
+    parser.add_argument("--only-mixed", action="store_true", help="the mixed run alone")
     return asyncio.run(main_async(parser.parse_args()))
 
 

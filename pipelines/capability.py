@@ -19,7 +19,7 @@ the command turns it into its usage error, with the message as written here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
@@ -64,10 +64,16 @@ NO_BUDGET = OpenContext()  # every model uses the cores as it likes
 
 @dataclass(frozen=True, slots=True)
 class StreamSwitch:
-    """A per-stream setting (true by default) that turns the capability's stage off for one stream."""
+    """A per-stream setting (true by default) that turns the capability's stage off for one stream.
+
+    With `settings`, the same key may also hold a mapping of that model instead of true: the
+    stage is on, and each key given wins over the capability's section for this stream
+    (`captions: {language: es}`). The graph hands the model to the stage by the stage's name
+    (`ctx.spec.own(name)`); the capability checks it against its open engine (`stream_problems`)."""
 
     name: str  # the stream setting's key: the stage's name, which the graph reads
     help: str  # what it turns off, for the config schema and the docs
+    settings: type[Section] | None = None  # the stream's own settings of the capability; None: a switch only
 
 
 class Printer(Protocol):
@@ -107,6 +113,10 @@ def _no_samples(_engine: Any) -> Iterable[Sample]:
     return ()
 
 
+def _no_problems(_engine: Any, _own: Sequence[Any]) -> list[tuple[int, str]]:
+    return []
+
+
 def _section_enabled(settings: Any) -> bool:
     return bool(getattr(settings, "enabled", True))
 
@@ -133,6 +143,10 @@ class Capability(Generic[E, S]):
     switch: StreamSwitch | None = None  # its per-stream switch; None: on wherever the service has it on
     hears: bool = False  # its stage reads the stream's audio: where none is decoded it is not opened
     samples: Callable[[E], Iterable[Sample]] = _no_samples  # its engine's figures for /metrics
+    # Streams' own settings (its switch's `settings`, None where a stream gives none) checked together
+    # against its open engine (None: off): (index, reason) for each that it cannot serve. The config's
+    # streams are checked at once (together they may ask more than it holds), the API's one by one.
+    stream_problems: Callable[[E | None, Sequence[Any]], list[tuple[int, str]]] = _no_problems
 
     @property
     def name(self) -> str:

@@ -207,10 +207,37 @@ class _StreamCore(Section):
             if info.json_schema_extra == _STAGE_SWITCH and getattr(self, name) is False
         )
 
+    def stage_settings(self) -> dict[str, Section]:
+        """The stages this stream gives settings of its own (a switch holding a mapping, not true),
+        by stage name: the graph hands each to its stage, which lets them win over its section."""
+        return {
+            name: value for name, info in type(self).model_fields.items()
+            if info.json_schema_extra == _STAGE_SWITCH and isinstance(value := getattr(self, name), Section)
+        }
+
+
+# The two forms of a switch with settings, as the union tags them; validation_problems leaves the
+# tag out of an error's key (`streams.0.captions.language`, not `...captions.own.language`).
+_SWITCH_TAGS = ("switch", "own")
+
+
+def _switch_form(value: Any) -> str:
+    return "own" if isinstance(value, Mapping | Section) else "switch"
+
 
 def _switches(capabilities: Iterable[Capability[Any, Any]]) -> dict[str, Any]:
+    """Each capability's switch: a bool, or (where it declares the stream's own settings) a bool or
+    a mapping of them."""
+    def kind(settings: type[Section] | None) -> Any:
+        if settings is None:
+            return bool
+        union = Annotated[bool, Tag("switch")] | Annotated[settings, Tag("own")]  # type: ignore[valid-type]
+        return Annotated[union, Discriminator(_switch_form)]
+
     return {
-        c.switch.name: (bool, Field(True, description=c.switch.help, json_schema_extra=_STAGE_SWITCH))
+        c.switch.name: (
+            kind(c.switch.settings), Field(True, description=c.switch.help, json_schema_extra=_STAGE_SWITCH)
+        )
         for c in capabilities if c.switch is not None
     }
 
@@ -582,11 +609,14 @@ def validation_problems(error: ValidationError, *, unknown: str = "unknown key")
     kind (the union tag pydantic puts in the location) is left out: `streams.0.url`, not
     `streams.0.camera.url`."""
     problems = []
+    switches = {c.switch.name for c in CAPABILITIES if c.switch is not None}
     for item in error.errors(include_input=False, include_url=False):
         loc = list(item["loc"])
         for i in range(len(loc) - 1, -1, -1):
             after_index = i >= 2 and isinstance(loc[i - 1], int) and loc[i - 2] == "streams"
-            if loc[i] in STREAM_KINDS and (i == 0 or after_index):
+            kind_tag = loc[i] in STREAM_KINDS and (i == 0 or after_index)
+            switch_tag = loc[i] in _SWITCH_TAGS and i >= 1 and loc[i - 1] in switches
+            if kind_tag or switch_tag:
                 del loc[i]
         field = ".".join(str(part) for part in loc) or "(top level)"
         message = unknown if item["type"] == "extra_forbidden" else item["msg"].removeprefix("Value error, ")

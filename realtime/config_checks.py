@@ -1,12 +1,14 @@
 """The config's rules checked against what this service can run: the detector's classes, and
 whether the capability that answers a rule type of its own (the describer's `vlm` questions) is
-on. Used by `serve` for the config file and by the API for a stream it is given, so both say the
-same, naming the rule's key. What a rule needs is its type's declaration, so nothing here names
+on; and the settings a stream gives a capability of its own (`captions: {model: base}`) checked
+by that capability against its open engine. Used by `serve` for the config file and by the API for
+a stream it is given, so both say the same, naming the key. What a rule needs is its type's
+declaration, and what a stream's own settings need its capability's check, so nothing here names
 one."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from pipelines.capabilities import CAPABILITIES, rule_owner
 from pipelines.rules.engine import unknown_classes
@@ -62,5 +64,34 @@ def config_rule_problems(config: Config, on: Collection[str] | None = None) -> s
         {**problem, "field": f"streams.{index}.{problem['field']}"}
         for index, stream in enumerate(config.streams)
         for problem in rule_need_problems(stream, on)
+    ]
+    return describe_problems(problems) if problems else None
+
+
+def own_settings_problems(
+    streams: Sequence[AnyStreamSettings], opened: Mapping[str, object]
+) -> list[tuple[int, dict[str, str]]]:
+    """The settings these streams give capabilities of their own, checked together by each
+    capability against its open engine (`opened`, by name): the stream's index and a `{"field",
+    "message"}` (the field its switch's key) per problem."""
+    problems = []
+    for capability in CAPABILITIES:
+        switch = capability.switch
+        if switch is None or switch.settings is None:
+            continue
+        own = [stream.stage_settings().get(switch.name) for stream in streams]
+        if not any(own):
+            continue
+        for index, reason in capability.stream_problems(opened.get(capability.name), own):
+            problems.append((index, {"field": switch.name, "message": reason}))
+    return problems
+
+
+def config_own_settings_problems(config: Config, opened: Mapping[str, object]) -> str | None:
+    """The config's streams' own settings checked against the open engines: None, or one line
+    (`streams.1.captions: ...`)."""
+    problems = [
+        {**problem, "field": f"streams.{index}.{problem['field']}"}
+        for index, problem in own_settings_problems(config.streams, opened)
     ]
     return describe_problems(problems) if problems else None

@@ -92,6 +92,22 @@ def installed_dir(model: SplitModel = WHISPER_BASE, root: Path | None = None) ->
     return path
 
 
+def missing(model: SplitModel = WHISPER_BASE, root: Path | None = None) -> str | None:
+    """Why the model cannot be had here (neither joined nor its parts installed); None: it can (a
+    part altered since is found when it is joined, by the checksum)."""
+    try:
+        installed_dir(model, root)
+        return None
+    except ModelPartError:
+        pass
+    try:
+        for part in model.parts:
+            _data_dir(part)
+    except ModelPartError as exc:
+        return str(exc)
+    return None
+
+
 def _data_dir(part: Part) -> Path:
     spec = importlib.util.find_spec(part.module)
     if spec is None or not spec.submodule_search_locations:

@@ -11,6 +11,7 @@ import numpy as np
 from engines.errors import EngineUnavailable
 
 SAMPLE_RATE = 16_000
+AUTO = "auto"  # a request's language: detected, whatever language the recognizer is held to
 MAX_AUDIO_S = 30.0  # Whisper's window: one request never holds more
 
 
@@ -36,7 +37,8 @@ class AsrRequest:
     # The decoder's beam for this request; None: the recognizer's own. Requests of one batch with
     # different beams are decoded in separate groups.
     beam_size: int | None = None
-    # The language spoken; None: the recognizer's own (its setting, or detected per request).
+    # The language spoken; None: the recognizer's own (its setting, or detected per request); AUTO:
+    # detected for this request even where the recognizer is held to a language.
     language: str | None = None
     # translate: English text of the speech (multilingual models only); the result's language is
     # still the one spoken.

@@ -37,6 +37,7 @@ import numpy as np
 from engines.asr import bundled
 from engines.asr.features import HOP, PADDED_FRAMES, log_mel_batch
 from engines.asr.types import (
+    AUTO,
     MAX_AUDIO_S,
     SAMPLE_RATE,
     AsrInfo,
@@ -254,7 +255,7 @@ class WhisperRecognizer:
         results: list[AsrResult | None] = [None] * len(requests)
         live = [i for i, clip in enumerate(clips) if len(clip) >= MIN_SAMPLES]
         for i in set(range(len(requests))) - set(live):
-            results[i] = self._empty(requests[i].language or self._language or "en")
+            results[i] = self._empty(self._asked(requests[i]) or "en")
         prompts = {i: self._tokens(requests[i].prompt)[-MAX_PROMPT_TOKENS:] for i in live}
         # A prefix past this is cut: the rest of the window is decoded freely.
         prefixes = {i: self._tokens(requests[i].prefix)[: MAX_PROMPT_TOKENS // 2] for i in live}
@@ -266,7 +267,7 @@ class WhisperRecognizer:
             shortest = min(len(prompts[i]) for i in group)
             cut = [prompts[i][len(prompts[i]) - shortest :] if shortest else [] for i in group]
             forced = [prefixes[i] for i in group]
-            asked = [requests[i].language or self._language for i in group]
+            asked = [self._asked(requests[i]) for i in group]
             ran = self._run([clips[i] for i in group], cut, forced, beam, asked=asked, task=task)
             for i, result in zip(group, ran, strict=True):
                 results[i] = result
@@ -430,14 +431,20 @@ class WhisperRecognizer:
         detected = self._model.detect_language(encoded)
         return [lang or ranked[0][0].strip("<|>") for lang, ranked in zip(asked, detected, strict=True)]
 
+    def _asked(self, request: AsrRequest) -> str | None:
+        """The language a request is decoded in; None: detected."""
+        if request.language == AUTO:
+            return None if self._multilingual else "en"
+        return request.language or self._language
+
     def _task(self, request: AsrRequest) -> str:
         if request.task not in ("transcribe", "translate"):
             raise ValueError(f"ASR task must be transcribe or translate, not {request.task!r}")
         if request.task == "translate" and not self._multilingual:
             raise ValueError(f"ASR model {self.info.path} is English-only: it cannot translate")
-        if request.language is not None and request.language != "en" and not self._multilingual:
+        if request.language not in (None, AUTO, "en") and not self._multilingual:
             raise ValueError(f"ASR model {self.info.path} is English-only: language must be en")
-        if request.language is not None and self._multilingual:
+        if request.language not in (None, AUTO) and self._multilingual:
             self._language_token(request.language)  # an unknown code fails this request's batch now
         return request.task
 

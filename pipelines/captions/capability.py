@@ -7,15 +7,16 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from typing import Any
 
 from engines.asr import bundled
 from engines.asr.types import AsrUnavailable, SpeechRecognizer
 from engines.asr.vad import VadModel
-from engines.asr.whisper import create_recognizer
+from engines.asr.whisper import create_recognizer, default_asr_model
 from pipelines.capability import NO_BUDGET, Capability, CapabilityError, OpenContext, Sample, StreamSwitch
 from pipelines.captions import stage
-from pipelines.captions.config import CaptionsSettings
+from pipelines.captions.config import ENGLISH_MODEL, CaptionsSettings, CaptionsStreamSettings
 from pipelines.captions.engine import (
     CAPTIONS,
     RECOGNIZER,
@@ -25,6 +26,7 @@ from pipelines.captions.engine import (
     recognizer_claim,
     transcriber_claim,
 )
+from pipelines.captions.models import ModelShelf, ServedModel
 from pipelines.captions.printer import SpokenLines
 from pipelines.compute import ComputeBudget
 from pipelines.event_bodies import CAPTIONS_BODIES
@@ -46,6 +48,24 @@ def _load(settings: CaptionsSettings, compute: ComputeBudget | None) -> SpeechRe
         beam_size=settings.beam_size,
         threads=settings.threads or (compute.cores if compute is not None else asr_threads()),
     )
+
+
+def _load_named(settings: CaptionsSettings, compute: ComputeBudget | None, name: str) -> SpeechRecognizer:
+    """A model a stream names, with the section's runtime settings; held to no language (each
+    stream's decodes say theirs)."""
+    language = "en" if name == ENGLISH_MODEL else "auto"
+    return _load(settings.model_copy(update={"model": name, "language": language}), compute)
+
+
+def unavailable(name: str) -> str | None:
+    """Why a model a stream names cannot be loaded here; None: it can."""
+    if name == bundled.MULTILINGUAL_NAME:
+        return bundled.missing()
+    try:
+        default_asr_model()
+    except AsrUnavailable as exc:
+        return str(exc)
+    return None
 
 
 def _installed(settings: CaptionsSettings) -> CaptionsSettings:
@@ -100,9 +120,37 @@ async def open_captions(
 
 @contextlib.asynccontextmanager
 async def serve_captions(
-    recognizer: SpeechRecognizer, vad: VadModel, settings: CaptionsSettings, compute: ComputeBudget | None
+    recognizer: SpeechRecognizer,
+    vad: VadModel,
+    settings: CaptionsSettings,
+    compute: ComputeBudget | None,
+    *,
+    lent: Mapping[str, SpeechRecognizer] | None = None,
 ) -> AsyncIterator[CaptionEngine]:
-    """A loaded recognizer's batchers, with their claims on the compute budget, for the duration."""
+    """A loaded recognizer's batchers, with their claims on the compute budget, for the duration,
+    and the shelf of models streams may name for themselves (`lent`: loaded already, by name; the
+    caller closes them)."""
+
+    def serve(loaded: SpeechRecognizer) -> contextlib.AbstractAsyncContextManager[ServedModel]:
+        return serve_model(loaded, settings, compute)
+
+    async with serve(recognizer) as served:
+        shelf = ModelShelf(
+            settings.model_name, served, load=lambda name: _load_named(settings, compute, name), serve=serve,
+            unavailable=unavailable, max_models=settings.max_models, lent=dict(lent or {}),
+        )
+        try:
+            yield CaptionEngine(served.batcher, vad, settings.to_policy(), served.transcripts, shelf, settings)
+        finally:
+            await shelf.aclose()
+
+
+@contextlib.asynccontextmanager
+async def serve_model(
+    recognizer: SpeechRecognizer, settings: CaptionsSettings, compute: ComputeBudget | None
+) -> AsyncIterator[ServedModel]:
+    """One recognizer's batchers: its streaming decodes' (critical in the compute budget) and, under a
+    budget, its transcripts' (bulk). Several models share the two claims: they are one capability's."""
     if compute is not None:
         compute.add(RECOGNIZER, recognizer_claim(recognizer))
     async with contextlib.AsyncExitStack() as stack:
@@ -117,12 +165,36 @@ async def serve_captions(
                 recognizer, max_batch=settings.max_batch, compute=compute, name=TRANSCRIBER, workers=1
             )
             transcripts = await stack.enter_async_context(transcriber)
-        yield CaptionEngine(batcher, vad, settings.to_policy(), transcripts)
+        yield ServedModel(batcher, transcripts)
+
+
+def stream_problems(engine: CaptionEngine | None, own: Sequence[Any]) -> list[tuple[int, str]]:
+    """Streams' own captions settings checked against the section as the engine serves it and the
+    models it holds or can load: together, so that streams configured at once do not ask for more
+    models than `captions.max_models` between them."""
+    if engine is None or engine.shelf is None or engine.section is None:
+        return []
+    problems: list[tuple[int, str]] = []
+    planned: set[str] = set()
+    for index, settings in enumerate(own):
+        if not isinstance(settings, CaptionsStreamSettings):
+            continue
+        try:
+            settings.over(engine.section)
+        except ValueError as exc:
+            problems.append((index, str(exc)))
+            continue
+        name = settings.model
+        if name is not None and (reason := engine.shelf.problem(name, also=frozenset(planned))) is not None:
+            problems.append((index, reason))
+        elif name is not None:
+            planned.add(name)
+    return problems
 
 
 def recognizer_samples(engine: CaptionEngine) -> Iterable[Sample]:
     """The recognizer's figures, streaming and transcript decodes together (one model)."""
-    batchers = engine.batchers
+    batchers = engine.every_batcher
     stats = [b.stats for b in batchers]
     yield Sample("vidsentry_asr_calls", "Speech recognizer model calls", sum(s.calls for s in stats))
     yield Sample("vidsentry_asr_decodes", "Decodes through the recognizer (several streams share a call)",
@@ -150,6 +222,12 @@ CAPABILITY: Capability[CaptionEngine, CaptionsSettings] = Capability(
     critical_share=lambda settings: settings.cpu_share,
     hears=True,
     printer=lambda settings: SpokenLines(transcript=settings.transcript),
-    switch=StreamSwitch(stage.STAGE_NAME, "live captions of the audio (when captions.enabled and audio is on)"),
+    switch=StreamSwitch(
+        stage.STAGE_NAME,
+        "live captions of the audio (when captions.enabled and audio is on); a mapping of model, language and "
+        "translate instead of true: this stream's own, over the captions section's",
+        settings=CaptionsStreamSettings,
+    ),
     samples=recognizer_samples,
+    stream_problems=stream_problems,
 )

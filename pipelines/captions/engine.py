@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engines.asr.types import AsrRequest, AsrResult, SpeechRecognizer
 from engines.asr.vad import VadModel
 from pipelines.batching import ModelBatcher, ModelFailed, QueueFull
 from pipelines.compute import ComputeBudget, ModelClaim, Priority
 from pipelines.graph.engines import EngineKey
+
+if TYPE_CHECKING:
+    from pipelines.captions.config import CaptionsSettings
+    from pipelines.captions.models import ModelShelf
 
 # Streams whose decodes may ride in one CTranslate2 call. Each stream has at most one request in
 # flight, so this is also how many streams are served per call.
@@ -75,6 +80,9 @@ class CaptionPolicy:
     # "en": each transcript is also decoded as English text (Whisper's translate task), published as
     # `translations`; None: no English track.
     translate: str | None = None
+    # The language the stream's decodes are held to; "auto": detected per utterance, whatever the
+    # recognizer's own; None: the recognizer's own (an English-only one: English).
+    language: str | None = None
 
 
 class SpeechBatcher(ModelBatcher[AsrRequest, AsrResult]):
@@ -111,10 +119,22 @@ class CaptionEngine:
     # The whole-utterance decodes' own batcher at a lower priority in the compute budget (the same
     # recognizer); None: they share `batcher`.
     transcripts: SpeechBatcher | None = None
+    # The models streams may choose for themselves (`streams[].captions.model`); None: every stream
+    # has the section's.
+    shelf: ModelShelf | None = None
+    # The section as the engine serves it (a model that could not be installed falls back to tiny.en
+    # in English): what a stream's own settings are applied over. None: streams have `settings`.
+    section: CaptionsSettings | None = None
 
     @property
     def batchers(self) -> tuple[SpeechBatcher, ...]:
         return (self.batcher,) if self.transcripts is None else (self.batcher, self.transcripts)
+
+    @property
+    def every_batcher(self) -> tuple[SpeechBatcher, ...]:
+        """The section's model's batchers and those of every model streams loaded besides it."""
+        extra = self.shelf.served[1:] if self.shelf is not None else []
+        return (*self.batchers, *(b for served in extra for b in served.batchers))
 
     @property
     def transcriber(self) -> SpeechBatcher:

@@ -18,6 +18,11 @@ finals where captions are read back (transcript.py); those decodes run beside th
 so the finals never wait for them. Decodes that look like Whisper's failure modes (a repetition
 loop, speech-free audio) are not used.
 
+A stream may choose its own model, language and English track (`streams[].captions: {...}`): its
+policy carries the language and the translation, and a model other than the section's is leased
+from the engine's shelf for as long as the stage runs (models.py); one the shelf refuses leaves
+this stream's captions off (counted, logged) and its video going on.
+
 With a recognizer that detects the language (`captions.language: auto`), an utterance's first
 final fixes its language for the decodes after it, and every body says it; with
 `captions.translate`, each transcript is decoded once more with Whisper's translate task through
@@ -32,6 +37,7 @@ once) and its video goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections import deque
@@ -52,7 +58,9 @@ from pipelines.captions.agreement import (
     join_words,
     repeated_start,
 )
-from pipelines.captions.engine import CAPTIONS, CaptionEngine, RecognizerBusy, RecognizerFailed
+from pipelines.captions.config import AUTO, CaptionsStreamSettings
+from pipelines.captions.engine import CAPTIONS, CaptionEngine, CaptionPolicy, RecognizerBusy, RecognizerFailed
+from pipelines.captions.models import ModelRefused, ServedModel
 from pipelines.captions.transcript import (
     MISSED_WORDS_OK,
     Piece,
@@ -115,6 +123,10 @@ register_counters(
         "translations_missed": counter(
             "Transcripts with no English track: the translate decode failed, looked wrong or was not made"
         ),
+        "caption_model_refused": gauge(
+            "1 when the model the stream names for its captions could not be served (captions.max_models, or"
+            " not installed): its captions are off"
+        ),
         "transcript_unheard_seconds": counter(
             "Seconds of speech left out of transcripts: nothing was final in more than Whisper's 30 s window"
         ),
@@ -167,7 +179,15 @@ class CaptionStage:
     name = STAGE_NAME
 
     def __init__(
-        self, stream_id: str, audio: AudioBuffer, engine: CaptionEngine, sink: EventSink, *, live: bool = True
+        self,
+        stream_id: str,
+        audio: AudioBuffer,
+        engine: CaptionEngine,
+        sink: EventSink,
+        *,
+        live: bool = True,
+        settings: CaptionPolicy | None = None,
+        model: str | None = None,
     ) -> None:
         self.stream_id = stream_id
         # Live audio arrives steadily, so a wall-clock silence means the source went quiet and ends
@@ -176,7 +196,10 @@ class CaptionStage:
         self.live = live
         self.audio = audio
         self.engine = engine
-        self.settings = engine.settings
+        # The stream's own policy and model where it chose them (`streams[].captions: {...}`).
+        self.settings = settings or engine.settings
+        self.model = model  # a model the engine's shelf serves; None: the section's
+        self._served = ServedModel(engine.batcher, engine.transcripts)
         self.sink = sink
         self.stats = CaptionStats()
         self.vad = StreamVad(engine.vad)
@@ -197,6 +220,7 @@ class CaptionStage:
         self._lag = 0.0  # seconds of audio that arrived while decodes ran (smoothed)
         self._bound = policy.ROOMY
         self._recognizer_gone = False
+        self._model_refused = False
         self._utterance = UtteranceRecorder() if self.settings.transcript else None
         self._pieces: asyncio.Queue[_Queued | None] = asyncio.Queue()  # decodes among them: TRANSCRIPTS_WAITING
         self._decodes_waiting = 0
@@ -207,7 +231,19 @@ class CaptionStage:
     # -- Stage -----------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        with self.engine.batcher.client():
+        async with contextlib.AsyncExitStack() as stack:
+            if self.model is not None and self.engine.shelf is not None:
+                try:
+                    self._served = await stack.enter_async_context(self.engine.shelf.lease(self.model))
+                except ModelRefused as exc:  # the audio is still taken and counted; video goes on
+                    self._model_refused = True
+                    self._recognizer_gone = True
+                    log.error("captions off for this stream: the model it names cannot be served",
+                              extra={"stream_id": self.stream_id, "model": self.model, "reason": str(exc)})
+            await self._run()
+
+    async def _run(self) -> None:
+        with self._served.batcher.client():
             async with asyncio.TaskGroup() as tasks:
                 if self._utterance is not None:
                     tasks.create_task(self._write_transcripts(), name=f"{self.stream_id}-transcripts")
@@ -262,9 +298,15 @@ class CaptionStage:
                 pending = self.agreement.pending
                 self._queue_transcript(self._utterance.due(pending[0].start if pending else None))
 
+    @property
+    def _said_in(self) -> str:
+        """The language of words no decode has told: the utterance's, else the stream's (English when detected)."""
+        held = self.settings.language
+        return self._spoken or (held if held not in (None, AUTO) else "en")
+
     def _decode_due(self) -> bool:
         return policy.decode_due(grown_s=self.window.end - self._decoded_to, window_s=self.window.duration,
-                                 step_s=self.settings.step_s, live=self.live, load=self.engine.batcher.load())
+                                 step_s=self.settings.step_s, live=self.live, load=self._served.batcher.load())
 
     def stop(self) -> None:
         """Nothing to do: the stage ends when its audio buffer closes."""
@@ -290,6 +332,7 @@ class CaptionStage:
             "transcripts_retried": stats.transcripts_retried,
             "translations": stats.translations,
             "translations_missed": stats.translations_missed,
+            "caption_model_refused": int(self._model_refused),
             "transcript_unheard_seconds": round(self._utterance.untranscribed_s, 2) if self._utterance else 0.0,
         }
 
@@ -362,7 +405,8 @@ class CaptionStage:
         tight = self._bound is policy.TIGHT
         self.stats.short_windows += tight
         prefix = policy.forced_prefix(self._committed, start)
-        request = AsrRequest(self.window.audio(), prompt=self._prompt(start), prefix=prefix, language=self._spoken)
+        language = self._spoken or self.settings.language
+        request = AsrRequest(self.window.audio(), prompt=self._prompt(start), prefix=prefix, language=language)
         result = await self._recognize(request)
         if result is None:
             committed, tentative = (self.agreement.flush(), []) if final else ([], self.agreement.pending)
@@ -386,12 +430,12 @@ class CaptionStage:
                         "committed": join_words(committed),
                     },
                 )
-        await self._publish(committed, tentative, language=result.language if result else self._spoken or "en")
+        await self._publish(committed, tentative, language=result.language if result else self._said_in)
 
     async def _recognize(self, request: AsrRequest, *, whole: bool = False) -> AsrResult | None:
         """The recognizer's result, or None when it failed or looks like a Whisper failure mode;
         `whole`: an utterance's transcript, through the engine's transcriber."""
-        batcher = self.engine.transcriber if whole else self.engine.batcher
+        batcher = self._served.transcriber if whole else self._served.batcher
         try:
             outcome = await batcher.submit(request)
         except RecognizerFailed as exc:
@@ -495,10 +539,10 @@ class CaptionStage:
         piece, utterance = queued.piece, self._utterance
         assert utterance is not None
         finals = piece.finals
-        words, language = finals, queued.language or "en"
+        words, language = finals, queued.language or self._said_in
         if queued.decode and not self._recognizer_gone and piece.end - piece.start >= policy.MIN_DECODE_S:
             # The whole piece is more to detect its language from than the first final had.
-            heard = await self._decode_piece(piece, utterance)
+            heard = await self._decode_piece(piece, utterance, self.settings.language)
             if heard is not None:
                 words, language = heard
         revised = words is not finals
@@ -520,12 +564,12 @@ class CaptionStage:
                 revised=revised,
                 changed=changed,
                 language=language,
-                model=self.engine.model_name,
+                model=self._served.name,
                 captured_at=words[-1].end + queued.wall_offset,  # as a final's: when its last word was heard
             )
         )
         utterance.remember(words)
-        if self.engine.translates:
+        if self.settings.translate is not None and self.settings.transcript:
             spoken = Spoken(join_words(words), start, end, language)
             await self._translate(queued, utterance_id, spoken)
 
@@ -563,7 +607,7 @@ class CaptionStage:
                 end=said.end,
                 spoken_language=language,
                 language=target,
-                model=self.engine.model_name,
+                model=self._served.name,
                 captured_at=piece.end + queued.wall_offset,
             )
         )
@@ -631,7 +675,7 @@ class CaptionStage:
                     segment_id=segment_id,
                     words=words,
                     language=language,
-                    model=self.engine.model_name,
+                    model=self._served.name,
                     captured_at=committed[-1].end + self._wall_offset,
                 )
             )
@@ -677,4 +721,25 @@ def build(ctx: StageContext) -> CaptionStage | None:
     # A file played as fast as possible delivers audio far ahead of real time: keep it, do not drop it.
     max_seconds = LOSSLESS_AUDIO_S if ctx.lossless else engine.settings.max_lag_s
     audio = ctx.audio(STAGE_NAME, max_seconds=max_seconds)
-    return None if audio is None else CaptionStage(ctx.stream_id, audio, engine, ctx.sink, live=not ctx.lossless)
+    if audio is None:
+        return None
+    settings, model = stream_policy(engine, ctx.spec.own(STAGE_NAME), ctx.stream_id)
+    return CaptionStage(ctx.stream_id, audio, engine, ctx.sink, live=not ctx.lossless, settings=settings, model=model)
+
+
+def stream_policy(engine: CaptionEngine, own: object, stream_id: str = "") -> tuple[CaptionPolicy, str | None]:
+    """The policy and model of a stream with its own captions settings (the engine's where it has
+    none): its language and English track over the section's, its model if another than the
+    section's. Settings the section cannot take were refused where the stream was configured or
+    added; should one arrive all the same (a fleet worker's other config), the section's are used."""
+    if not isinstance(own, CaptionsStreamSettings) or engine.section is None:
+        return engine.settings, None
+    try:
+        section = own.over(engine.section)
+    except ValueError as exc:
+        log.warning("the stream's own captions settings do not fit this service's: its section's are used",
+                    extra={"stream_id": stream_id, "reason": str(exc)})
+        return engine.settings, None
+    settings = replace(engine.settings, language=section.language or AUTO, translate=section.translate)
+    model = section.model_name if section.model_name != engine.section.model_name else None
+    return settings, model

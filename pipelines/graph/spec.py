@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from pipelines.frames import validate_stream_id
 from pipelines.rules.specs import RuleSpec
@@ -17,11 +19,17 @@ class ProcessingSpec:
     tracker: TrackerConfig
     rules: tuple[RuleSpec, ...]
     off: frozenset[str] = frozenset()  # stages this stream turns off, by name (its stage switches)
+    # A stage's own settings for this stream, by stage name (a switch's mapping: `captions: {language: es}`)
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
     def wants(self, stage: str) -> bool:
         """The stream has not turned `stage` off (whether the service can run it is the stage's
         factory's question)."""
         return stage not in self.off
+
+    def own(self, stage: str) -> Any:
+        """The stream's own settings of `stage` (its capability's model), or None: the service's."""
+        return self.settings.get(stage)
 
     def __post_init__(self) -> None:
         validate_stream_id(self.stream_id)

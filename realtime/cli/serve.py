@@ -31,7 +31,7 @@ from realtime.cli.bootstrap import (
 )
 from realtime.cli.errors import EXIT_OK, EXIT_RUNTIME, CommandError
 from realtime.config import Config, ConfigError, load_config
-from realtime.config_checks import config_class_problems, config_rule_problems
+from realtime.config_checks import config_class_problems, config_own_settings_problems, config_rule_problems
 from realtime.fleet.worker import DuplicateNode, FleetUnavailable
 from realtime.http import ListenError
 from realtime.leases.options import fleet_options, with_flags
@@ -132,6 +132,10 @@ async def serve_command(args: argparse.Namespace) -> int:
                     open_timeline(config.timeline, lambda: publisher.nc, node=config.node,
                                   fleet=fleet_options(config)) as timeline,
                 ):
+                    # A stream's own model, language or translation the engines cannot serve: refused now.
+                    problems = config_own_settings_problems(config, opened)
+                    if problems:
+                        raise CommandError(f"{args.config or 'environment'}: {problems}")
                     service = Service(
                         config, batcher, publisher, api_token=plan.token, opened=opened, timeline=timeline
                     )

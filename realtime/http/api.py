@@ -35,7 +35,7 @@ from realtime.config import (
     first_problems,
     validation_problems,
 )
-from realtime.config_checks import rule_class_problems, rule_need_problems
+from realtime.config_checks import own_settings_problems, rule_class_problems, rule_need_problems
 from realtime.config_yaml import float_problem, integer_problem
 from realtime.fleet.worker import FleetUnavailable, FleetWorker
 from realtime.http.context import context_of
@@ -200,6 +200,7 @@ async def create_stream(request: web.Request) -> web.Response:
     context = context_of(request)
     problems = rule_class_problems(settings, context.class_names)
     problems += rule_need_problems(settings, context.capabilities_on)
+    problems += [problem for _, problem in own_settings_problems([settings], context.engines)]
     if problems:
         raise ApiError(400, f"invalid stream: {describe_problems(problems)}", problems)
     fleet = request.app.get(FLEET)

@@ -27,6 +27,8 @@ class HttpContext:
     class_names: Mapping[int, str] = field(default_factory=dict)  # the detector's; rules must use them
     # The capabilities whose engines are open: streams may have the rule types they answer.
     capabilities_on: frozenset[str] = frozenset()
+    # Their engines, by capability name: a stream's own settings of one are checked against it.
+    engines: Mapping[str, object] = field(default_factory=dict)
     draining: bool = False  # shutting down: mutations are refused, readiness fails
     # Host names answered (DNS rebinding); the service sets it once it knows the bind address.
     hosts: HostPolicy = field(default_factory=lambda: HostPolicy("127.0.0.1", None, token_set=False))

@@ -121,6 +121,7 @@ class Service:
             sse_heartbeat_s=config.http.sse_heartbeat_s,
             class_names=batcher.detector.info.names,
             capabilities_on=frozenset(opened),  # their rule types may be given
+            engines=dict(opened),
             # Reconnecting event viewers resume from JetStream, over the publisher's connection.
             history=JetStreamHistory(lambda: publisher.nc),
             resume=ResumeSettings(http.sse_resume_window_s, http.sse_resume_max_events),

@@ -69,5 +69,6 @@ def stream_spec(
         tracker=(tracker or TrackerSettings()).to_config(),
         rules=tuple(settings.rules),
         off=settings.stages_off(),
+        settings=settings.stage_settings(),
     )
     return StreamSpec(settings.id, source, processing)

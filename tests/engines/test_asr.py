@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 
 from engines.asr.features import log_mel_batch
-from engines.asr.types import AsrRequest, AsrResult, AsrUnavailable
+from engines.asr.languages import WHISPER_LANGUAGES, check_language
+from engines.asr.types import AUTO, AsrRequest, AsrResult, AsrUnavailable
 from engines.asr.vad import StreamVad, VadModel
 from engines.asr.whisper import WhisperRecognizer, create_recognizer, default_asr_model
+from tests.support.languages import spoken
 from tests.support.speech import load_pcm16k, wer, words_of
 
 RATE = 16_000
@@ -307,3 +309,25 @@ def test_vad_refuses_a_model_that_is_not_silero_v6(tmp_path: Path, nudenet_model
     (tmp_path / "junk.onnx").write_bytes(b"not onnx")
     with pytest.raises(AsrUnavailable, match="could not be loaded"):
         VadModel.load(tmp_path / "junk.onnx")
+
+
+def test_a_request_asking_auto_is_detected_where_the_recognizer_is_held_to_a_language() -> None:
+    spanish = spoken("es", 1)
+    french_held = create_recognizer("base", language="fr", threads=1)
+    try:
+        held, detected = french_held.transcribe_batch([AsrRequest(spanish), AsrRequest(spanish, language=AUTO)])
+        assert held.language == "fr" and detected.language == "es"
+        # Every code the settings take is one the model's tokenizer knows (a code it does not fails the batch).
+        for code in WHISPER_LANGUAGES:
+            french_held._language_token(code)
+    finally:
+        french_held.close()
+    english = create_recognizer(threads=1)
+    try:
+        [result] = english.transcribe_batch([AsrRequest(spanish[:16_000], language=AUTO)])
+        assert result.language == "en"  # an English-only model hears English whatever it is asked
+    finally:
+        english.close()
+    assert check_language(" ES ") == "es"
+    with pytest.raises(ValueError, match="not one Whisper knows"):
+        check_language("xx")

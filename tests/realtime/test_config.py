@@ -30,12 +30,25 @@ def test_sample_config_loads(sample_clip: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def settings(model: type[BaseModel], prefix: str = "") -> Iterator[str]:
-    """Every setting of a config model as a dotted key; a section is its settings, not a key."""
+    """Every setting of a config model as a dotted key; a section is its settings, not a key (a
+    stream's switch that may hold its capability's own settings is its key and theirs)."""
     for name, info in model.model_fields.items():
         if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
             yield from settings(info.annotation, f"{prefix}{name}.")
         else:
             yield prefix + name
+            switch = info.json_schema_extra == {"stage_switch": True}
+            for own in _models_in(info.annotation) if switch else ():
+                yield from settings(own, f"{prefix}{name}.")
+
+
+def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+    """The config models inside a union (Annotated and tagged, as a switch with settings is)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+        return
+    for arg in get_args(annotation):
+        yield from _models_in(arg)
 
 
 def keys(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
@@ -212,6 +225,28 @@ def test_a_stream_s_stage_switches_reach_its_graph_by_stage_name() -> None:
     # Every switch is named after the stage it turns off (a renamed stage would break the switch).
     assert off.stages_off() == {CAPTIONS, DESCRIBE, CLIPS}
     assert CameraStreamSettings(id="cam", url="rtsp://cam.example/live", audio=False).stages_off() == frozenset()
+
+
+def test_a_switch_holding_the_stream_s_own_settings_turns_its_stage_on_and_hands_them_to_it() -> None:
+    from pipelines.captions.config import CaptionsStreamSettings
+    from pipelines.captions.stage import STAGE_NAME as CAPTIONS
+    from realtime.streams.spec import stream_spec
+
+    def processing(**settings: Any) -> Any:
+        stream = Config.model_validate({"streams": [{"id": "cam", "url": "rtsp://cam.example/live", **settings}]})
+        return stream_spec(stream.streams[0]).processing
+
+    own = processing(captions={"model": "base", "language": "ES", "translate": "en"})
+    assert own.wants(CAPTIONS) and own.own(CAPTIONS) == CaptionsStreamSettings(model="base", language="es",
+                                                                                translate="en")
+    assert processing(captions=True).own(CAPTIONS) is None and processing().wants(CAPTIONS)
+    off = processing(captions=False)
+    assert not off.wants(CAPTIONS) and off.own(CAPTIONS) is None
+    # The stream's settings round-trip as the fleet stores them and the API lists them.
+    stream = Config.model_validate({"streams": [{"id": "cam", "url": "rtsp://cam.example/live",
+                                                 "captions": {"translate": "off"}}]}).streams[0]
+    assert stream.model_dump(mode="json")["captions"] == {"model": None, "language": None, "translate": "off"}
+    assert type(stream).model_validate_json(stream.model_dump_json()) == stream
 
 
 def test_a_capability_s_section_joins_the_config_from_the_registry_and_its_errors_name_the_key() -> None:

@@ -38,11 +38,13 @@ async def caption(
     start_pts: float = 100.0,
     speed: float = 4.0,
     sink: Collect | None = None,
+    model: str | None = None,
 ) -> Collect:
-    """Feed `samples` to a caption stage `speed` times faster than real time; wait for it to finish."""
+    """Feed `samples` to a caption stage `speed` times faster than real time; wait for it to finish
+    (`model`: the stream names its own)."""
     sink = sink or Collect()
     buffer = AudioBuffer(max_seconds=60.0)
-    stage = sink.stage = CaptionStage("s1", buffer, engine, sink)
+    stage = sink.stage = CaptionStage("s1", buffer, engine, sink, model=model)
     task = asyncio.create_task(stage.run())
     begin, paced = time.time(), time.monotonic()
     for offset in range(0, samples.shape[0], CHUNK):

@@ -13,9 +13,14 @@ import numpy as np
 
 from tests.support.speech import load_pcm16k
 
-# (espeak-ng voice, Whisper code): sentences and their English, short and common so that a
+# By Whisper code (also the espeak-ng voice): sentences and their English, short and common so that a
 # synthetic voice is still understood.
 SENTENCES: dict[str, list[tuple[str, str]]] = {
+    "en": [
+        ("Good morning. Today it is very hot in the city.", "Good morning. Today it is very hot in the city."),
+        ("The train leaves at ten in the morning.", "The train leaves at ten in the morning."),
+        ("I really like to read books at night.", "I really like to read books at night."),
+    ],
     "es": [
         ("Buenos días. Hoy hace mucho calor en la ciudad.", "Good morning. Today it is very hot in the city."),
         ("El tren sale a las diez de la mañana.", "The train leaves at ten in the morning."),
@@ -30,6 +35,13 @@ SENTENCES: dict[str, list[tuple[str, str]]] = {
         ("Guten Morgen. Heute ist das Wetter sehr schön.", "Good morning. Today the weather is very nice."),
         ("Der Zug fährt um zehn Uhr morgens ab.", "The train leaves at ten in the morning."),
         ("Ich lese am Abend sehr gern Bücher.", "I really like reading books in the evening."),
+    ],
+    # Written in kana: espeak-ng reads kanji as "Chinese letter". (Its Mandarin voices, characters or
+    # pinyin, came out as speech Whisper base could not make out at all: "War Henry III III II V".)
+    "ja": [
+        ("おはようございます。きょうは とても あつい です。", "Good morning. It is very hot today."),
+        ("でんしゃは あさ じゅうじに でます。", "The train leaves at ten in the morning."),
+        ("わたしは よる ほんを よむのが すきです。", "I like reading books at night."),
     ],
 }
 WORDS_PER_MINUTE = 140  # espeak-ng's default 175 is too quick for a small model to follow

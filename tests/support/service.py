@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,15 +130,17 @@ async def live_service(
     config: Config | None = None,
     token: str | None = None,
     captions: CaptionModels | None = None,
+    more_models: Mapping[str, SpeechRecognizer] | None = None,
     describe: DescribeEngine | None = None,
     compute: bool = False,
     opened: dict[str, object] | None = None,
     timeline: bool = False,
 ) -> AsyncIterator[LiveService]:
     """The service; with `captions` (the session's recognizer and VAD) streams with audio get captions,
-    with `describe` (a VLM client) every stream gets scene descriptions, with `compute` the models
-    share the cores through the compute budget as `serve` builds it (config.compute); `opened` adds
-    other capabilities' engines by name; with `timeline` the search index runs (config.timeline)."""
+    and streams may name the models of `more_models` (the session's others, by name) for their own;
+    with `describe` (a VLM client) every stream gets scene descriptions, with `compute` the models share
+    the cores through the compute budget as `serve` builds it (config.compute); `opened` adds other
+    capabilities' engines by name; with `timeline` the search index runs (config.timeline)."""
     config = config or make_config()
     budget = None
     if compute:
@@ -148,7 +150,8 @@ async def live_service(
         batcher = await stack.enter_async_context(DetectionBatcher(detector, compute=budget))
         engine = None
         if captions is not None:  # the session's models, served as open_captions serves its own
-            engine = await stack.enter_async_context(serve_captions(*captions, config.captions, budget))
+            engine = await stack.enter_async_context(
+                serve_captions(*captions, config.captions, budget, lent=more_models))
         engines = {**(opened or {}), CAPTIONS.name: engine, DESCRIPTIONS.name: describe}
         index = None
         if timeline:

@@ -132,3 +132,19 @@ def test_a_port_in_use_is_a_runtime_error(
         proc = serve_once("--config", str(config), "--port", str(port), "--nats-url", shared_nats_server.url)
     assert proc.returncode == 1, proc.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_config_streams_asking_captions_the_service_cannot_serve_exit_2_naming_each(
+    nudenet_model: Path, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path / "own.yaml", {
+        "detector": {"model": str(nudenet_model), "engine": "onnx-cpu", "threads": 1},
+        "captions": {"max_models": 1},
+        "streams": [
+            {"id": "a", "url": "rtsp://127.0.0.1:9/x", "captions": {"model": "base", "language": "es"}},
+            {"id": "b", "url": "rtsp://127.0.0.1:9/x", "captions": {"translate": "en"}},
+        ],
+    })
+    line = usage_error(serve_once("--config", str(config), "--port", "0"))
+    assert "streams.0.captions: captions.max_models is 1 and tiny.en is loaded; model base would be one more" in line
+    assert "streams.1.captions: translate needs a multilingual model" in line

@@ -10,11 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import numpy as np
 import pytest
 
 from engines.detector import Detector
+from pipelines.captions.engine import CAPTIONS
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.support.languages import speech_clip, spoken
+from tests.support.peer import connect
 from tests.support.rtsp import RtspServer
 from tests.support.service import CaptionModels, LiveService, live_service, make_config
 from tests.support.speech import words_of
@@ -69,3 +72,119 @@ async def test_a_camera_speaking_spanish_gets_spanish_captions_and_an_english_tr
     finally:
         await nc.close()
         rtsp.close()
+
+
+@pytest.fixture
+async def two_models(
+    detector: Detector,
+    shared_nats_server: EmbeddedNatsServer,
+    caption_models: CaptionModels,
+    multilingual_models: CaptionModels,
+) -> AsyncIterator[LiveService]:
+    """The default service (tiny.en, English) that can also serve the multilingual base to the
+    streams that name it (the session's model, lent)."""
+    async with live_service(detector, shared_nats_server.url, config=make_config(), captions=caption_models,
+                            more_models={"base": multilingual_models[0]}) as live:
+        yield live
+
+
+async def test_two_streams_each_in_its_own_model_and_language_and_only_one_translated(
+    two_models: LiveService, shared_nats_server: EmbeddedNatsServer, tmp_path: Path
+) -> None:
+    svc = two_models
+    clips = {
+        "en": speech_clip(tmp_path / "en.mp4", spoken("en", 2, lead_s=1.0)),
+        "es": speech_clip(tmp_path / "es.mp4", spoken("es", 2, lead_s=1.0)),
+    }
+    bodies: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    nc = await nats.connect(shared_nats_server.url)
+
+    async def on_message(msg: Any) -> None:
+        _, stream, kind = msg.subject.split(".")
+        bodies.setdefault((stream, kind), []).append(json.loads(msg.data))
+
+    def of(stream: str, kind: str) -> list[dict[str, Any]]:
+        return bodies.get((stream, kind), [])
+
+    try:
+        for stream in ("en", "es"):
+            for kind in ("captions", "transcript", "translations"):
+                await nc.subscribe(f"vidsentry.{stream}.{kind}", cb=on_message)
+        assert (await svc.call("POST", "/api/streams", json_body={"id": "en", "url": str(clips["en"])})).status == 201
+        own = {"model": "base", "language": "auto", "translate": "en"}
+        reply = await svc.call("POST", "/api/streams", json_body={"id": "es", "url": str(clips["es"]), "captions": own})
+        assert reply.status == 201, reply
+        await wait_until(lambda: bool(of("es", "translations")) and len(of("en", "transcript")) >= 2, 60,
+                         "an English line of the Spanish stream and the English stream's transcripts")
+        assert {b["language"] for b in of("es", "captions") + of("es", "transcript")} == {"es"}, bodies
+        assert {b["model"] for b in of("es", "captions")} == {"base"}
+        assert {"buenos", "días", "tren", "sale"} & set(words_of(" ".join(b["text"] for b in of("es", "transcript"))))
+        assert {b["language"] for b in of("en", "captions") + of("en", "transcript")} == {"en"}
+        assert {b["model"] for b in of("en", "captions")} == {"tiny.en"}
+        assert {"morning", "train", "hot"} & set(words_of(" ".join(b["text"] for b in of("en", "transcript"))))
+        assert of("es", "translations")[0]["spoken_language"] == "es"
+        assert not of("en", "translations"), "the English stream has no English track"
+        assert (await svc.stream("es"))["counters"]["caption_model_refused"] == 0
+        engine = svc.service.engines.get(CAPTIONS)
+        assert engine is not None and engine.shelf is not None and engine.shelf.names == ["tiny.en", "base"]
+        for stream in ("en", "es"):
+            assert (await svc.call("DELETE", f"/api/streams/{stream}")).status == 204
+        # The model no stream uses any more is closed (the section's stays).
+        await wait_until(lambda: engine.shelf.names == ["tiny.en"], 10, "base closed once no stream uses it")
+    finally:
+        await nc.close()
+
+
+async def test_a_stream_naming_a_model_or_language_the_service_cannot_serve_is_refused_with_the_reason(
+    two_models: LiveService,
+) -> None:
+    svc = two_models
+
+    async def refused(captions: Any) -> str:
+        body = {"id": "cam", "url": "rtsp://127.0.0.1:9/x", "captions": captions}
+        reply = await svc.call("POST", "/api/streams", json_body=body)
+        assert reply.status == 400, reply
+        return json.dumps(reply.body)
+
+    assert "tiny.en" in await refused({"model": "large-v3"})  # what a stream may name
+    assert "Whisper knows" in await refused({"language": "xx"})
+    # The section's tiny.en is English only: a language or an English track needs the stream's own base.
+    assert "multilingual" in await refused({"language": "es"})
+    assert "multilingual" in await refused({"translate": "en"})
+    assert "multilingual" in await refused({"model": "tiny.en", "translate": "en"})
+    assert (await svc.call("GET", "/api/streams")).body["streams"] == []
+
+
+def browser_audio(samples: np.ndarray) -> np.ndarray:
+    """16 kHz float speech as a browser's track decodes it: 48 kHz s16."""
+    at_48k = np.interp(np.arange(len(samples) * 3) / 3, np.arange(len(samples)), samples)
+    return (np.clip(at_48k, -1, 1) * 32767).astype(np.int16)
+
+
+async def test_a_browser_speaking_spanish_gets_spanish_captions_on_nats_with_their_language(
+    svc: LiveService, shared_nats_server: EmbeddedNatsServer
+) -> None:
+    frames = [np.full((120, 160, 3), 96, np.uint8)] * 5
+    peer = await connect(svc.session, svc.url, frames=frames, speech=browser_audio(spoken("es", 2, lead_s=1.0)), fps=5)
+    bodies: dict[str, list[dict[str, Any]]] = {"captions": [], "transcript": [], "translations": []}
+    nc = await nats.connect(shared_nats_server.url)
+
+    async def on_message(msg: Any) -> None:
+        bodies[msg.subject.rsplit(".", 1)[1]].append(json.loads(msg.data))
+
+    try:
+        for kind in bodies:
+            await nc.subscribe(f"vidsentry.{peer.stream_id}.{kind}", cb=on_message)
+        await wait_until(lambda: bool(bodies["transcript"]) and bool(bodies["translations"]), 60,
+                         "a transcript and its English line of the browser's speech")
+        assert bodies["captions"] and {b["language"] for b in bodies["captions"] + bodies["transcript"]} == {"es"}
+        assert {"buenos", "días", "calor", "ciudad", "tren"} & set(
+            words_of(" ".join(b["text"] for b in bodies["captions"] + bodies["transcript"]))
+        ), bodies
+        assert bodies["translations"][0]["spoken_language"] == "es" and bodies["translations"][0]["language"] == "en"
+        # The same bodies reach the browser's own DataChannel.
+        await peer.wait_for(lambda: bool(peer.of_kind("captions")), 10, "captions on the DataChannel")
+        assert {m["body"]["language"] for m in peer.of_kind("captions")} == {"es"}
+    finally:
+        await peer.close()
+        await nc.close()
