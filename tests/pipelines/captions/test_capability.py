@@ -28,7 +28,9 @@ async def test_under_a_budget_the_transcripts_decode_as_bulk_work(narration: np.
     budget = ComputeBudget(2)
     async with open_captions(CaptionsSettings(), OpenContext(compute=budget)) as engine:
         assert engine is not None and engine.transcripts is not None and engine.transcriber is engine.transcripts
-        sink = await caption(engine, utterances(narration, 2), speed=4.0)
+        # At live pace, as users run it: faster, the lag-steered stage reads the speech as a
+        # backlog and decodes less often, by how loaded the machine is.
+        sink = await caption(engine, utterances(narration, 2), speed=1.0)
         samples = {s.name: s.value for s in recognizer_samples(engine)}
         calls = engine.batcher.stats.calls + engine.transcripts.stats.calls
     models = budget.snapshot()["models"]
