@@ -5,6 +5,10 @@ offer; the answer carries every server candidate. The answer also carries the se
 `close_token`, which the page's `pagehide` beacon sends back to `/api/webrtc/close`: a beacon
 can set no header, so that route takes the token in its body instead of the bearer token and
 accepts any content type (the token is the secret; a cross-site page cannot know it).
+
+An offer may carry the stream's own settings of a capability (`"captions": {"language": "es"}`):
+checked against the service's open engines as a stream added through the API is (a model it has
+not installed, a language tiny.en cannot caption), a 400 before negotiation.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ from typing import Any
 
 from aiohttp import web
 
+from realtime.config import describe_problems
+from realtime.config_checks import own_settings_problems
 from realtime.http.api import read_json_object
+from realtime.http.context import context_of
 from realtime.http.errors import ApiError
 from realtime.http.guards import BEACON_ROUTE
 from realtime.streams.registry import RegistryClosed, StreamExists, StreamLimitReached
-from realtime.webrtc.offer import BadOffer, parse_offer
+from realtime.webrtc.offer import BadOffer, Offer, parse_offer
 from realtime.webrtc.sessions import (
     NegotiationFailed,
     SessionExists,
@@ -63,12 +70,23 @@ def refusals() -> Iterator[None]:
         raise _shutting_down() from None
 
 
+def check_own_settings(request: web.Request, offer: Offer) -> None:
+    """The offer's own settings against the engines this service has open (see the docstring)."""
+    if not offer.own:
+        return
+    settings = offer.stream_settings(offer.stream_id or "webrtc")
+    problems = [problem for _, problem in own_settings_problems([settings], context_of(request).engines)]
+    if problems:
+        raise ApiError(400, f"invalid offer: {describe_problems(problems)}", problems)
+
+
 async def create_session(request: web.Request) -> web.Response:
     table = request.app[SESSIONS]
     body = await read_json_object(request, what="offer object", example=OFFER_EXAMPLE)
     with refusals():
         settings = table.settings
         offer = parse_offer(body, max_sdp_bytes=settings.max_sdp_bytes, max_candidates=settings.max_ice_candidates)
+        check_own_settings(request, offer)
         answer = await table.open(offer, client=str(request.remote or ""))
     return web.json_response(
         {"sdp": answer.sdp, "type": "answer", "stream_id": answer.stream_id, "close_token": answer.close_token},

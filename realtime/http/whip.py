@@ -17,6 +17,10 @@ token is sent (clients that configure ICE from OPTIONS, as `simple-whip-client -
 
 The page's `pagehide` beacon cannot send headers, so the 201 also carries the session's close
 token in `Vidsentry-Close-Token` for `POST /api/webrtc/close`.
+
+A WHIP client sends nothing but SDP, so the endpoint URL carries the stream's own settings, as an
+offer's JSON fields do: `/whip/cam?captions.language=es&captions.translate=en` (the URL is what a
+user pastes into OBS).
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ from multidict import CIMultiDict
 from pipelines.frames import InvalidStreamId, validate_stream_id
 from realtime.http.errors import ApiError
 from realtime.http.guards import token_given
-from realtime.http.signalling import SESSIONS, refusals
-from realtime.webrtc.offer import BadOffer, parse_offer
+from realtime.http.signalling import SESSIONS, check_own_settings, refusals
+from realtime.webrtc.offer import BadOffer, own_switches, parse_offer
 from realtime.webrtc.session import WebRtcSession
 from realtime.webrtc.sessions import IceRestartRefused
 from realtime.webrtc.trickle import parse_fragment
@@ -103,6 +107,28 @@ def endpoint_answer(request: web.Request) -> web.Response:
     return web.Response(status=204, headers=headers)
 
 
+def own_from_query(request: web.Request) -> dict[str, object]:
+    """`?captions.language=es&captions=true` as an offer's fields: {"captions": {"language": "es"}}.
+    A switch named alone takes true or false; the offer's checks say what is wrong with the rest."""
+    own: dict[str, object] = {}
+    switches = own_switches()
+    for key, value in request.query.items():
+        switch, dot, name = key.partition(".")
+        if switch not in switches:
+            known = ", ".join(f"{s}.<setting>" for s in sorted(switches)) or "none"
+            raise BadOffer(key, f"unknown parameter (the endpoint takes {known})")
+        if not dot:
+            if value not in ("true", "false"):
+                raise BadOffer(key, "a switch alone takes true or false; name a setting as switch.setting=value")
+            own[switch] = value == "true"
+            continue
+        held = own.setdefault(switch, {})
+        if not isinstance(held, dict):
+            raise BadOffer(key, f"{switch} is given as a switch and as settings")
+        held[name] = value
+    return own
+
+
 async def publish(request: web.Request) -> web.Response:
     stream_id = _stream_id(request)
     require_type(request, SDP, "Accept-Post")
@@ -110,8 +136,9 @@ async def publish(request: web.Request) -> web.Response:
     table = request.app[SESSIONS]
     settings = table.settings
     with refusals():
-        offer = parse_offer({"sdp": sdp, "type": "offer", "stream_id": stream_id},
+        offer = parse_offer({**own_from_query(request), "sdp": sdp, "type": "offer", "stream_id": stream_id},
                             max_sdp_bytes=settings.max_sdp_bytes, max_candidates=settings.max_ice_candidates)
+        check_own_settings(request, offer)
         answer = await table.open(offer, client=str(request.remote or ""))
     location = f"{WHIP_PREFIX}/{answer.stream_id}/{answer.resource_id}"
     return created(request, location, answer.etag, answer.sdp,

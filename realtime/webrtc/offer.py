@@ -5,14 +5,24 @@ took 1.2 s and 60 MB before aiortc found the offer unusable, and every candidate
 the service sends checks to (ice.py). Then the structure aiortc relies on, so that a truncated
 or hand-made offer is told what is wrong in words: aiortc itself fails on those with whatever a
 missing key or index raises ("cannot be used: 'a'").
+
+An offer may also carry a stream's own settings of a capability that declares them (its switch's
+name as the field: `"captions": {"language": "es", "translate": "en"}`), as a stream added through
+the API can: a person on a browser camera speaks the language they speak. They are checked here
+as the stream model checks them, so a bad value is a 400 before any negotiation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
+from pipelines.capabilities import CAPABILITIES
 from pipelines.frames import InvalidStreamId, validate_stream_id
+from realtime.config import WebRtcStreamSettings, validation_problems
 from realtime.errors import ServiceError
 
 OFFER_FIELDS = frozenset({"sdp", "type", "stream_id"})
@@ -32,10 +42,32 @@ class BadOffer(ServiceError, ValueError):
         self.message = message
 
 
+def own_switches() -> frozenset[str]:
+    """The switches an offer may give settings of its own (capabilities that declare them)."""
+    return frozenset(c.switch.name for c in CAPABILITIES if c.switch is not None and c.switch.settings is not None)
+
+
 @dataclass(frozen=True, slots=True)
 class Offer:
     sdp: str
     stream_id: str | None  # None: the service picks one
+    own: Mapping[str, Any] = field(default_factory=dict)  # switch name -> its checked value
+
+    def stream_settings(self, stream_id: str, *, audio: bool = True) -> WebRtcStreamSettings:
+        """The session's stream, with the offer's own settings."""
+        return WebRtcStreamSettings(id=stream_id, kind="webrtc", audio=audio, **self.own)
+
+
+def _own_settings(body: dict[str, Any]) -> dict[str, Any]:
+    given = {name: body[name] for name in own_switches() if name in body}
+    if not given:
+        return {}
+    try:
+        checked = WebRtcStreamSettings.model_validate({"id": "offer", "kind": "webrtc", **given})
+    except ValidationError as exc:
+        problem = validation_problems(exc, unknown="unknown field")[0]
+        raise BadOffer(problem["field"], problem["message"]) from None
+    return {name: getattr(checked, name) for name in given}
 
 
 def media_kinds(sdp: str) -> set[str]:
@@ -44,9 +76,10 @@ def media_kinds(sdp: str) -> set[str]:
 
 
 def parse_offer(body: dict[str, Any], *, max_sdp_bytes: int, max_candidates: int = 64) -> Offer:
-    unknown = sorted(set(body) - OFFER_FIELDS)
+    fields = OFFER_FIELDS | own_switches()
+    unknown = sorted(set(body) - fields)
     if unknown:
-        raise BadOffer(unknown[0], f"unknown field (an offer has {', '.join(sorted(OFFER_FIELDS))})")
+        raise BadOffer(unknown[0], f"unknown field (an offer has {', '.join(sorted(fields))})")
     if body.get("type") != "offer":
         raise BadOffer("type", "must be \"offer\" (answers and rollbacks are not accepted)")
     stream_id = body.get("stream_id")
@@ -78,7 +111,7 @@ def parse_offer(body: dict[str, Any], *, max_sdp_bytes: int, max_candidates: int
         if not sdp.endswith(("\n", "\r")):
             problem += " (the SDP does not end with a line break: is it truncated?)"
         raise BadOffer("sdp", f"cannot be used: {problem}")
-    return Offer(sdp=sdp, stream_id=stream_id)
+    return Offer(sdp=sdp, stream_id=stream_id, own=_own_settings(body))
 
 
 def structure_problem(lines: list[str]) -> str | None:

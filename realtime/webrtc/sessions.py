@@ -183,7 +183,7 @@ class SessionTable:
         )
         try:
             await self._negotiate(session, offer)
-            self._admit(WebRtcStreamSettings(id=stream_id, kind="webrtc", audio="audio" in session.kinds))
+            self._admit(offer.stream_settings(stream_id, audio="audio" in session.kinds))
         except BaseException:  # a refusal, bad SDP or a client gone mid-negotiation: leave nothing open
             self._clients.pop(stream_id, None)
             self._count_stun(stream_id)

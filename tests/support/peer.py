@@ -227,12 +227,14 @@ async def connect(
     fps: float = 15.0,
     stream_id: str | None = None,
     token: str | None = None,
+    own: dict[str, Any] | None = None,
 ) -> Peer:
-    """Offer, answer, and a collecting DataChannel; raises AssertionError when the offer is refused."""
+    """Offer, answer, and a collecting DataChannel; raises AssertionError when the offer is refused.
+    `own`: the stream's own settings the offer carries (`{"captions": {"language": "es"}}`)."""
     pc, channel, video = await make_offer(frames=frames, speech=speech, fps=fps)
     peer = Peer(pc, channel, video=video)
     channel.on("message", lambda text: peer.messages.append(json.loads(text)))
-    body: dict[str, Any] = {"sdp": pc.localDescription.sdp, "type": "offer"}
+    body: dict[str, Any] = {**(own or {}), "sdp": pc.localDescription.sdp, "type": "offer"}
     if stream_id is not None:
         body["stream_id"] = stream_id
     headers = {"Authorization": f"Bearer {token}"} if token else {}

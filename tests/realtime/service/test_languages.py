@@ -17,7 +17,7 @@ from engines.detector import Detector
 from pipelines.captions.engine import CAPTIONS
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.support.languages import speech_clip, spoken
-from tests.support.peer import connect
+from tests.support.peer import connect, make_offer
 from tests.support.rtsp import RtspServer
 from tests.support.service import CaptionModels, LiveService, live_service, make_config
 from tests.support.speech import words_of
@@ -162,10 +162,16 @@ def browser_audio(samples: np.ndarray) -> np.ndarray:
 
 
 async def test_a_browser_speaking_spanish_gets_spanish_captions_on_nats_with_their_language(
-    svc: LiveService, shared_nats_server: EmbeddedNatsServer
+    two_models: LiveService, shared_nats_server: EmbeddedNatsServer
 ) -> None:
+    """The service captions English (tiny.en); the person on the browser camera says, in the
+    offer, that they speak Spanish and want an English line too, as a stream added through the API
+    can."""
+    svc = two_models
     frames = [np.full((120, 160, 3), 96, np.uint8)] * 5
-    peer = await connect(svc.session, svc.url, frames=frames, speech=browser_audio(spoken("es", 2, lead_s=1.0)), fps=5)
+    own = {"captions": {"model": "base", "language": "es", "translate": "en"}}
+    peer = await connect(svc.session, svc.url, frames=frames, speech=browser_audio(spoken("es", 2, lead_s=1.0)),
+                         fps=5, own=own)
     bodies: dict[str, list[dict[str, Any]]] = {"captions": [], "transcript": [], "translations": []}
     nc = await nats.connect(shared_nats_server.url)
 
@@ -188,3 +194,34 @@ async def test_a_browser_speaking_spanish_gets_spanish_captions_on_nats_with_the
     finally:
         await peer.close()
         await nc.close()
+
+
+async def test_an_offer_or_a_whip_url_asking_captions_the_service_cannot_serve_is_refused_before_negotiating(
+    two_models: LiveService,
+) -> None:
+    svc = two_models
+    pc, _, _ = await make_offer(frames=[np.zeros((120, 160, 3), np.uint8)], speech=None)
+    try:
+        sdp = pc.localDescription.sdp
+        offer = {"sdp": sdp, "type": "offer"}
+        # tiny.en, the section's model, is English only: another language needs the stream's own base.
+        reply = await svc.call("POST", "/api/webrtc/offer", json_body={**offer, "captions": {"language": "es"}})
+        assert reply.status == 400 and "multilingual" in json.dumps(reply.body), reply
+        reply = await svc.call("POST", "/api/webrtc/offer", json_body={**offer, "captions": {"language": "xx"}})
+        assert reply.status == 400 and "Whisper knows" in json.dumps(reply.body), reply
+        # WHIP clients send only SDP: the endpoint URL carries the settings.
+        reply = await svc.call("POST", "/whip/es-cam?captions.language=es", data=sdp, content_type="application/sdp")
+        assert reply.status == 400 and "multilingual" in json.dumps(reply.body), reply
+        reply = await svc.call("POST", "/whip/es-cam?colour=red", data=sdp, content_type="application/sdp")
+        assert reply.status == 400 and "unknown parameter" in json.dumps(reply.body), reply
+        reply = await svc.call("POST", "/whip/es-cam?captions=maybe", data=sdp, content_type="application/sdp")
+        assert reply.status == 400 and "true or false" in json.dumps(reply.body), reply
+        assert (await svc.call("GET", "/api/streams")).body["streams"] == []
+        # What the service can serve is taken: the stream's own base, as a WHIP URL asks it.
+        reply = await svc.call("POST", "/whip/es-cam?captions.model=base&captions.language=es",
+                               data=sdp, content_type="application/sdp")
+        assert reply.status == 201, reply
+        listed = (await svc.call("GET", "/api/streams/es-cam")).body
+        assert listed["captions"] == {"model": "base", "language": "es", "translate": None}, listed
+    finally:
+        await pc.close()
