@@ -61,7 +61,7 @@ async function boot() {
   new LivePanel(
     { start: $("start"), stop: $("stop"), state: $("live-state"), notice: $("live-notice"), session: $("live-session"),
       fps: $("live-fps"), lag: $("live-lag"), box: $("live-box"), video: $("live-video"), overlay: $("live-overlay"),
-      placeholder: $("live-placeholder") },
+      placeholder: $("live-placeholder"), language: $("live-language"), translate: $("live-translate") },
     { api, errorText, hooks, router: liveRouter },
   );
   const watch = new WatchPanel(

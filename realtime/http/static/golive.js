@@ -14,6 +14,20 @@ const STALE_OVERLAY_MS = 1500; // boxes older than this are cleared, not left on
 const ICE_GATHER_TIMEOUT_MS = 5000;
 const CLOSE_TOKEN_HEADER = "Vidsentry-Close-Token"; // for the pagehide beacon, which cannot DELETE
 
+// The speaker's language and an English line, as the WHIP URL gives a session its own captions
+// settings (`?captions.language=es`). Another language than English needs the multilingual model:
+// a service that has not installed it refuses with the reason, shown as the notice.
+export function captionsQuery(language, translate) {
+  const params = new URLSearchParams();
+  if (language || translate) {
+    if (language !== "en" || translate) params.set("captions.model", "base");
+    if (language) params.set("captions.language", language);
+    if (translate) params.set("captions.translate", "en");
+  }
+  const query = params.toString();
+  return query ? `?${query}` : "";
+}
+
 // A stream id of the shape the service gives browser sessions: the WHIP URL names the stream.
 function sessionStreamId() {
   const bytes = crypto.getRandomValues(new Uint8Array(4));
@@ -64,7 +78,7 @@ function iceGatheringDone(pc) {
 
 export class LivePanel {
   constructor(el, { api, errorText, hooks, router }) {
-    this.el = el; // start, stop, state, notice, session, fps, lag, box, video, overlay, placeholder
+    this.el = el; // start, stop, state, notice, session, fps, lag, box, video, overlay, placeholder, language, translate
     this.api = api;
     this.errorText = errorText;
     this.hooks = hooks;
@@ -111,6 +125,7 @@ export class LivePanel {
     const busy = this.pc !== null || this.media !== null || state === "starting";
     this.el.start.disabled = busy;
     this.el.stop.disabled = !busy;
+    for (const choice of [this.el.language, this.el.translate]) if (choice) choice.disabled = busy;
   }
 
   notice(text, kind = "error") {
@@ -205,7 +220,8 @@ export class LivePanel {
       await iceGatheringDone(pc);
       if (!current()) return;
       const streamId = sessionStreamId();
-      const response = await this.api(`/whip/${streamId}`, {
+      const query = captionsQuery(this.el.language && this.el.language.value, this.el.translate && this.el.translate.checked);
+      const response = await this.api(`/whip/${streamId}${query}`, {
         method: "POST",
         headers: { "Content-Type": "application/sdp" },
         body: pc.localDescription.sdp,

@@ -18,16 +18,21 @@ from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.realtime.http.static.test_page import WIDE, wait_for_boxes
 from tests.support.browser import open_page
-from tests.support.service import LiveService, live_service, make_config
+from tests.support.service import CaptionModels, LiveService, live_service, make_config
 
 GONE_WITHIN_S = 20.0  # the beacon ends it at once; the inactivity timeout would within seconds
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def svc(people_detector: Detector, shared_nats_server: EmbeddedNatsServer) -> AsyncIterator[LiveService]:
-    # One session at a time, so a second page finds the server full.
+async def svc(
+    people_detector: Detector, shared_nats_server: EmbeddedNatsServer, caption_models: CaptionModels,
+    multilingual_models: CaptionModels,
+) -> AsyncIterator[LiveService]:
+    # One session at a time, so a second page finds the server full. English by default (tiny.en);
+    # a session may name the multilingual base for itself.
     config = make_config(webrtc={"max_sessions": 1})
-    async with live_service(people_detector, shared_nats_server.url, config=config) as live:
+    async with live_service(people_detector, shared_nats_server.url, config=config, captions=caption_models,
+                            more_models={"base": multilingual_models[0]}) as live:
         yield live
 
 
@@ -101,3 +106,40 @@ async def test_go_live_draws_boxes_and_the_session_ends_with_stop_and_with_the_p
     ended = dict(svc.service.sessions.ended)
     assert ended.pop("stopped") == 1 and sum(ended.values()) == 1
     assert set(ended) <= {"the page went away", "the page closed its data channel"}, ended
+
+
+async def test_the_speaker_chooses_their_language_and_an_english_line_before_going_live(
+    svc: LiveService, chromium: Browser, screenshots: Path
+) -> None:
+    """The service captions English; the person picks Spanish and an English line: the WHIP URL
+    carries them, and the session is captioned by the multilingual model in Spanish. A choice the
+    service cannot serve is refused before the session starts, with the reason on the page."""
+    async with open_page(chromium, viewport=WIDE) as watched:
+        page = watched.page
+        sent: list[str] = []
+        page.on("request", lambda request: sent.append(request.url))
+        await page.goto(svc.url + "/")
+        await page.wait_for_selector("#app:not([hidden])")
+        await page.select_option("#live-language", "es")
+        await page.check("#live-translate")
+        await page.screenshot(path=screenshots / "go-live-language.png")
+        stream_id = await go_live(page)
+        posted = next(url for url in sent if urlsplit(url).path == f"/whip/{stream_id}")
+        assert urlsplit(posted).query == "captions.model=base&captions.language=es&captions.translate=en", posted
+        session = (await session_streams(svc))[stream_id]
+        assert session["captions"] == {"model": "base", "language": "es", "translate": "en"}, session
+        assert await page.is_disabled("#live-language") and await page.is_disabled("#live-translate")
+        await page.click("#stop")
+        await wait_gone(svc, stream_id)
+        assert await page.is_enabled("#live-language")
+
+        # A code no Whisper model knows (as a hand-edited page could send): refused, said, nothing kept.
+        await page.evaluate("document.querySelector('#live-language option[value=ja]').value = 'xx'")
+        await page.select_option("#live-language", "xx")
+        await page.click("#start")
+        await page.locator("#live-notice", has_text="The server refused the session").wait_for()
+        assert "captions.language" in (await page.text_content("#live-notice") or "")
+        assert await page.evaluate("document.body.dataset.state") == "error"
+        assert await session_streams(svc) == {}
+        # The browser logs the refused request itself; nothing else went wrong on the page.
+        assert all("status of 400" in problem for problem in await watched.problems()), await watched.problems()
