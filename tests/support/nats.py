@@ -7,14 +7,15 @@ Import the fixtures into a conftest.py:
 `nats_server` is a fresh server per test with its own store (use it to kill/restart or to count
 stream messages); `shared_nats_server` is one server per session for tests that only need a
 broker. Both always stop the process at teardown. `stored_messages` and `stored_bodies` read back
-what JetStream holds on a subject.
+what JetStream holds on a subject; `heard_bodies` collects the bodies of live events as they come.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +88,36 @@ async def stored_event_ids(
 def stored_bodies(url: str, subject: str) -> list[dict[str, Any]]:
     """The JSON bodies of `stored_messages`, from code that runs no event loop."""
     return [json.loads(msg.data) for msg in asyncio.run(stored_messages(url, subject))]
+
+
+class Heard:
+    """Event bodies heard live, by (stream, kind), in arrival order."""
+
+    def __init__(self) -> None:
+        self.bodies: dict[tuple[str, str], list[dict[str, Any]]] = {}
+
+    def of(self, stream: str, kind: str) -> list[dict[str, Any]]:
+        return self.bodies.get((stream, kind), [])
+
+    def __repr__(self) -> str:
+        return f"Heard({self.bodies})"
+
+
+@contextlib.asynccontextmanager
+async def heard_bodies(url: str, streams: Iterable[str], kinds: Iterable[str]) -> AsyncIterator[Heard]:
+    """Subscribe to `vidsentry.<stream>.<kind>` for each pair, for the duration."""
+    heard = Heard()
+
+    async def on_message(msg: Msg) -> None:
+        _, stream, kind = msg.subject.split(".")
+        heard.bodies.setdefault((stream, kind), []).append(json.loads(msg.data))
+
+    nc = await nats.connect(url)
+    try:
+        kinds = list(kinds)
+        for stream in streams:
+            for kind in kinds:
+                await nc.subscribe(f"vidsentry.{stream}.{kind}", cb=on_message)
+        yield heard
+    finally:
+        await nc.close()

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import nats
 import numpy as np
 import pytest
 
@@ -17,6 +16,7 @@ from engines.detector import Detector
 from pipelines.captions.engine import CAPTIONS
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.support.languages import speech_clip, spoken
+from tests.support.nats import heard_bodies
 from tests.support.peer import connect, make_offer
 from tests.support.rtsp import RtspServer
 from tests.support.service import CaptionModels, LiveService, live_service, make_config
@@ -24,6 +24,8 @@ from tests.support.speech import words_of
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
+
+SPOKEN_AND_ENGLISH = ("captions", "transcript", "translations")
 
 
 @pytest.fixture
@@ -40,37 +42,31 @@ async def test_a_camera_speaking_spanish_gets_spanish_captions_and_an_english_tr
 ) -> None:
     clip = speech_clip(tmp_path / "es.mp4", spoken("es", 2, lead_s=1.0))
     rtsp = RtspServer(clip=clip, log_path=tmp_path / "rtsp.log").start()
-    bodies: dict[str, list[dict[str, Any]]] = {"captions": [], "transcript": [], "translations": []}
-    nc = await nats.connect(shared_nats_server.url)
-
-    async def on_message(msg: Any) -> None:
-        bodies[msg.subject.rsplit(".", 1)[1]].append(json.loads(msg.data))
-
     try:
-        for kind in bodies:
-            await nc.subscribe(f"vidsentry.cam.{kind}", cb=on_message)
-        reply = await svc.call("POST", "/api/streams", json_body={"id": "cam", "url": rtsp.url("/vtest")})
-        assert reply.status == 201, reply
-        await wait_until(lambda: len(bodies["translations"]) >= 2, 60, "two English lines")
-        assert all(b["language"] == "es" for b in bodies["captions"] + bodies["transcript"]), bodies
-        assert {"buenos", "días", "tren"} & set(words_of(" ".join(b["text"] for b in bodies["transcript"])))
-        english = bodies["translations"]
-        assert all(t["language"] == "en" and t["spoken_language"] == "es" for t in english)
-        assert "morning" in words_of(" ".join(t["text"] for t in english)), english
+        async with heard_bodies(shared_nats_server.url, ["cam"], SPOKEN_AND_ENGLISH) as heard:
+            reply = await svc.call("POST", "/api/streams", json_body={"id": "cam", "url": rtsp.url("/vtest")})
+            assert reply.status == 201, reply
+            await wait_until(lambda: len(heard.of("cam", "translations")) >= 2, 60, "two English lines")
+            spoken_bodies = heard.of("cam", "captions") + heard.of("cam", "transcript")
+            assert all(b["language"] == "es" for b in spoken_bodies), heard
+            said = words_of(" ".join(b["text"] for b in heard.of("cam", "transcript")))
+            assert {"buenos", "días", "tren"} & set(said), said
+            english = heard.of("cam", "translations")
+            assert all(t["language"] == "en" and t["spoken_language"] == "es" for t in english)
+            assert "morning" in words_of(" ".join(t["text"] for t in english)), english
 
-        spanish_vtt = await svc.call("GET", "/api/streams/cam/captions.vtt?language=es")
-        assert spanish_vtt.status == 200 and "-->" in spanish_vtt.body
-        french_vtt = await svc.call("GET", "/api/streams/cam/captions.vtt?language=fr")
-        assert french_vtt.status == 200 and french_vtt.body == "WEBVTT\n"
-        english_vtt = await svc.call("GET", "/api/streams/cam/translation.vtt")
-        assert english_vtt.status == 200 and "morning" in english_vtt.body.lower()
-        languages = await svc.call("GET", "/api/streams/cam/captions/languages")
-        assert languages.body == {"spoken": ["es"], "translations": ["en"]}
-        bad = await svc.call("GET", "/api/streams/cam/captions.vtt?language=../x")
-        assert bad.status == 400 and "language" in json.dumps(bad.body)
-        assert (await svc.call("DELETE", "/api/streams/cam")).status == 204
+            spanish_vtt = await svc.call("GET", "/api/streams/cam/captions.vtt?language=es")
+            assert spanish_vtt.status == 200 and "-->" in spanish_vtt.body
+            french_vtt = await svc.call("GET", "/api/streams/cam/captions.vtt?language=fr")
+            assert french_vtt.status == 200 and french_vtt.body == "WEBVTT\n"
+            english_vtt = await svc.call("GET", "/api/streams/cam/translation.vtt")
+            assert english_vtt.status == 200 and "morning" in english_vtt.body.lower()
+            languages = await svc.call("GET", "/api/streams/cam/captions/languages")
+            assert languages.body == {"spoken": ["es"], "translations": ["en"]}
+            bad = await svc.call("GET", "/api/streams/cam/captions.vtt?language=../x")
+            assert bad.status == 400 and "language" in json.dumps(bad.body)
+            assert (await svc.call("DELETE", "/api/streams/cam")).status == 204
     finally:
-        await nc.close()
         rtsp.close()
 
 
@@ -96,27 +92,15 @@ async def test_two_streams_each_in_its_own_model_and_language_and_only_one_trans
         "en": speech_clip(tmp_path / "en.mp4", spoken("en", 2, lead_s=1.0)),
         "es": speech_clip(tmp_path / "es.mp4", spoken("es", 2, lead_s=1.0)),
     }
-    bodies: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    nc = await nats.connect(shared_nats_server.url)
-
-    async def on_message(msg: Any) -> None:
-        _, stream, kind = msg.subject.split(".")
-        bodies.setdefault((stream, kind), []).append(json.loads(msg.data))
-
-    def of(stream: str, kind: str) -> list[dict[str, Any]]:
-        return bodies.get((stream, kind), [])
-
-    try:
-        for stream in ("en", "es"):
-            for kind in ("captions", "transcript", "translations"):
-                await nc.subscribe(f"vidsentry.{stream}.{kind}", cb=on_message)
+    async with heard_bodies(shared_nats_server.url, ["en", "es"], SPOKEN_AND_ENGLISH) as heard:
+        of = heard.of
         assert (await svc.call("POST", "/api/streams", json_body={"id": "en", "url": str(clips["en"])})).status == 201
         own = {"model": "base", "language": "auto", "translate": "en"}
         reply = await svc.call("POST", "/api/streams", json_body={"id": "es", "url": str(clips["es"]), "captions": own})
         assert reply.status == 201, reply
         await wait_until(lambda: bool(of("es", "translations")) and len(of("en", "transcript")) >= 2, 60,
                          "an English line of the Spanish stream and the English stream's transcripts")
-        assert {b["language"] for b in of("es", "captions") + of("es", "transcript")} == {"es"}, bodies
+        assert {b["language"] for b in of("es", "captions") + of("es", "transcript")} == {"es"}, heard
         assert {b["model"] for b in of("es", "captions")} == {"base"}
         assert {"buenos", "días", "tren", "sale"} & set(words_of(" ".join(b["text"] for b in of("es", "transcript"))))
         assert {b["language"] for b in of("en", "captions") + of("en", "transcript")} == {"en"}
@@ -131,8 +115,6 @@ async def test_two_streams_each_in_its_own_model_and_language_and_only_one_trans
             assert (await svc.call("DELETE", f"/api/streams/{stream}")).status == 204
         # The model no stream uses any more is closed (the section's stays).
         await wait_until(lambda: engine.shelf.names == ["tiny.en"], 10, "base closed once no stream uses it")
-    finally:
-        await nc.close()
 
 
 async def test_a_stream_naming_a_model_or_language_the_service_cannot_serve_is_refused_with_the_reason(
@@ -172,28 +154,22 @@ async def test_a_browser_speaking_spanish_gets_spanish_captions_on_nats_with_the
     own = {"captions": {"model": "base", "language": "es", "translate": "en"}}
     peer = await connect(svc.session, svc.url, frames=frames, speech=browser_audio(spoken("es", 2, lead_s=1.0)),
                          fps=5, own=own)
-    bodies: dict[str, list[dict[str, Any]]] = {"captions": [], "transcript": [], "translations": []}
-    nc = await nats.connect(shared_nats_server.url)
-
-    async def on_message(msg: Any) -> None:
-        bodies[msg.subject.rsplit(".", 1)[1]].append(json.loads(msg.data))
-
+    sid = peer.stream_id
     try:
-        for kind in bodies:
-            await nc.subscribe(f"vidsentry.{peer.stream_id}.{kind}", cb=on_message)
-        await wait_until(lambda: bool(bodies["transcript"]) and bool(bodies["translations"]), 60,
-                         "a transcript and its English line of the browser's speech")
-        assert bodies["captions"] and {b["language"] for b in bodies["captions"] + bodies["transcript"]} == {"es"}
-        assert {"buenos", "días", "calor", "ciudad", "tren"} & set(
-            words_of(" ".join(b["text"] for b in bodies["captions"] + bodies["transcript"]))
-        ), bodies
-        assert bodies["translations"][0]["spoken_language"] == "es" and bodies["translations"][0]["language"] == "en"
-        # The same bodies reach the browser's own DataChannel.
-        await peer.wait_for(lambda: bool(peer.of_kind("captions")), 10, "captions on the DataChannel")
-        assert {m["body"]["language"] for m in peer.of_kind("captions")} == {"es"}
+        async with heard_bodies(shared_nats_server.url, [sid], SPOKEN_AND_ENGLISH) as heard:
+            await wait_until(lambda: bool(heard.of(sid, "transcript")) and bool(heard.of(sid, "translations")), 60,
+                             "a transcript and its English line of the browser's speech")
+            spoken_bodies = heard.of(sid, "captions") + heard.of(sid, "transcript")
+            assert heard.of(sid, "captions") and {b["language"] for b in spoken_bodies} == {"es"}, heard
+            said = words_of(" ".join(b["text"] for b in spoken_bodies))
+            assert {"buenos", "días", "calor", "ciudad", "tren"} & set(said), said
+            english = heard.of(sid, "translations")[0]
+            assert english["spoken_language"] == "es" and english["language"] == "en", english
+            # The same bodies reach the browser's own DataChannel.
+            await peer.wait_for(lambda: bool(peer.of_kind("captions")), 10, "captions on the DataChannel")
+            assert {m["body"]["language"] for m in peer.of_kind("captions")} == {"es"}
     finally:
         await peer.close()
-        await nc.close()
 
 
 async def test_an_offer_or_a_whip_url_asking_captions_the_service_cannot_serve_is_refused_before_negotiating(
