@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -56,6 +57,8 @@ register_counters(
         "live_frames_skipped": counter("Frames not encoded for live viewers: the encoder or the compute budget "
                                        "was busy with an earlier frame"),
         "live_encoder_starts": counter("Times the live encoder started (a first viewer came)"),
+        "live_encode_cpu_s": counter("CPU seconds the live encoder spent on frames (x264 and the colour conversion, "
+                                     "on its own thread): what live video costs this stream beyond its viewers"),
         "live_encoder_running": gauge("1 while the stream's live encoder runs (it has viewers)"),
     },
     section="live",
@@ -95,6 +98,7 @@ class LiveEncoder:
         self.encoded = 0
         self.skipped = 0
         self.starts = 0
+        self.cpu_s = 0.0  # thread CPU time of the encodes
         self.failure: str | None = None  # why this stream's frames cannot be encoded, once they could not
         self._dropped_seen = 0
         self._on = False  # between a start and its stop (the x264 context opens on the first frame)
@@ -152,7 +156,11 @@ class LiveEncoder:
     def _encode_in_turn(self, frame: VideoFrame) -> list[EncodedPacket]:
         turn = self.compute.turn(LIVE_ENCODER) if self.compute is not None else contextlib.nullcontext()
         with turn, self._lock:
-            return self.encoder.encode(frame.image, frame.pts)
+            began = time.thread_time()
+            try:
+                return self.encoder.encode(frame.image, frame.pts)
+            finally:
+                self.cpu_s += time.thread_time() - began
 
     def _stop(self) -> None:
         if not self._on:
@@ -168,5 +176,6 @@ class LiveEncoder:
             "live_frames_encoded": self.encoded,
             "live_frames_skipped": self.skipped,
             "live_encoder_starts": self.starts,
+            "live_encode_cpu_s": round(self.cpu_s, 3),
             "live_encoder_running": 1 if self.running else 0,
         }

@@ -221,6 +221,7 @@ async def test_frames_that_come_while_the_budget_is_busy_are_skipped_and_counted
         assert [t for t, _ in delivered] == pytest.approx([0.1, 0.2, 0.7])
         assert budget.stats[LIVE_ENCODER].turns == 3 and budget.stats[LIVE_ENCODER].waited >= 1
         assert encoder.skipped == 4 and encoder.encoded == 3  # 3..6 never queued: skipped, counted
+        assert encoder.counters()["live_encode_cpu_s"] > 0
         wanted.clear()
         await put_and_settle(8, lambda: not encoder.running, "the encoder to stop")
         assert encoder.counters()["live_encoder_running"] == 0 and not encoder.encoder.running
