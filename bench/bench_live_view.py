@@ -19,6 +19,7 @@ Per phase:
                      detection what the cores have left: a viewer's cost shows here too)
   serve_cpu          cores the serve process used (its utime+stime over the window)
   encoder_cpu        cores the stream's live encoder used (0 for a forwarded camera)
+  encoder_skipped    frames the live encoder skipped in the window (busy with an earlier one)
   cpu_per_viewer     (serve_cpu - serve_cpu with no viewer - encoder_cpu) / viewers
   chromium_cpu       cores the browser's processes used (decoding and drawing: the client's cost)
 
@@ -134,14 +135,14 @@ async def hooks(page: Page) -> dict[str, Any]:
 
 async def phase(serve: ServeProcess, stream_id: str, pages: list[Page], window: float) -> dict[str, Any]:
     before = [await hooks(page) for page in pages]
-    processed_before, encoder_before = counters(serve, stream_id)
+    processed_before, encoder_before, skipped_before = counters(serve, stream_id)
     serve_before, browser_before, began = cpu_seconds(serve.pid), browser_cpu_seconds(), time.monotonic()
     await asyncio.sleep(window)
     after = [await hooks(page) for page in pages]
     elapsed = time.monotonic() - began
     serve_cpu = (cpu_seconds(serve.pid) - serve_before) / elapsed
     browser_cpu = (browser_cpu_seconds() - browser_before) / elapsed
-    processed_after, encoder_after = counters(serve, stream_id)
+    processed_after, encoder_after, skipped_after = counters(serve, stream_id)
     detected_fps = (processed_after - processed_before) / elapsed
     encoder_cpu = (encoder_after - encoder_before) / elapsed
     ratios: list[float] = []
@@ -165,17 +166,19 @@ async def phase(serve: ServeProcess, stream_id: str, pages: list[Page], window: 
         "detected_fps": round(detected_fps, 2),
         "serve_cpu": round(serve_cpu, 3),
         "encoder_cpu": round(encoder_cpu, 3),
+        "encoder_skipped": skipped_after - skipped_before,
         "chromium_cpu": round(browser_cpu, 3),
         "loadavg": os.getloadavg()[0],
     }
 
 
-def counters(serve: ServeProcess, stream_id: str) -> tuple[int, float]:
-    """Frames the stream's frame loop has processed (measured or predicted boxes), and the CPU
-    seconds its live encoder has used."""
+def counters(serve: ServeProcess, stream_id: str) -> tuple[int, float, int]:
+    """Frames the stream's frame loop has processed (measured or predicted boxes), the CPU seconds
+    its live encoder has used, and the frames it skipped."""
     assert serve.url is not None
     body = http("GET", serve.url + f"/api/streams/{stream_id}")[1]["counters"]
-    return int(body["frames_processed"]), float(body.get("live_encode_cpu_s", 0.0))
+    return (int(body["frames_processed"]), float(body.get("live_encode_cpu_s", 0.0)),
+            int(body.get("live_frames_skipped", 0)))
 
 
 def free_port() -> int:
@@ -249,7 +252,7 @@ def main() -> None:
     args = parser.parse_args()
     result = asyncio.run(run(args))
     columns = ["viewers", "shown_ratio", "g2g_p50_ms", "g2g_p95_ms", "matched", "hold_ms", "detected_fps", "serve_cpu",
-               "encoder_cpu", "cpu_per_viewer", "chromium_cpu", "loadavg"]
+               "encoder_cpu", "encoder_skipped", "cpu_per_viewer", "chromium_cpu", "loadavg"]
     print()
     print(table(result["phases"], columns))
     print(f"\nloadavg before {result['loadavg_before']}, after {result['loadavg_after']} (a shared machine)")
