@@ -1,6 +1,7 @@
 """Live video for streams whose packets cannot be forwarded, with real parts: the sample MPEG-4
-clip (vtest.avi: Microsoft MPEG-4 v3) read as a camera, and a browser session (an aiortc peer
-sending VP8), each watched through WHEP by aiortc clients. Their frames are encoded to H.264 once per stream, only while
+clip (vtest.avi: Microsoft MPEG-4 v3) read as a camera, a browser session (an aiortc peer
+sending VP8) and an RTSP camera read with GStreamer (decoded in its pipeline), each watched
+through WHEP by aiortc clients. Their frames are encoded to H.264 once per stream, only while
 watched, in the compute budget; the viewers decode them, and the RTP timestamp of each frame they
 get maps back to the pts of that frame's detections event, so the page's boxes land on it. The
 encoder's bound (one frame held, the rest skipped and counted) is checked against a busy budget."""
@@ -28,6 +29,7 @@ from realtime.webrtc.live import LiveFeed, LiveView, NotOffered
 from realtime.webrtc.live_encode import LIVE_ENCODER, LiveEncoder
 from tests.realtime.http.test_whep import TOKEN, Received, live_view, post, recvonly_offer
 from tests.support.peer import connect, load_frames
+from tests.support.rtsp import RtspServer
 from tests.support.service import LiveService, live_service, make_config
 from tests.support.sse import read_sse
 from tests.support.waiting import wait_until
@@ -228,3 +230,22 @@ async def test_frames_that_come_while_the_budget_is_busy_are_skipped_and_counted
     finally:
         box.close()
         await asyncio.wait_for(run, 5)
+
+
+async def test_a_camera_read_by_gstreamer_plays_through_whep(
+    detector: Detector, shared_nats_server: EmbeddedNatsServer, rtsp_server: RtspServer
+) -> None:
+    # GStreamer decodes inside its pipeline: the service has the H.264 camera's frames, not its packets.
+    stream = {"id": "gst", "url": rtsp_server.url("/test"), "audio": False, "ingest": "gstreamer"}
+    config = make_config(webrtc=WEBRTC, streams=[stream])
+    async with live_service(detector, shared_nats_server.url, config=config, token=TOKEN) as svc:
+        await svc.wait_for_state("gst", "live", within_s=20)
+        feed = live_view(svc).feed("gst")
+        assert not feed.demuxed and feed.encoder is not None
+        watcher = await Watcher.open(svc, "gst")
+        try:
+            await wait_until(lambda: len(watcher.frames) >= 10, 20, "the viewer decoding")
+            assert (watcher.frames[-1].width, watcher.frames[-1].height) == (320, 240)
+            assert feed.encoder.starts == 1 and feed.encoder.encoded >= 10
+        finally:
+            await watcher.close()
