@@ -156,6 +156,8 @@ class LiveEncoder:
     def _encode_in_turn(self, frame: VideoFrame) -> list[EncodedPacket]:
         turn = self.compute.turn(LIVE_ENCODER) if self.compute is not None else contextlib.nullcontext()
         with turn, self._lock:
+            if not self._on:  # stopped (the stage cancelled) while this frame waited for its turn
+                return []
             began = time.thread_time()
             try:
                 return self.encoder.encode(frame.image, frame.pts)
