@@ -262,8 +262,8 @@ def main() -> None:
                              "its CPU with 0, 1 and 4 viewers shows what the viewers cost")
     args = parser.parse_args()
     result = asyncio.run(run(args))
-    columns = ["viewers", "shown_ratio", "g2g_p50_ms", "g2g_p95_ms", "matched", "hold_ms", "input_fps", "detected_fps", "serve_cpu",
-               "encoder_cpu", "encoder_skipped", "cpu_per_viewer", "chromium_cpu", "loadavg"]
+    columns = ["viewers", "shown_ratio", "g2g_p50_ms", "g2g_p95_ms", "matched", "hold_ms", "input_fps", "detected_fps",
+               "serve_cpu", "encoder_cpu", "encoder_skipped", "cpu_per_viewer", "chromium_cpu", "loadavg"]
     print()
     print(table(result["phases"], columns))
     print(f"\nloadavg before {result['loadavg_before']}, after {result['loadavg_after']} (a shared machine)")
