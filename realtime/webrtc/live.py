@@ -316,6 +316,8 @@ class LiveView:
         (`webrtc.live_encode`) and its packets are not H.264 or it has none, or its frames could
         not be encoded (x264 refused them)."""
         feed = self._feeds.get(stream_id)
+        if feed is None and self.settings.live_encode:
+            raise NotOffered("the stream has not started yet")
         if feed is None:
             raise NotOffered("live video is forwarded from sources that demux (cameras, files and HTTP streams read "
                              "with PyAV), and this stream's frames are not encoded for viewers "
@@ -371,8 +373,8 @@ class LiveView:
         video = [t for t in pc.getTransceivers() if t.kind == "video"]
         if not video or video[0].direction not in ("recvonly", "sendrecv"):
             raise BadOffer("sdp", "the offer receives no video (a WHEP offer has a recvonly video section)")
-        # Packets are forwarded as they came or encoded: H.264 or nothing. aiortc picks the codecs in common
-        # while it reads the offer, so the choice is narrowed afterwards (setCodecPreferences would
+        # Packets are forwarded as they came or encoded: H.264 or nothing. aiortc picks the codecs in
+        # common while it reads the offer, so the choice is narrowed afterwards (setCodecPreferences would
         # only apply to the next negotiation).
         wanted = [c for c in RTCRtpSender.getCapabilities("video").codecs if c.mimeType.lower() in H264_AND_RTX]
         common = filter_preferred_codecs(video[0]._codecs, wanted)
