@@ -432,6 +432,12 @@ class WebRtcSettings(Section):
     # and one that falls behind `max_viewer_skips` times in a row is dropped.
     viewer_queue_packets: int = Field(90, ge=8, le=10_000)
     max_viewer_skips: int = Field(3, ge=1, le=1000)
+    # Streams whose packets are not forwarded (not H.264, or decoded frames only: browser and WHIP
+    # sessions, GStreamer ingest) have their frames encoded to H.264 for viewers, one encoder per
+    # stream while it is watched, in the compute budget; false refuses them (409) instead.
+    live_encode: bool = True
+    # Frames wider than this are scaled down (aspect kept) before they are encoded for viewers.
+    live_max_width: int = Field(1280, ge=16, le=7680)
 
 
 class FleetSettings(Section):

@@ -35,6 +35,12 @@ class EncoderSettings:
     keyint_s: float = 2.0  # a keyframe at least this often (a clip starts at one)
     crf: int = 28  # constant quality: surveillance evidence, not a film
     preset: str = "ultrafast"
+    # x264's profile (None: what the preset gives). Live viewers ask for "baseline", which x264
+    # writes as Constrained Baseline: the one profile every browser's WebRTC decoder takes.
+    profile: str | None = None
+    # Wider frames are scaled down to this width (aspect kept, both sides made even) inside the
+    # encoder's own colour conversion; None keeps the frame's size (odd sizes are refused).
+    max_width: int | None = None
 
 
 class FrameEncoder:
@@ -50,6 +56,30 @@ class FrameEncoder:
         self._header: CodecHeader | None = None
         self._last_key: float | None = None
         self._last_pts: int | None = None
+
+    @property
+    def running(self) -> bool:
+        """An x264 context is open (from the first frame after a close until the next close)."""
+        return self._out is not None
+
+    @property
+    def encoded_size(self) -> tuple[int, int] | None:
+        """The size the frames are encoded at (after max_width), while running."""
+        return None if self._stream is None else (int(self._stream.width), int(self._stream.height))
+
+    def keyframe_next(self) -> None:
+        """Make the next frame a keyframe (a new viewer starts decoding there). Only sets a flag:
+        safe from another thread than the one encoding."""
+        self._last_key = None
+
+    def target_size(self, width: int, height: int) -> tuple[int, int]:
+        """The size a `width` x `height` frame is encoded at."""
+        cap = self.settings.max_width
+        if cap is None:
+            return width, height
+        if width > cap:
+            height, width = max(1, round(height * cap / width)), cap
+        return max(2, width - width % 2), max(2, height - height % 2)
 
     def encode(self, image: np.ndarray, pts_s: float) -> list[EncodedPacket]:
         """Encode one frame; its packets (one, with zerolatency), the first of each encoder a
@@ -86,19 +116,26 @@ class FrameEncoder:
         import av
 
         self.close()
+        size = (width, height)  # the source's size: a change of it opens a new encoder
         # x264 needs even dimensions for 4:2:0; a browser can send odd ones.
-        if width % 2 or height % 2:
+        if self.settings.max_width is None and (width % 2 or height % 2):
             raise ValueError(f"frame size {width}x{height}: H.264 4:2:0 needs even dimensions")
         out = av.open(io.BytesIO(), "w", format="matroska")
         stream = out.add_stream("libx264", rate=30)
+        # PyAV converts each frame to the encoder's size and format in one swscale pass.
+        width, height = self.target_size(width, height)
         stream.width, stream.height = width, height
         stream.pix_fmt = "yuv420p"
         stream.codec_context.time_base = TIME_BASE
         stream.time_base = TIME_BASE  # the header's template is made before any muxing sets it
-        stream.options = {"preset": self.settings.preset, "tune": "zerolatency", "crf": str(self.settings.crf),
-                          "forced-idr": "1", "g": "100000", "sc_threshold": "0",
-                          "threads": "1"}  # one thread: the compute budget grants it one slot
-        self._out, self._stream, self._size = out, stream, (width, height)
+        options: dict[str, object] = {
+            "preset": self.settings.preset, "tune": "zerolatency", "crf": str(self.settings.crf),
+            "forced-idr": "1", "g": "100000", "sc_threshold": "0",
+            "threads": "1"}  # one thread: the compute budget grants it one slot
+        if self.settings.profile is not None:
+            options["profile"] = self.settings.profile
+        stream.options = options
+        self._out, self._stream, self._size = out, stream, size
         self._last_key = self._last_pts = None
 
     def _packets(self, packets: list[Any]) -> list[EncodedPacket]:

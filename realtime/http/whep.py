@@ -13,8 +13,10 @@ supported: a `PATCH` is answered `405` (the draft, like RFC 9725 §4.3.1, allows
 shows to the pts the stream's events carry (`rtp_origin`, the RTP timestamp of pts 0, null
 until the first frame went out): the page draws each frame's boxes with it.
 
-What is refused, and how: an unknown stream `404`; a stream whose video is not forwarded (a
-browser session, GStreamer ingest, a codec other than H.264) `409` with the reason; an offer
+A camera's H.264 packets are forwarded as they came; any other stream's frames are encoded for its
+viewers (realtime.webrtc.live_encode). What is refused, and how: an unknown stream `404`; a stream
+with no live video (its frames cannot be encoded, or `webrtc.live_encode` is off and its packets are
+not H.264) `409` with the reason; an offer
 that is not SDP or receives no H.264 video `400`; `webrtc.max_viewers` viewers already `503`
 naming the setting.
 """
@@ -57,7 +59,7 @@ async def endpoint_options(request: web.Request) -> web.Response:
         else:
             try:
                 feed = request.app[LIVE_VIEW].feed(stream_id)
-                ready = feed.codec is not None
+                ready = feed.ready
                 response.headers[LIVE_VIDEO_HEADER] = "offered" if ready else "not offered; no video yet"
             except NotOffered as exc:
                 response.headers[LIVE_VIDEO_HEADER] = f"not offered; {exc}"

@@ -1,11 +1,14 @@
-"""Live viewers (WHEP): a camera's H.264 packets forwarded to browsers as they came.
+"""Live viewers (WHEP): a camera's H.264 packets forwarded to browsers as they came, and every
+other stream's frames encoded once for all its viewers.
 
-Nothing is decoded or encoded for a viewer: the source's reader thread hands each encoded video
-packet to the stream's `LiveFeed` (a packet consumer of its graph, beside clips), which copies
-it to every viewer's queue on the event loop; each viewer's `PacketTrack` gives aiortc's sender
-`av.Packet`s, which its H.264 encoder only packetizes (`pack`). The cost per viewer is a copy of
-the bytes, SRTP and UDP. Only sources that demux (PyAV: RTSP cameras, files, HTTP streams) have
-packets, and only H.264 is forwarded; other streams are refused with the reason, not re-encoded.
+For an H.264 camera nothing is decoded or encoded for a viewer: the source's reader thread hands
+each encoded video packet to the stream's `LiveFeed` (a packet consumer of its graph, beside
+clips), which copies it to every viewer's queue on the event loop; each viewer's `PacketTrack`
+gives aiortc's sender `av.Packet`s, which its H.264 encoder only packetizes (`pack`). The cost per
+viewer is a copy of the bytes, SRTP and UDP. A stream without such packets (a browser or WHIP
+session, GStreamer ingest, an MPEG-4 or HEVC camera) has its decoded frames encoded to H.264 by
+one `LiveEncoder` per stream (realtime.webrtc.live_encode), only while it has viewers, and its
+packets take the same path. `webrtc.live_encode: false` refuses those streams instead.
 
 A viewer starts at a keyframe, with the parameter sets in front of it (engines.media.h264). Its
 queue is bounded (`webrtc.viewer_queue_packets`): a viewer that falls that far behind drops its
@@ -44,6 +47,8 @@ from realtime.config import WebRtcSettings
 from realtime.errors import ServiceError
 from realtime.webrtc.dtls import accept_rsa_peers
 from realtime.webrtc.ice import rtc_configuration, screen_candidates
+from realtime.webrtc.live_encode import STAGE_NAME as ENCODER_STAGE
+from realtime.webrtc.live_encode import EncodeTotals, LiveEncoder
 from realtime.webrtc.offer import BadOffer
 from realtime.webrtc.sessions import SessionsClosed, make_answer, read_offer
 
@@ -162,21 +167,49 @@ class PacketTrack(MediaStreamTrack):
 
 class LiveFeed:
     """One stream's packets, copied to its viewers. `put` is the graph's packet consumer: it runs
-    on the source's reader thread and only schedules the copy on the event loop."""
+    on the source's reader thread and only schedules the copy on the event loop. A stream whose
+    packets are not H.264 gets its packets from its `encoder` instead (on the event loop)."""
 
-    def __init__(self, stream_id: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, stream_id: str, loop: asyncio.AbstractEventLoop, *, demuxed: bool = True) -> None:
         self.stream_id = stream_id
         self.codec: str | None = None  # of the newest connection, once its first packet came
+        self.demuxed = demuxed  # the source hands packets (else decoded frames only)
+        self.encoder: LiveEncoder | None = None  # for a stream whose packets are not forwarded
         self.viewers: set[PacketTrack] = set()
         self.packets = 0
         self._loop = loop
 
+    @property
+    def forwarding(self) -> bool:
+        """The camera's own packets go to the viewers (H.264)."""
+        return self.demuxed and self.codec == "h264"
+
+    @property
+    def ready(self) -> bool:
+        """Video has come: forwarded packets, or frames for the encoder."""
+        return self.forwarding or (self.encoder is not None and self.encoder.seen > 0)
+
+    def wants_frames(self) -> bool:
+        """The encoder should run: viewers watch, and the stream's packets cannot be forwarded
+        (for a camera, known from its first packet)."""
+        return bool(self.viewers) and not self.forwarding and (not self.demuxed or self.codec is not None)
+
+    def joined(self, track: PacketTrack) -> None:
+        self.viewers.add(track)
+        if self.encoder is not None and not self.forwarding:
+            self.encoder.keyframe_next()  # its first picture with the next frame, not a GOP later
+
     def put(self, t: float, packet: EncodedPacket) -> None:
         self.packets += 1
         self.codec = packet.header.codec
-        if self.viewers:
+        if self.viewers and self.codec == "h264":
             with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
                 self._loop.call_soon_threadsafe(self._copy, t, packet)
+
+    def encoded(self, t: float, packet: EncodedPacket) -> None:
+        """The encoder's packet (on the event loop)."""
+        if not self.forwarding:
+            self._copy(t, packet)
 
     def _copy(self, t: float, packet: EncodedPacket) -> None:
         for track in list(self.viewers):
@@ -229,19 +262,33 @@ class LiveView:
         self.refused = 0  # offers refused by max_viewers
         self.ended: Counter[str] = Counter()  # why viewers ended (ENDINGS); "behind" is a dropped slow viewer
         self._skips_ended = 0
+        self.encoding = EncodeTotals()  # every stream's live encoder together
 
     # -- the graph's side ------------------------------------------------------------------------
 
-    def build(self, ctx: StageContext) -> None:
-        """A stage factory that builds no stage: it makes the stream's feed a packet consumer."""
-        if not ctx.demuxed:
+    def build(self, ctx: StageContext) -> LiveEncoder | None:
+        """A stage factory: it makes the stream's feed a packet consumer (a source that demuxes),
+        and builds the stream's live encoder, idle until a viewer of a stream whose packets are
+        not forwarded comes (unless `webrtc.live_encode` is off)."""
+        encode = self.settings.live_encode
+        if not ctx.demuxed and not encode:
             self._feeds.pop(ctx.stream_id, None)
             return None
+        loop = asyncio.get_running_loop()
         feed = self._feeds.get(ctx.stream_id)
         if feed is None:
-            feed = self._feeds[ctx.stream_id] = LiveFeed(ctx.stream_id, asyncio.get_running_loop())
-        ctx.packets(feed)
-        return None
+            feed = self._feeds[ctx.stream_id] = LiveFeed(ctx.stream_id, loop, demuxed=ctx.demuxed)
+        feed.demuxed = ctx.demuxed
+        feed.encoder = None
+        if ctx.demuxed:
+            ctx.packets(feed)
+        if not encode:
+            return None
+        compute = ctx.engines.detector.compute if ctx.engines.detector is not None else None
+        feed.encoder = LiveEncoder(ctx.stream_id, ctx.frames(ENCODER_STAGE), wanted=feed.wants_frames,
+                                   deliver=feed.encoded, max_width=self.settings.live_max_width,
+                                   compute=compute, totals=self.encoding)
+        return feed.encoder
 
     def forget(self, stream_id: str) -> None:
         """The stream is gone: its viewers end."""
@@ -265,13 +312,21 @@ class LiveView:
         return self._skips_ended + sum(v.track.stats.skips for v in self._viewers.values())
 
     def feed(self, stream_id: str) -> LiveFeed:
+        """The stream's feed, or NotOffered saying why it has no live video: live encoding is off
+        (`webrtc.live_encode`) and its packets are not H.264 or it has none, or its frames could
+        not be encoded (x264 refused them)."""
         feed = self._feeds.get(stream_id)
+        if feed is None and self.settings.live_encode:
+            raise NotOffered("the stream has not started yet")
         if feed is None:
             raise NotOffered("live video is forwarded from sources that demux (cameras, files and HTTP streams read "
-                             "with PyAV); this stream's source hands decoded frames only")
-        if feed.codec not in (None, "h264"):
-            raise NotOffered(f"the stream's video is {feed.codec}: live video is forwarded for H.264 only (it is "
-                             "not re-encoded)")
+                             "with PyAV), and this stream's frames are not encoded for viewers "
+                             "(webrtc.live_encode is off)")
+        if feed.encoder is None and feed.codec not in (None, "h264"):
+            raise NotOffered(f"the stream's video is {feed.codec}: live video is forwarded for H.264 only, and "
+                             "other streams are not encoded for viewers (webrtc.live_encode is off)")
+        if feed.encoder is not None and feed.encoder.failure is not None and not feed.forwarding:
+            raise NotOffered(f"the stream's frames cannot be encoded for viewers ({feed.encoder.failure})")
         return feed
 
     def viewer(self, stream_id: str, resource_id: str) -> Viewer | None:
@@ -304,7 +359,7 @@ class LiveView:
         finally:
             self._negotiating -= 1
         self._viewers[viewer.resource_id] = viewer
-        feed.viewers.add(track)
+        feed.joined(track)
         self.opened += 1
         pc.on("connectionstatechange", lambda: self._connection_state(viewer))
         viewer.timer = self._timers.spawn(self._connect_within(viewer), f"{stream_id}-viewer-connect")
@@ -318,13 +373,13 @@ class LiveView:
         video = [t for t in pc.getTransceivers() if t.kind == "video"]
         if not video or video[0].direction not in ("recvonly", "sendrecv"):
             raise BadOffer("sdp", "the offer receives no video (a WHEP offer has a recvonly video section)")
-        # Packets are forwarded as they came: H.264 or nothing. aiortc picks the codecs in common
-        # while it reads the offer, so the choice is narrowed afterwards (setCodecPreferences would
+        # Packets are forwarded as they came or encoded: H.264 or nothing. aiortc picks the codecs in
+        # common while it reads the offer, so the choice is narrowed afterwards (setCodecPreferences would
         # only apply to the next negotiation).
         wanted = [c for c in RTCRtpSender.getCapabilities("video").codecs if c.mimeType.lower() in H264_AND_RTX]
         common = filter_preferred_codecs(video[0]._codecs, wanted)
         if not any(c.mimeType.lower() == "video/h264" for c in common):
-            raise BadOffer("sdp", "the client does not receive H.264, the only codec forwarded (it is not re-encoded)")
+            raise BadOffer("sdp", "the client does not receive H.264, the only codec sent")
         video[0]._codecs = common
         pc.addTrack(viewer.track)
         await make_answer(pc, " (does the client receive H.264?)")

@@ -46,7 +46,8 @@ class SessionCollector(Collector):
 
 
 class ViewerCollector(Collector):
-    """Live viewers (WHEP): now, the bound, refused, and why they ended (`behind`: dropped slow)."""
+    """Live viewers (WHEP): now, the bound, refused, and why they ended (`behind`: dropped slow);
+    and the live encoders of streams whose packets are not forwarded."""
 
     def __init__(self, live: LiveView) -> None:
         self.live = live
@@ -70,3 +71,13 @@ class ViewerCollector(Collector):
         yield CounterMetricFamily("vidsentry_live_viewer_skips",
                                   "Times a live viewer fell webrtc.viewer_queue_packets behind and skipped to the "
                                   "next keyframe (open viewers and ended ones)", value=live.skips)
+        encoding = live.encoding  # streams whose packets are not forwarded: their frames encoded for viewers
+        yield GaugeMetricFamily("vidsentry_live_encoders",
+                                "Streams whose frames are being encoded for live viewers now", value=encoding.running)
+        yield CounterMetricFamily("vidsentry_live_encoder_starts", "Live encoders started (a stream's first viewer)",
+                                  value=encoding.starts)
+        yield CounterMetricFamily("vidsentry_live_frames_encoded", "Frames encoded to H.264 for live viewers",
+                                  value=encoding.encoded)
+        yield CounterMetricFamily("vidsentry_live_frames_skipped",
+                                  "Frames not encoded for live viewers: the encoder or its compute budget turn was "
+                                  "busy with an earlier frame", value=encoding.skipped)

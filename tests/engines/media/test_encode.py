@@ -9,7 +9,8 @@ import av
 import numpy as np
 import pytest
 
-from engines.media.encode import FrameEncoder, annexb_to_avcc
+from engines.media.encode import EncoderSettings, FrameEncoder, annexb_to_avcc
+from engines.media.h264 import AnnexB
 from engines.media.remux import still_at, write_mp4
 from pipelines.clips.ring import PacketRing
 
@@ -72,3 +73,31 @@ def test_start_codes_become_length_prefixes() -> None:
     assert annexb_to_avcc(annexb) == (b"\x00\x00\x00\x02\x67\x42" b"\x00\x00\x00\x02\x68\xce"
                                       b"\x00\x00\x00\x03\x65\x88\x84")
     assert annexb_to_avcc(b"\x00\x00\x00\x02\x67\x42") == b"\x00\x00\x00\x02\x67\x42"
+
+
+def test_live_settings_scale_wide_frames_write_constrained_baseline_and_key_a_frame_on_demand() -> None:
+    # What live viewers get (realtime.webrtc.live_encode): a 4K-wide frame costs a 1280-wide
+    # encode, the profile is the one every browser takes, and a keyframe comes when asked.
+    encoder = FrameEncoder(EncoderSettings(keyint_s=1.0, profile="baseline", max_width=1280))
+    assert encoder.target_size(3840, 2160) == (1280, 720)
+    assert encoder.target_size(641, 481) == (640, 480)  # even, so odd browser sizes are taken
+    assert encoder.target_size(3841, 2161) == (1280, 720)
+    packets = []
+    for i in range(6):
+        if i == 3:
+            encoder.keyframe_next()
+        packets += encoder.encode(moving(i, (2160, 3840)), i / 10)
+    assert encoder.running and encoder.encoded_size == (1280, 720)
+    assert [p.keyframe for p in packets] == [True, False, False, True, False, False]
+    header = packets[0].header
+    assert (header.width, header.height) == (1280, 720)
+    annexb = AnnexB(header)
+    sps = annexb.parameter_sets[4:]
+    assert sps[0] & 0x1F == 7 and sps[1] == 66 and sps[2] & 0x40  # profile_idc 66, constraint_set1: Constrained
+    decoder = av.CodecContext.create("h264", "r")
+    decoded = []
+    for packet in packets:
+        decoded += decoder.decode(av.Packet(annexb.convert(packet.data, packet.keyframe)))
+    assert len(decoded) == 6 and (decoded[0].width, decoded[0].height) == (1280, 720)
+    encoder.close()
+    assert not encoder.running

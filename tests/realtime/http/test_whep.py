@@ -99,6 +99,7 @@ async def test_a_viewer_pulls_the_camera_s_packets_as_they_came_and_delete_ends_
         sender = next(t.sender for t in viewer.pc.getTransceivers() if t.sender.track is viewer.track)
         encoder = sender._RTCRtpSender__encoder  # type: ignore[attr-defined]
         assert encoder is not None and encoder.codec is None  # packed only: no libx264 context was opened
+        assert live_view(svc).encoding.starts == 0  # nor the stream's live encoder: its packets are forwarded
         assert viewer.track.stats.packets >= 20
 
         clock = await svc.call("GET", location)

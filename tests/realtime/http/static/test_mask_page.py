@@ -35,7 +35,7 @@ async def svc(
         "sam_decoder": str(models.sam_decoder(root / "decoder.onnx")),
         "backend": "onnx-cpu",
     }
-    config = make_config(segmentation=segmentation)
+    config = make_config(segmentation=segmentation, webrtc={"live_encode": False})  # masks on the poll's canvas
     async with (
         NatsEventPublisher(shared_nats_server.url, node="test") as publisher,
         DetectionBatcher(people_detector) as batcher,

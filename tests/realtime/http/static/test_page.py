@@ -12,7 +12,7 @@ from playwright.async_api import Browser, Page, ViewportSize
 from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.support.browser import open_page
-from tests.support.service import LiveService, live_service
+from tests.support.service import LiveService, live_service, make_config
 
 TOKEN = "page-test-token-1234"
 UNREACHABLE = "rtsp://127.0.0.1:1/cam"  # refused at once: a stream that keeps reconnecting
@@ -24,7 +24,9 @@ PHONE = ViewportSize(width=390, height=844)
 async def svc(
     people_detector: Detector, shared_nats_server: EmbeddedNatsServer, vtest_avi: Path
 ) -> AsyncIterator[LiveService]:
-    async with live_service(people_detector, shared_nats_server.url) as live:
+    # The JPEG poll's canvas is what this module draws on: no stream here gets live video.
+    config = make_config(webrtc={"live_encode": False})
+    async with live_service(people_detector, shared_nats_server.url, config=config) as live:
         body = {"id": "plaza", "url": str(vtest_avi), "detect_fps": 4, "audio": False}
         assert (await live.call("POST", "/api/streams", json_body=body)).status == 201
         assert (await live.call("POST", "/api/streams", json_body={"id": "gate", "url": UNREACHABLE})).status == 201
@@ -80,6 +82,7 @@ async def test_the_page_loads_clean_and_watch_mode_draws_boxes_and_alerts(
         assert await canvas_number(page, "watch-canvas", "frames") > 0  # detections events read
         hooks = await page.evaluate("window.vidsentry.watch")
         assert hooks["streamId"] == "plaza" and hooks["boxesDrawn"] > 0 and hooks["messages"] > 0
+        assert "webrtc.live_encode is off" in hooks["fallback"]  # why the poll, not live video
         size = await page.evaluate(
             "[document.getElementById('watch-canvas').width, document.getElementById('watch-canvas').height]"
         )

@@ -37,7 +37,8 @@ async def svc(
 ) -> AsyncIterator[LiveService]:
     with installed(CHIMES):  # the one registry line a capability adds, made here instead
         config = config_model(CAPABILITIES).model_validate(
-            {"node": "test", "supervisor": FAST_SUPERVISOR, "sources": OPEN_SOURCES, "chimes": {"every_frames": 2}}
+            {"node": "test", "supervisor": FAST_SUPERVISOR, "sources": OPEN_SOURCES, "chimes": {"every_frames": 2},
+             "webrtc": {"live_encode": False}}  # the panel's marks on the JPEG poll's canvas
         )
         opened = {"chimes": config.section("chimes")}
         async with live_service(people_detector, shared_nats_server.url, config=config, opened=opened) as live:

@@ -1,21 +1,25 @@
 """The Watch view plays a stream's live video over WHEP in headless Chromium: the sample clip's own
 H.264 packets, forwarded, decoded by the browser frame after frame, with each frame's boxes drawn
-over it (matched by pts through the RTP clock); a stream whose video is not forwarded falls back to
-the JPEG poll with a line saying why."""
+over it (matched by pts through the RTP clock); a stream whose packets are not forwarded (the
+MPEG-4 vtest.avi) plays too, its frames encoded for the viewer while it watches. (The JPEG poll
+with its line saying why is in test_page.py, with live encoding off.)"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest_asyncio
-from playwright.async_api import Browser
+from playwright.async_api import Browser, Page
 
 from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.realtime.http.static.test_page import WIDE, wait_for_boxes
 from tests.support.browser import open_page
 from tests.support.service import LiveService, live_service, make_config
+from tests.support.waiting import wait_until
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -30,6 +34,19 @@ async def svc(people_detector: Detector, shared_nats_server: EmbeddedNatsServer,
         await live.wait_for_state("plaza", "live", min_processed=1)
         await live.wait_for_state("avi", "live", min_processed=1)
         yield live
+
+
+async def watch_until(page: Page, condition: Callable[[dict[str, Any]], bool], within_s: float,
+                      what: str) -> dict[str, Any]:
+    """The page's Watch hooks once `condition` holds (polled: the page's CSP forbids the eval that
+    wait_for_function uses)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        watch: dict[str, Any] = await page.evaluate("window.vidsentry.watch")
+        if condition(watch):
+            return watch
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {watch}"
+        await page.wait_for_timeout(100)
 
 
 async def test_the_watch_view_plays_live_video_with_each_frame_s_boxes_on_it(
@@ -56,11 +73,20 @@ async def test_the_watch_view_plays_live_video_with_each_frame_s_boxes_on_it(
         await page.screenshot(path=screenshots / "watch-live.png")
         assert svc.service.live.count == 1
 
-        await page.click(".stream[data-id=avi]")  # MPEG-4 part 2: not forwarded, the JPEG poll instead
-        await wait_for_boxes(page, "watch-canvas", within_ms=15_000)
-        fallback = await page.evaluate("window.vidsentry.watch.fallback")
-        assert "msmpeg4" in fallback
-        assert "No live video" in (await page.text_content("#watch-fallback") or "")
-        await page.wait_for_timeout(300)
-        assert svc.service.live.count == 0  # leaving the stream ended its viewer (DELETE)
+        # MS MPEG-4 v3: not forwarded, so its frames are encoded to H.264 for the viewer, and it
+        # plays live as well, each frame with its boxes.
+        await page.click(".stream[data-id=avi]")
+        watch = await watch_until(page, lambda w: w["streamId"] == "avi" and w["matched"] > 0, 20,
+                                  "avi's frames shown with their boxes")
+        assert svc.service.live.count == 1  # leaving plaza ended its viewer (DELETE); this one is avi's
+        encoder = svc.service.live.feed("avi").encoder
+        assert encoder is not None and encoder.running and encoder.encoded > 0
+        assert watch["live"] and watch["fallback"] is None
+        size = await page.evaluate("[document.getElementById('watch-video').videoWidth, "
+                                   "document.getElementById('watch-video').videoHeight]")
+        assert size == [768, 576]
+        await page.screenshot(path=screenshots / "watch-live-encoded.png")
+        await page.click(".stream[data-id=plaza]")
+        await page.wait_for_selector("#watch-live.on", timeout=15_000)
+        await wait_until(lambda: not encoder.running, 10, "avi's encoder to stop once its viewer left")
         assert await watched.problems() == []
