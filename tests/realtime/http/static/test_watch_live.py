@@ -58,14 +58,13 @@ async def test_the_watch_view_plays_live_video_with_each_frame_s_boxes_on_it(
         await page.click(".stream[data-id=plaza]")
         await page.wait_for_selector("#watch-live.on", timeout=15_000)
         await wait_for_boxes(page, "watch-overlay", within_ms=20_000)
-        await page.wait_for_timeout(800)  # some frames more, so the figures below mean something
         first = await page.evaluate("window.vidsentry.watch")
-        await page.wait_for_timeout(600)
-        watch = await page.evaluate("window.vidsentry.watch")
+        # Frames keep being presented, and boxes are drawn on the frames they belong to (waited for,
+        # not slept on: on a loaded machine the page holds frames back as long as their boxes take).
+        watch = await watch_until(page, lambda w: w["videoFrames"] > first["videoFrames"] + 5 and w["matched"] > 0
+                                  and bool(w["latenciesMs"]), 20, "more frames shown, with their boxes")
         played = await page.evaluate("document.getElementById('watch-video').currentTime")
-        assert watch["live"] and watch["fallback"] is None
-        assert watch["videoFrames"] > first["videoFrames"] and played > 0  # frames keep being presented
-        assert watch["matched"] > 0 and watch["latenciesMs"]  # boxes drawn on the frames they belong to
+        assert watch["live"] and watch["fallback"] is None and played > 0
         size = await page.evaluate("[document.getElementById('watch-video').videoWidth, "
                                    "document.getElementById('watch-video').videoHeight]")
         assert size == [768, 576]
@@ -78,7 +77,8 @@ async def test_the_watch_view_plays_live_video_with_each_frame_s_boxes_on_it(
         await page.click(".stream[data-id=avi]")
         watch = await watch_until(page, lambda w: w["streamId"] == "avi" and w["matched"] > 0, 20,
                                   "avi's frames shown with their boxes")
-        assert svc.service.live.count == 1  # leaving plaza ended its viewer (DELETE); this one is avi's
+        # Leaving plaza ended its viewer (its DELETE may still be on its way); the one left is avi's.
+        await wait_until(lambda: svc.service.live.count == 1, 10, "one viewer: avi's")
         encoder = svc.service.live.feed("avi").encoder
         assert encoder is not None and encoder.running and encoder.encoded > 0
         assert watch["live"] and watch["fallback"] is None
