@@ -1,12 +1,15 @@
 """One caption stage on real speech, as the caption tests drive it: audio fed at a chosen speed
-(on a schedule) into an AudioBuffer, the events it publishes collected."""
+(on a schedule) into an AudioBuffer, the events it publishes collected. `broken_multilingual_parts`
+makes the multilingual model's parts fail to join, for the tests of what a bad install does."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from pipelines.captions.engine import CaptionEngine
 from pipelines.captions.stage import CaptionStage
@@ -15,6 +18,17 @@ from pipelines.frames import AudioChunk
 from pipelines.mailbox import AudioBuffer
 
 CHUNK = 320  # 20 ms, as RTP audio arrives
+
+
+def broken_multilingual_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The multilingual base's installed parts replaced by one that does not join, in an empty cache."""
+    from engines.asr import bundled
+
+    broken = tmp_path / "part"
+    broken.mkdir()
+    (broken / "model.bin.part1").write_bytes(b"not the weights")
+    monkeypatch.setattr(bundled, "CACHE_ROOT", tmp_path / "cache")
+    monkeypatch.setattr(bundled, "_data_dir", lambda part: broken)
 
 
 class Collect:

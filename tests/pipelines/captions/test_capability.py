@@ -15,7 +15,7 @@ from pipelines.captions.engine import RECOGNIZER, TRANSCRIBER
 from pipelines.compute import ComputeBudget
 from pipelines.events import EventKind
 from tests.pipelines.captions.test_stage import utterances
-from tests.support.captions import caption
+from tests.support.captions import broken_multilingual_parts, caption
 from tests.support.speech import load_pcm16k
 
 
@@ -52,13 +52,7 @@ async def test_a_corrupt_part_of_the_multilingual_model_leaves_captions_in_engli
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """captions.model: base whose parts do not join: the reason is logged and tiny.en captions in English."""
-    from engines.asr import bundled
-
-    broken = tmp_path / "part"
-    broken.mkdir()
-    (broken / "model.bin.part1").write_bytes(b"not the weights")
-    monkeypatch.setattr(bundled, "CACHE_ROOT", tmp_path / "cache")
-    monkeypatch.setattr(bundled, "_data_dir", lambda part: broken)
+    broken_multilingual_parts(tmp_path, monkeypatch)
     settings = CaptionsSettings(model="base", language="auto", translate="en")
     async with open_captions(settings) as engine:
         assert engine is not None and engine.model_name == "tiny.en"

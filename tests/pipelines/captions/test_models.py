@@ -17,7 +17,7 @@ from pipelines.captions.capability import open_captions, serve_captions, stream_
 from pipelines.captions.config import CaptionsSettings, CaptionsStreamSettings
 from pipelines.captions.engine import CaptionEngine
 from pipelines.captions.models import ModelRefused
-from tests.support.captions import caption
+from tests.support.captions import broken_multilingual_parts, caption
 from tests.support.languages import spoken
 
 CaptionModels = tuple[SpeechRecognizer, VadModel]
@@ -96,11 +96,7 @@ async def test_a_stream_naming_a_model_whose_parts_are_missing_is_refused_and_th
 async def test_an_altered_part_found_at_load_leaves_that_stream_without_captions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    broken = tmp_path / "part"
-    broken.mkdir()
-    (broken / "model.bin.part1").write_bytes(b"not the weights")
-    monkeypatch.setattr(bundled, "CACHE_ROOT", tmp_path / "cache")
-    monkeypatch.setattr(bundled, "_data_dir", lambda part: broken)
+    broken_multilingual_parts(tmp_path, monkeypatch)
     async with open_captions(CaptionsSettings()) as engine:
         assert isinstance(engine, CaptionEngine) and engine.shelf is not None
         assert engine.shelf.problem("base") is None  # its parts are there: only joining them finds the fault
