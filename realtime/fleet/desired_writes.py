@@ -31,9 +31,7 @@ class FleetLimitReached(StreamLimitReached):
     setting = "fleet.max_streams"
 
     def __init__(self, limit: int, wanted: int) -> None:
-        Exception.__init__(self, f"stream limit reached: {limit} streams in the fleet ({self.setting})")
-        self.limit = limit
-        self.wanted = wanted
+        super().__init__(limit, wanted, where=" in the fleet")
 
 
 class DesiredWriter:

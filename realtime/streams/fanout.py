@@ -30,7 +30,7 @@ from typing import TypeVar
 
 from pipelines.events import Event, EventSink
 from realtime.bus import cloudevents
-from realtime.errors import ServiceError
+from realtime.errors import LimitReached, ServiceError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -75,13 +75,8 @@ class ViewerClosed(ServiceError):
     """The viewer was closed and everything queued has been taken."""
 
 
-class ViewerLimitReached(ServiceError):
+class ViewerLimitReached(LimitReached):
     """No room for another viewer; `setting` is the config key of the bound that was hit."""
-
-    def __init__(self, message: str, *, limit: int, setting: str) -> None:
-        super().__init__(message)
-        self.limit = limit
-        self.setting = setting
 
 
 class Viewer:

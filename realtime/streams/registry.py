@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pipelines.frames import StreamState
 from pipelines.graph.counters import Counters, zero_counters
 from realtime.config import AnyStreamSettings, CameraStreamSettings
-from realtime.errors import ServiceError
+from realtime.errors import LimitReached, ServiceError
 from realtime.sources.spec import InvalidSource, parse_source
 from realtime.streams.runner import StreamRunner
 from realtime.streams.view import PENDING, StreamView, public_url
@@ -51,14 +51,13 @@ class RegistryClosed(ServiceError, RuntimeError):
     """The service is shutting down; the desired set no longer changes."""
 
 
-class StreamLimitReached(ServiceError):
+class StreamLimitReached(LimitReached):
     """The desired set would hold more than `limit` streams (`http.max_streams`); nothing changed."""
 
     setting = "http.max_streams"
 
-    def __init__(self, limit: int, wanted: int) -> None:
-        super().__init__(f"stream limit reached: {limit} streams ({self.setting})")
-        self.limit = limit
+    def __init__(self, limit: int, wanted: int, *, where: str = "") -> None:
+        super().__init__(f"stream limit reached: {limit} streams{where} ({self.setting})", limit=limit)
         self.wanted = wanted  # how many streams the refused write asked for
 
 

@@ -44,7 +44,7 @@ from engines.media.remux import CodecHeader, EncodedPacket
 from pipelines.graph.stage import StageContext
 from pipelines.tasks import TaskOwner
 from realtime.config import WebRtcSettings
-from realtime.errors import ServiceError
+from realtime.errors import LimitReached, ServiceError
 from realtime.webrtc.dtls import accept_rsa_peers
 from realtime.webrtc.ice import rtc_configuration, screen_candidates
 from realtime.webrtc.live_encode import STAGE_NAME as ENCODER_STAGE
@@ -62,12 +62,11 @@ TIME_BASE = Fraction(1, RTP_CLOCK)
 H264_AND_RTX = ("video/h264", "video/rtx")
 
 
-class ViewerLimitReached(ServiceError):
+class ViewerLimitReached(LimitReached):
     setting = "webrtc.max_viewers"
 
     def __init__(self, limit: int) -> None:
-        super().__init__(f"viewer limit reached: {limit} viewers ({self.setting})")
-        self.limit = limit
+        super().__init__(f"viewer limit reached: {limit} viewers ({self.setting})", limit=limit)
 
 
 class NotOffered(ServiceError):

@@ -39,7 +39,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.sdp import candidate_from_sdp
 
 from realtime.config import WebRtcSettings, WebRtcStreamSettings
-from realtime.errors import ServiceError
+from realtime.errors import LimitReached, ServiceError
 from realtime.webrtc.dtls import accept_rsa_peers
 from realtime.webrtc.ice import (
     StunBudget,
@@ -58,22 +58,19 @@ log = logging.getLogger(__name__)
 NEGOTIATION_TIMEOUT_S = 10.0  # parsing the offer and gathering host candidates take milliseconds
 
 
-class SessionLimitReached(ServiceError):
+class SessionLimitReached(LimitReached):
     setting = "webrtc.max_sessions"
 
     def __init__(self, limit: int) -> None:
-        super().__init__(f"session limit reached: {limit} sessions ({self.setting})")
-        self.limit = limit
+        super().__init__(f"session limit reached: {limit} sessions ({self.setting})", limit=limit)
 
 
 class TooManyConnecting(SessionLimitReached):
     """Too many sessions still connecting, of all clients or of this one."""
 
     def __init__(self, limit: int, setting: str, whose: str) -> None:
-        Exception.__init__(self, f"{limit} sessions {whose} still connecting ({setting}); try again when they "
-                                 "connect or time out")
-        self.limit = limit
-        self.setting = setting
+        LimitReached.__init__(self, f"{limit} sessions {whose} still connecting ({setting}); try again when they "
+                                    "connect or time out", limit=limit, setting=setting)
 
 
 class SessionExists(ServiceError):
