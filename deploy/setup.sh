@@ -17,6 +17,7 @@ APT_PACKAGES=(
   g++  # tests/engines/tensorrt/test_kernel_source.py runs the CUDA letterbox kernel's body on the CPU
   chromium  # browser tests: playwright drives Debian's build (never `playwright install`)
   simple-whip-client  # WHIP tests: a third-party publisher (tests/support/whip_client.py)
+  libjemalloc2  # serve and run preload it: glibc's malloc let serve's memory grow (realtime/cli/allocator.py)
 )
 
 step() { printf '\n==> %s\n' "$*" >&2; }

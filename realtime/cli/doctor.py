@@ -27,13 +27,27 @@ def doctor_command(args: argparse.Namespace | None = None) -> int:
     vlm_checks = _vlm_checks(args)
     from realtime.sources.decode import nvdec_status  # PyAV: only now, --help stays instant
 
-    rows = [*checks, EngineCheck("nvdec-decode", *nvdec_status()), *vlm_checks]  # informative: CPU decode works
+    rows = [*checks, EngineCheck("nvdec-decode", *nvdec_status()), _allocator_check(), *vlm_checks]
     width = max(len(c.name) for c in rows)
     for check in rows:
         mark = "yes" if check.available else "no "
         print(f"{check.name:<{width}}  {mark}  {check.detail}")
+    # nvdec and jemalloc are informative: CPU decode and glibc's malloc work.
     engines_ok = any(c.available and c.name.startswith("onnxruntime") for c in checks)
     return 0 if engines_ok and all(c.available for c in vlm_checks) else 1
+
+
+def _allocator_check() -> EngineCheck:
+    """Whether `serve` and `run` get jemalloc (realtime.cli.allocator): doctor itself never switches."""
+    from realtime.cli.allocator import ENV, find_jemalloc
+
+    library = find_jemalloc()
+    if os.environ.get(ENV, "").lower() == "system":
+        return EngineCheck("jemalloc", False, f"{ENV}=system: serve and run keep the C library's malloc")
+    if library is None:
+        return EngineCheck("jemalloc", False, "libjemalloc.so.2 not found (apt install libjemalloc2): serve and run "
+                                              "use the C library's malloc, whose memory grows under long load")
+    return EngineCheck("jemalloc", True, f"serve and run preload {library} ({ENV}=system to keep glibc's)")
 
 
 def _vlm_checks(args: argparse.Namespace | None) -> list[EngineCheck]:

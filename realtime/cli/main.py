@@ -15,6 +15,10 @@ from realtime.logs import setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # started as a program (not called from Python): it may change its allocator
+        from realtime.cli.allocator import reexec_on_jemalloc
+
+        reexec_on_jemalloc(sys.argv[1:])
     args = build_parser().parse_args(argv)
     # Once a command was chosen: CommandError derives from the project's error root, in engines/.
     from realtime.cli.errors import EXIT_USAGE, CommandError

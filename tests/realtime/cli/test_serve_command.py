@@ -45,6 +45,8 @@ def test_sample_config_serves_then_sigterm_keeps_every_durable_event(
     with serve.start():
         assert serve.url is not None and serve.url.startswith("http://127.0.0.1:")
         poll(lambda: http("GET", f"{serve.url}/readyz")[0] == 200, 30, "/readyz to say ready")
+        # Started as a program, serve runs again on jemalloc (deploy/setup.sh installs it).
+        assert "libjemalloc" in Path(f"/proc/{serve.pid}/maps").read_text()
         # The sample's stream plays the sample clip like a camera; let tracks open.
         poll(lambda: http("GET", f"{serve.url}/api/streams/plaza")[1]["counters"]["tracks"] >= 2, 60, "tracks")
         assert serve.terminate() == 0, serve.stderr()
