@@ -279,6 +279,8 @@ class RetainedTopics:
         """Send the whole mirror again (a hub came online: a subscription made while a retained
         message was being stored can miss it)."""
         self.stats.resends += 1
+        if self._connected:  # this node's availability too: every entity names it
+            self._pending.append((self.node_topic, ONLINE))
         self._pending.extend(self._mirror.items())
         if self._pending:
             self._idle.clear()
