@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import secrets
 import time
@@ -50,7 +49,7 @@ from realtime.webrtc.ice import rtc_configuration, screen_candidates
 from realtime.webrtc.live_encode import STAGE_NAME as ENCODER_STAGE
 from realtime.webrtc.live_encode import EncodeTotals, LiveEncoder
 from realtime.webrtc.offer import BadOffer
-from realtime.webrtc.sessions import SessionsClosed, make_answer, read_offer
+from realtime.webrtc.sessions import SessionsClosed, make_answer, read_offer, same_resource
 
 log = logging.getLogger(__name__)
 
@@ -330,8 +329,7 @@ class LiveView:
 
     def viewer(self, stream_id: str, resource_id: str) -> Viewer | None:
         found = self._viewers.get(resource_id)
-        expected = found.resource_id if found is not None else secrets.token_urlsafe(16)
-        matches = hmac.compare_digest(resource_id.encode("utf-8", "surrogatepass"), expected.encode())
+        matches = same_resource(resource_id, found.resource_id if found is not None else None)
         return found if found is not None and matches and found.stream_id == stream_id else None
 
     async def open(self, stream_id: str, sdp: str) -> ViewerAnswer:

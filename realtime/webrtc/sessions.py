@@ -58,6 +58,13 @@ log = logging.getLogger(__name__)
 NEGOTIATION_TIMEOUT_S = 10.0  # parsing the offer and gathering host candidates take milliseconds
 
 
+def same_resource(given: str, issued: str | None) -> bool:
+    """A resource id from a URL against the one issued, in constant time; with none issued, against
+    a random one, so the time taken never says whether a resource exists."""
+    expected = issued if issued is not None else secrets.token_urlsafe(16)
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode())
+
+
 class SessionLimitReached(LimitReached):
     setting = "webrtc.max_sessions"
 
@@ -237,8 +244,7 @@ class SessionTable:
     def whip_session(self, stream_id: str, resource_id: str) -> WebRtcSession | None:
         """The session behind a WHIP resource URL, or None (unknown stream, or not its resource)."""
         session = self._sessions.get(stream_id)
-        expected = session.resource_id if session is not None else secrets.token_urlsafe(16)
-        matches = hmac.compare_digest(resource_id.encode("utf-8", "surrogatepass"), expected.encode())
+        matches = same_resource(resource_id, session.resource_id if session is not None else None)
         return session if session is not None and matches else None
 
     async def trickle(self, session: WebRtcSession, fragment: Fragment) -> Trickled:
