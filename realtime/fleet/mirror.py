@@ -10,6 +10,9 @@ while this worker stayed connected to another. nats-py notices only after two mi
 heartbeats, and retries no faster. So a worker that writes to the bucket says so (`expect`),
 and a write its own watch has not delivered after a few seconds (`overdue`) means the watch is
 stalled and is started again.
+
+A watch's copy is complete only once the server's replay has arrived: nats-py's end-of-replay
+marker can come ahead of it, so the mirror asks the server what it had sent and waits for that.
 """
 
 from __future__ import annotations
@@ -131,6 +134,14 @@ class KvMirror:
         fresh: dict[str, Seen] = {}
         replayed_up_to = 0  # the newest revision the replay showed: its copy of the bucket is this recent
         replaying = True
+        replay_ends_at: int | None = None  # the revision the server had sent when nats-py said the replay ended
+
+        def replayed() -> None:
+            nonlocal replaying
+            self._replace(fresh, replayed_up_to)
+            replaying = False
+            self.synced.set()
+
         try:
             while True:
                 got, entry = await until_set(self._restart, watcher.updates(timeout=None), "kv-watch-update")
@@ -138,11 +149,11 @@ class KvMirror:
                     return
                 if entry is not None:
                     self._delivered = max(self._delivered, entry.revision)
-                if entry is None:  # the replay of what exists is complete
-                    if replaying:
-                        self._replace(fresh, replayed_up_to)
-                        replaying = False
-                        self.synced.set()
+                if entry is None:  # nats-py says the replay of what exists is complete
+                    if replaying and replay_ends_at is None:
+                        replay_ends_at = await _sent_so_far(watcher)
+                        if replayed_up_to >= replay_ends_at:
+                            replayed()
                     continue
                 gone = entry.operation in (KV_DEL, KV_PURGE)
                 if gone:
@@ -155,6 +166,8 @@ class KvMirror:
                         fresh.pop(entry.key, None)
                     else:
                         fresh[entry.key] = Seen(entry.value or b"", entry.revision, time.monotonic())
+                    if replay_ends_at is not None and replayed_up_to >= replay_ends_at:
+                        replayed()
                 else:
                     self._take(entry.key, None if gone else (entry.value or b""), entry.revision)
         finally:
@@ -192,3 +205,14 @@ class KvMirror:
         if self._on_change is not None:
             for key in changed:
                 self._on_change(key)
+
+
+async def _sent_so_far(watcher: KeyValue.KeyWatcher) -> int:
+    """The newest revision the server has sent this watch. nats-py (to 2.16 at least, its issue
+    #842) can put its end-of-replay marker ahead of replayed entries still on the wire: the
+    replay ends only once the watch has delivered this revision."""
+    subscription = getattr(watcher, "_sub", None)
+    if subscription is None:  # a nats-py without it: its marker is all there is
+        return 0
+    delivered = (await subscription.consumer_info()).delivered
+    return (delivered.stream_seq or 0) if delivered is not None else 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 import nats
 
@@ -71,3 +72,51 @@ def test_a_replay_from_a_replica_that_is_behind_neither_loses_nor_rolls_back_wha
     mirror._replace({"lease.new": Seen(b"w0", 20, 0.0)}, replayed_up_to=20)
     assert sorted(k for k, _ in mirror.items()) == ["lease.new"]
     assert mirror.get("lease.new").value == b"w0"  # type: ignore[union-attr]
+
+
+class _MarkerFirst:
+    """A real watch whose end-of-replay marker comes ahead of its replay, as nats-py's does when
+    the replay is still on the wire while it asks the server what is pending (nats.py #842)."""
+
+    def __init__(self, watcher: Any) -> None:
+        self._watcher = watcher
+        self._sub = watcher._sub
+        self._marked = False
+
+    async def updates(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109  # nats-py's signature
+        if not self._marked:
+            self._marked = True
+            return None
+        return await self._watcher.updates(timeout=timeout)
+
+    async def stop(self) -> None:
+        await self._watcher.stop()
+
+
+def test_an_end_of_replay_marker_ahead_of_the_replay_does_not_end_it(fleet_nats: EmbeddedNatsServer) -> None:
+    async def scenario() -> None:
+        nc = await nats.connect(fleet_nats.url)
+        kv = await nc.jetstream().create_key_value(bucket="mirror-early-marker")
+        written = {key: await kv.put(key, key.encode()) for key in ("stream.a", "stream.b", "stream.c")}
+        await kv.delete("stream.c")
+        real_watchall = kv.watchall
+
+        async def marker_first(**kwargs: Any) -> Any:
+            return _MarkerFirst(await real_watchall(**kwargs))
+
+        kv.watchall = marker_first  # type: ignore[method-assign]
+        mirror = KvMirror(kv)
+        task = asyncio.create_task(mirror.run())
+        try:
+            await asyncio.wait_for(mirror.synced.wait(), 10.0)
+            # What the bucket held is all there the moment the mirror says it is synced.
+            assert {key: seen.revision for key, seen in mirror.items()} == \
+                {key: written[key] for key in ("stream.a", "stream.b")}
+            assert mirror.tombstone("stream.c") is not None
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await nc.close()
+
+    asyncio.run(scenario())
