@@ -20,8 +20,9 @@ from pipelines.events import Event, EventKind
 from pipelines.frame_loop import FrameLoop
 from pipelines.frames import DeferredImage, VideoFrame
 from pipelines.mailbox import FrameMailbox
-from pipelines.tracker import ByteTracker
+from pipelines.tracker import ByteTracker, TrackerConfig
 from tests.pipelines.rules.script import rules
+from tests.support.waiting import wait_until
 
 SPEED = 100.0  # pixels per second: a fifth of the box's width between measurements 0.2 s apart
 FPS = 50
@@ -255,3 +256,44 @@ async def test_under_a_compute_budget_the_model_gets_the_newest_frame_once_it_ha
     assert budget.threads_in_use() == 0
     # Only the frames the model measured were ever converted: predicted ones need no picture.
     assert sorted(converted) == measured and len(measured) == loop.stats.frames_processed
+
+
+async def test_a_stalled_event_loop_is_not_an_outage_and_ends_no_track() -> None:
+    # The camera keeps sending while the event loop is blocked for longer than lost_timeout_s (a
+    # loaded machine, a slow callback). When it wakes, the idle check's timeout and the waiting frame
+    # are due together: the stall must not be read as the camera going silent, which would age the
+    # track by the stall, end it as lost and bring the same person back under a new id.
+    sink = Collect()
+    mailbox = FrameMailbox()
+    stop = threading.Event()
+    base = time.time()
+
+    def camera() -> None:
+        seq = 0
+        while not stop.is_set():
+            pts = seq / FPS
+            time.sleep(max(0.0, base + pts - time.time()))
+            mailbox.put(VideoFrame("cam", seq, pts, base + pts, frame_image(pts)))
+            seq += 1
+        mailbox.close()
+
+    def tracks() -> list[tuple[str, int, str | None]]:  # new and end: what a lost track would change
+        return [(e.data["event"], e.data["track_id"], e.data.get("reason")) for e in sink.events
+                if e.kind is EventKind.TRACKS and e.data["event"] in ("new", "end")]  # fmt: skip
+
+    async with DetectionBatcher(MovingPersonDetector(0.0), in_flight=1) as batcher:
+        loop = FrameLoop("cam", mailbox, batcher, sink, tracker_config=TrackerConfig(lost_timeout_s=0.4))
+        feeder = threading.Thread(target=camera)
+        feeder.start()
+        run = asyncio.create_task(loop.run())
+        try:
+            await wait_until(lambda: tracks() == [("new", 1, None)], 10, "the person's track")
+            time.sleep(0.8)  # noqa: ASYNC251 -- the stall itself: the event loop blocked for twice lost_timeout_s
+            handled = loop.stats.frames_processed + loop.stats.frames_predicted
+            await wait_until(lambda: loop.stats.frames_processed + loop.stats.frames_predicted > handled + 10, 10,
+                             "frames after the stall")  # fmt: skip
+        finally:
+            stop.set()
+            feeder.join(5)
+        await asyncio.wait_for(run, 10)
+    assert tracks() == [("new", 1, None), ("end", 1, "stream_stopped")], tracks()  # one track, ended with the stream
