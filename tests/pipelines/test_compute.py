@@ -180,18 +180,33 @@ def _one_turn(shares: ComputeBudget, name: str) -> int:
 
 
 def test_a_recognizer_flood_leaves_the_detector_its_bound() -> None:
-    shares = budget(critical_max_share=0.6, half_life_s=0.5)
-    until = time.perf_counter() + 1.5
-    # Two streams of decodes always waiting against a detector that always has a frame.
-    run_all(
-        lambda: busy(shares, "recognizer", 0.02, until),
-        lambda: busy(shares, "recognizer", 0.02, until),
-        lambda: busy(shares, "detector", 0.01, until),
-    )
-    detector, recognizer = shares.stats["detector"].thread_s, shares.stats["recognizer"].thread_s
-    share = recognizer / (detector + recognizer)
-    assert 0.45 < share < 0.85, share  # unbounded, the two decode streams would hold both cores (share 1.0)
-    assert shares.stats["detector"].turns > 10
+    # Two streams of decodes always waiting against a detector that always has a frame, on a fake
+    # clock: the decision that bounds the recognizer's share flips exactly when its use passes the bound.
+    clock = FakeClock()
+    shares = budget(critical_max_share=0.6, half_life_s=0.5, clock=clock)
+    decodes = [Held(shares, "recognizer"), Held(shares, "recognizer")]
+    assert all(d.entered.wait(5.0) for d in decodes) and shares.threads_in_use() == 2
+    detector = Held(shares, "detector")
+    decodes.append(Held(shares, "recognizer"))
+    wait_for(lambda: waiters(shares) == 2, "the detector and a third decode to ask")
+    try:
+        clock.advance(0.2)  # 0.4 thread-s of decoding: under its bound, the recognizer goes first
+        decodes[0].end()
+        assert decodes[2].entered.wait(5.0) and not detector.entered.is_set()
+        # Some 1.2 thread-s of decoding in the last half-lives: past 0.6 of the 1.44 the cores
+        # offered (not past all of it: a share of 1.0 would still let the decodes go first).
+        clock.advance(0.35)
+        decodes.append(Held(shares, "recognizer"))
+        wait_for(lambda: waiters(shares) == 2, "a fourth decode to ask")
+        decodes[1].end()
+        # Unbounded, the decodes would hold both cores for ever; past the bound the detector goes first.
+        assert detector.entered.wait(5.0) and detector.threads == 1
+        assert not decodes[3].entered.is_set()
+    finally:
+        detector.end()
+        for decode in decodes:
+            decode.end()
+    assert shares.stats["detector"].turns == 1 and shares.stats["recognizer"].turns == 4
 
 
 def test_a_kept_core_means_the_recognizer_is_never_held_back() -> None:
