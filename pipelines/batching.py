@@ -122,6 +122,7 @@ class ModelBatcher(Generic[In, Out]):
         compute: ComputeBudget | None = None,
         workers: int = 1,
         stuck_after_s: float = DEFAULT_STUCK_AFTER_S,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be at least 1, got {max_pending}")
@@ -130,6 +131,9 @@ class ModelBatcher(Generic[In, Out]):
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self.compute = compute  # each call waits for this model's turn at the CPU
+        # Times calls, load() and the stuck watchdog; a test drives a fake one so figures it checks
+        # do not hang on how fast a loaded machine ran.
+        self._clock = clock
         self.workers = workers
         self._model_call = call
         self.name = name  # "detector": in reasons and logs
@@ -189,7 +193,7 @@ class ModelBatcher(Generic[In, Out]):
     def load(self) -> float:
         """The share of the workers' time spent in model calls over the last LOAD_WINDOW_S
         (0: idle, 1: every worker busy all the time); worked out at most every 0.1 s."""
-        now = time.perf_counter()
+        now = self._clock()
         if now - self._load[0] >= 0.1:
             since = now - LOAD_WINDOW_S
             while self._recent and self._recent[0][0] <= since:
@@ -200,7 +204,7 @@ class ModelBatcher(Generic[In, Out]):
 
     def oldest_call_s(self) -> float:
         """How long the longest-running model call has been running (0 when none runs)."""
-        now = time.perf_counter()
+        now = self._clock()
         with self._calls_lock:
             starts = list(self._calls.items())
             newly = [(i, now - t) for i, t in starts if now - t > self.stuck_after_s and i not in self._stuck_seen]
@@ -352,7 +356,7 @@ class ModelBatcher(Generic[In, Out]):
         """One model call on a worker thread; raises _Dead once the model is found broken."""
         items = [item for item, _ in live]
         started_mono = time.monotonic()
-        started = time.perf_counter()
+        started = self._clock()
         try:
             try:
                 results, model_s = await asyncio.get_running_loop().run_in_executor(
@@ -387,11 +391,11 @@ class ModelBatcher(Generic[In, Out]):
             raise _Dead
         self._consecutive_failures = 0
         # The model's own time: a wait for a CPU turn is neither inference nor busy time.
-        elapsed_ms = min(time.perf_counter() - started, model_s) * 1000
+        elapsed_ms = min(self._clock() - started, model_s) * 1000
         self.stats.calls += 1
         self.stats.items += len(items)
         self.stats.busy_s += elapsed_ms / 1000
-        self._recent.append((time.perf_counter(), elapsed_ms / 1000))
+        self._recent.append((self._clock(), elapsed_ms / 1000))
         for (_, fut), result in zip(live, results, strict=True):
             if not fut.done():
                 fut.set_result(Outcome(result, elapsed_ms, len(items), started_mono))
@@ -410,13 +414,13 @@ class ModelBatcher(Generic[In, Out]):
     def _watched_call(self, items: list[In]) -> tuple[list[Out], float]:
         """The model call itself (after any wait for the CPU), seen by the watchdog while it runs."""
         call_id = next(self._call_ids)
-        started = time.perf_counter()
+        started = self._clock()
         with self._calls_lock:
             self._calls[call_id] = started
         try:
-            return self._model_call(items), time.perf_counter() - started
+            return self._model_call(items), self._clock() - started
         finally:
-            ran_s = time.perf_counter() - started
+            ran_s = self._clock() - started
             with self._calls_lock:
                 del self._calls[call_id]
                 seen = call_id in self._stuck_seen

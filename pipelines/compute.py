@@ -118,12 +118,15 @@ class ComputeBudget:
         half_life_s: float = 2.0,
         reserve_hold_s: float = 0.0,
         background_patience_s: float = 0.5,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if cores < 1:
             raise ValueError(f"a compute budget needs at least one core, not {cores}")
         if not 0.0 < critical_max_share <= 1.0:
             raise ValueError(f"critical_max_share must be in (0, 1], not {critical_max_share}")
         self.cores = cores
+        # Every decision reads this clock (holds, patience, decayed usage); a test drives a fake one.
+        self._clock = clock
         self.critical_max_share = critical_max_share
         self._half_life_s = half_life_s
         self._reserve_hold_s = reserve_hold_s
@@ -136,7 +139,7 @@ class ComputeBudget:
         self._critical_seen = float("-inf")  # when a critical call last ran or waited
         # Offered thread-seconds start where a long idle history leaves them (cores * tau), so the
         # first seconds' usage is not read as a large share.
-        self._usage = _Usage(offered=cores * half_life_s / math.log(2))
+        self._usage = _Usage(offered=cores * half_life_s / math.log(2), at=clock())
         self.stats: dict[str, TurnStats] = {}
         for name, claim in (models or {}).items():
             self.add(name, claim)
@@ -209,7 +212,7 @@ class ComputeBudget:
             raise
 
     def release(self, grant: Grant) -> None:
-        ended = time.perf_counter()
+        ended = self._clock()
         claim = self._claims[grant.name]
         with self._cond:
             if self._running.pop(grant.token, None) is None:
@@ -227,7 +230,7 @@ class ComputeBudget:
         claim = self._claims.get(name)
         if claim is None:
             raise KeyError(f"no compute claim for {name!r}")
-        now = time.perf_counter()
+        now = self._clock()
         waiter = _Waiter(name, now, min(now, last_served) if last_served is not None else now)
         with self._cond:
             self._waiting.append(waiter)
@@ -236,7 +239,7 @@ class ComputeBudget:
 
     def _start(self, waiter: _Waiter, claim: ModelClaim, threads: int) -> Grant:
         """Under the lock: the waiter's call starts with `threads`."""
-        started = time.perf_counter()
+        started = self._clock()
         self._tokens += 1
         grant = Grant(waiter.name, threads, self._tokens, started)
         self._running[grant.token] = _Running(waiter.name, threads, started)
@@ -262,7 +265,7 @@ class ComputeBudget:
 
     def _grant(self, waiter: _Waiter, claim: ModelClaim) -> int:
         """Threads this waiter may start with now, or 0 if it must wait."""
-        now = time.perf_counter()
+        now = self._clock()
         if claim.priority is Priority.CRITICAL:
             self._critical_seen = now
         nxt = self._next(now)
@@ -333,7 +336,7 @@ class ComputeBudget:
     def busy_shares(self) -> dict[str, float]:
         """Per model, its part of the cores' recent time (decayed; 0..1 over all models together)."""
         with self._cond:
-            now = time.perf_counter()
+            now = self._clock()
             self._decay(now)
             offered = self._usage.offered
             return {name: (self._used(name, now) / offered if offered > 0 else 0.0) for name in self._claims}

@@ -180,6 +180,7 @@ class FrameLoop:
         """Submit frames up to `in_flight` ahead and handle their results in order."""
         slots = asyncio.Semaphore(self.batcher.in_flight)
         submitted: asyncio.Queue[_InFlight | None] = asyncio.Queue()
+        arrived = self.mailbox.stats.put  # frames the source had sent when the loop last handled one
         async with asyncio.TaskGroup() as detections:
             detections.create_task(self._submit(slots, submitted, detections), name=f"{self.stream_id}-submit")
             while True:
@@ -187,8 +188,15 @@ class FrameLoop:
                     async with asyncio.timeout(self.idle_check_s):
                         entry = await submitted.get()
                 except TimeoutError:  # no frame for a while: an outage must not keep tracks open
-                    await self._expire_idle()
+                    # Unless a frame came meanwhile: then the loop (its event loop stalled, say) is
+                    # behind, not the source silent, and reading the wall clock now would age every
+                    # track by the stall and end it as lost. Such a frame is on its way here.
+                    if self.mailbox.stats.put != arrived:
+                        arrived = self.mailbox.stats.put
+                    else:
+                        await self._expire_idle()
                     continue
+                arrived = self.mailbox.stats.put
                 if entry is None:
                     break
                 frame, detection = entry

@@ -35,10 +35,17 @@ async def stream_loop(
                 await asyncio.sleep(0)
 
 
-async def test_four_busy_streams_share_full_batches(batcher: DetectionBatcher) -> None:
+async def test_four_busy_streams_share_full_batches(nudenet_model: Path) -> None:
+    detector = create_detector(nudenet_model, "onnx-cpu", workers=1)
     image = np.random.default_rng(0).integers(0, 255, (240, 320, 3), dtype=np.uint8)
     sizes: Counter[int] = Counter()
-    await asyncio.gather(*(stream_loop(batcher, image, 12, sizes, work_steps=1 + i) for i in range(4)))
+    # A window far longer than the streams' steps between frames: the batch closes because all four
+    # have sent (max_batch), so a stalled event loop on a loaded machine cannot split it.
+    try:
+        async with DetectionBatcher(detector, max_batch=4, gather_window_s=1.0) as batcher:
+            await asyncio.gather(*(stream_loop(batcher, image, 12, sizes, work_steps=1 + i) for i in range(4)))
+    finally:
+        detector.close()
     # Without the gather window this settles into alternating batches of two.
     assert sizes[4] >= 0.75 * sum(sizes.values()), sizes
     assert batcher.stats.frames == 48

@@ -269,11 +269,12 @@ async def test_a_call_past_the_stuck_deadline_is_counted_once_and_fails_readines
 ) -> None:
     gate = Gate()
     async with DetectionBatcher(FakeDetector(gate), max_batch=1) as batcher:
-        batcher.stuck_after_s = 0.2
         engines = SharedEngines(detector=batcher)
         in_flight = asyncio.create_task(batcher.detect(IMAGE))
         await gate.wait_entered()
+        # Running, but within the default deadline (20 s): however late this line runs, not stuck.
         assert not batcher.stuck and engines.health() == {"detector": True, "detector_responsive": True}
+        batcher.stuck_after_s = 0.2  # the deadline is read at each look: the held call passes it soon
         await wait_until(lambda: batcher.stuck, PROMPT_S, "the held call to count as stuck")
         assert batcher.oldest_call_s() > 0.2
         assert engines.health() == {"detector": True, "detector_responsive": False}

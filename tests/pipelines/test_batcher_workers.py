@@ -112,24 +112,48 @@ def test_turns_at_the_cpu_keep_the_workers() -> None:
         batcher(list, workers=0)
 
 
+class FakeClock:
+    """Seconds that pass only when the test (or a model call) says so."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self.now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+
+
 async def test_load_is_the_share_of_worker_time_in_calls() -> None:
+    # On a fake clock: each call takes 0.05 s of it, so the figures are exact however slow the
+    # machine running the test is.
+    clock = FakeClock()
+
     def call(items: list[int]) -> list[int]:
-        time.sleep(0.05)
+        clock.advance(0.05)
         return list(items)
 
-    async with batcher(call, max_batch=1) as b:
+    async with batcher(call, max_batch=1, clock=clock) as b:
         assert b.load() == 0.0
         async with asyncio.timeout(PROMPT_S):
-            for _ in range(6):  # one call at a time: one of the two workers busy, about half the wall time
+            for _ in range(6):  # one call at a time, then as long idle: one of the two workers busy half the time
                 await b.submit(1)
-                await asyncio.sleep(0.05)
-        await asyncio.sleep(0.11)  # load() is worked out at most every 0.1 s
-        assert 0.02 <= b.load() <= 0.25  # 0.3 s of calls over 3 s and two workers is 0.05
-    async with batcher(call, max_batch=1, workers=1) as one:
+                clock.advance(0.05)
+        clock.advance(0.1)  # load() is worked out at most every 0.1 s
+        assert b.load() == pytest.approx(0.3 / (3 * 2))  # 0.3 s of calls over 3 s and two workers
+    async with batcher(call, max_batch=1, workers=1, clock=clock) as one:
         async with asyncio.timeout(PROMPT_S):
             await asyncio.gather(*(one.submit(i) for i in range(20)))  # 1 s of back-to-back calls
-        await asyncio.sleep(0.11)
-        assert 0.25 <= one.load() <= 0.45  # ~1 s busy out of the 3 s window
+        clock.advance(0.1)
+        assert one.load() == pytest.approx(1 / 3)  # 1 s busy out of the 3 s window
+        clock.advance(2.425)  # the window now starts halfway through the 11th call: 9.5 calls are in it
+        assert one.load() == pytest.approx(0.475 / 3)
+        clock.advance(3.0)  # and then past them all
+        assert one.load() == 0.0
 
 
 async def test_free_workers_share_the_streams_waiting() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -15,8 +16,63 @@ DETECTOR = ModelClaim(Priority.BULK, threads=1, max_threads=2)
 RECOGNIZER = ModelClaim(Priority.CRITICAL, threads=1)
 
 
-def budget(**kwargs: float) -> ComputeBudget:
+def budget(**kwargs: Any) -> ComputeBudget:
     return ComputeBudget(2, {"detector": DETECTOR, "recognizer": RECOGNIZER}, **kwargs)
+
+
+class FakeClock:
+    """Seconds that pass only when the test says so: holds, patience and usage are then decided on
+    the test's time, not on how fast a loaded machine runs its threads."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Held:
+    """One model call on its own thread that keeps its threads until `release` is set."""
+
+    def __init__(self, shares: ComputeBudget, name: str) -> None:
+        self.threads: int | None = None
+        self.entered, self.release = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._call, args=(shares, name), daemon=True)
+        self._thread.start()
+
+    def _call(self, shares: ComputeBudget, name: str) -> None:
+        with shares.turn(name) as threads:
+            self.threads = threads
+            self.entered.set()
+            self.release.wait(10.0)
+
+    def end(self) -> None:
+        self.release.set()
+        self._thread.join(5.0)
+
+
+def turn_soon(shares: ComputeBudget, name: str) -> int | None:
+    """The threads one call of `name` is granted, or None if it was not granted within 5 s: on a
+    fake clock nothing changes while it waits, so a call that must wait would wait for ever."""
+    call = Held(shares, name)
+    call.entered.wait(5.0)
+    call.end()
+    return call.threads
+
+
+def waiters(shares: ComputeBudget) -> int:
+    with shares._cond:
+        return len(shares._waiting)
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 5.0
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
 
 
 def busy(budget: ComputeBudget, name: str, seconds: float, until: float, peak: list[int] | None = None) -> None:
@@ -36,15 +92,18 @@ def run_all(*targets: Callable[[], None]) -> None:
 
 
 def test_a_model_alone_never_waits_and_gets_every_core() -> None:
-    shares = budget()
+    shares = budget(clock=FakeClock())
     seen: list[int | None] = []
-    until = time.perf_counter() + 0.1
-    while time.perf_counter() < until:
-        with shares.turn("detector") as threads:
-            seen.append(granted_threads())
-            assert threads == 2
-            time.sleep(0.002)
-    assert shares.stats["detector"].turns > 10 and shares.stats["detector"].waited == 0
+
+    def turns() -> None:
+        for _ in range(20):
+            with shares.turn("detector") as threads:
+                seen.append(granted_threads())
+                assert threads == 2
+
+    # On a fake clock a call that had to wait would wait for ever: all 20 turns ending is the proof.
+    run_all(turns)
+    assert shares.stats["detector"].turns == 20 and shares.stats["detector"].waited == 0
     assert set(seen) == {2} and granted_threads() is None  # the engine is told, and only inside the call
 
 
@@ -95,26 +154,24 @@ def test_the_recognizer_goes_before_a_waiting_detector_call() -> None:
 
 
 def test_an_active_recognizer_keeps_a_core_free_and_the_detector_gets_it_back() -> None:
-    shares = budget(reserve_hold_s=0.3)
-    with shares.turn("recognizer"):
-        pass
+    clock = FakeClock()
+    shares = budget(reserve_hold_s=0.3, clock=clock)
+    assert _one_turn(shares, "recognizer") == 1
     # Within the hold the detector runs narrow, one call at a time: a core waits for the recognizer.
-    with shares.turn("detector") as threads:
-        assert threads == 1
-        got: list[int] = []
-        started = time.perf_counter()
-        other = threading.Thread(target=lambda: got.append(_one_turn(shares, "detector")))
-        other.start()
-        time.sleep(0.05)
-        assert not got  # the second detector call may not take the reserved core
-        with shares.turn("recognizer") as recognizer_threads:  # ... which the recognizer gets at once
-            assert recognizer_threads == 1
-            assert time.perf_counter() - started < 0.2
-    other.join(5.0)
-    assert got == [1]  # the recognizer was active a moment ago: narrow still
-    time.sleep(0.35)  # the recognizer has been quiet for longer than the hold
-    with shares.turn("detector") as threads:
-        assert threads == 2
+    first = Held(shares, "detector")
+    assert first.entered.wait(5.0) and first.threads == 1
+    other = Held(shares, "detector")
+    wait_for(lambda: waiters(shares) == 1, "the second detector call to ask")
+    time.sleep(0.05)  # it looks again every 50 ms: once more at least, on the same fake instant
+    assert not other.entered.is_set()  # the second detector call may not take the reserved core
+    clock.advance(0.2)  # still within the hold
+    assert turn_soon(shares, "recognizer") == 1  # ... which the recognizer gets beside the first call
+    assert first.threads == 1 and not first.release.is_set()
+    first.end()
+    assert other.entered.wait(5.0) and other.threads == 1  # the recognizer was active a moment ago: narrow still
+    other.end()
+    clock.advance(0.35)  # the recognizer has been quiet for longer than the hold
+    assert turn_soon(shares, "detector") == 2
 
 
 def _one_turn(shares: ComputeBudget, name: str) -> int:
@@ -123,62 +180,85 @@ def _one_turn(shares: ComputeBudget, name: str) -> int:
 
 
 def test_a_recognizer_flood_leaves_the_detector_its_bound() -> None:
-    shares = budget(critical_max_share=0.6, half_life_s=0.5)
-    until = time.perf_counter() + 1.5
-    # Two streams of decodes always waiting against a detector that always has a frame.
-    run_all(
-        lambda: busy(shares, "recognizer", 0.02, until),
-        lambda: busy(shares, "recognizer", 0.02, until),
-        lambda: busy(shares, "detector", 0.01, until),
-    )
-    detector, recognizer = shares.stats["detector"].thread_s, shares.stats["recognizer"].thread_s
-    share = recognizer / (detector + recognizer)
-    assert 0.45 < share < 0.85, share  # unbounded, the two decode streams would hold both cores (share 1.0)
-    assert shares.stats["detector"].turns > 10
+    # Two streams of decodes always waiting against a detector that always has a frame, on a fake
+    # clock: the decision that bounds the recognizer's share flips exactly when its use passes the bound.
+    clock = FakeClock()
+    shares = budget(critical_max_share=0.6, half_life_s=0.5, clock=clock)
+    decodes = [Held(shares, "recognizer"), Held(shares, "recognizer")]
+    assert all(d.entered.wait(5.0) for d in decodes) and shares.threads_in_use() == 2
+    detector = Held(shares, "detector")
+    decodes.append(Held(shares, "recognizer"))
+    wait_for(lambda: waiters(shares) == 2, "the detector and a third decode to ask")
+    try:
+        clock.advance(0.2)  # 0.4 thread-s of decoding: under its bound, the recognizer goes first
+        decodes[0].end()
+        assert decodes[2].entered.wait(5.0) and not detector.entered.is_set()
+        # Some 1.2 thread-s of decoding in the last half-lives: past 0.6 of the 1.44 the cores
+        # offered (not past all of it: a share of 1.0 would still let the decodes go first).
+        clock.advance(0.35)
+        decodes.append(Held(shares, "recognizer"))
+        wait_for(lambda: waiters(shares) == 2, "a fourth decode to ask")
+        decodes[1].end()
+        # Unbounded, the decodes would hold both cores for ever; past the bound the detector goes first.
+        assert detector.entered.wait(5.0) and detector.threads == 1
+        assert not decodes[3].entered.is_set()
+    finally:
+        detector.end()
+        for decode in decodes:
+            decode.end()
+    assert shares.stats["detector"].turns == 1 and shares.stats["recognizer"].turns == 4
 
 
 def test_a_kept_core_means_the_recognizer_is_never_held_back() -> None:
-    shares = budget(reserve_hold_s=0.6)
-    until = time.perf_counter() + 1.0
-    recognizer_waits: list[float] = []
-
-    def paced_recognizer() -> None:  # one stream: a 40 ms decode every 100 ms
-        while time.perf_counter() < until:
-            asked = time.perf_counter()
-            with shares.turn("recognizer"):
-                recognizer_waits.append(time.perf_counter() - asked)
-                time.sleep(0.04)
-            time.sleep(0.06)
-
-    run_all(
-        paced_recognizer,
-        lambda: busy(shares, "detector", 0.1, until),
-        lambda: busy(shares, "detector", 0.1, until),
-    )
-    assert max(recognizer_waits) < 0.05  # a core was kept for it: it never waited for a detector call
+    clock = FakeClock()
+    shares = budget(reserve_hold_s=0.6, clock=clock)
+    assert _one_turn(shares, "recognizer") == 1  # one stream decoding: a 40 ms call every 100 ms
+    # Two detector calls always want a core: one runs, the other waits, neither takes the kept one.
+    running = Held(shares, "detector")
+    assert running.entered.wait(5.0) and running.threads == 1
+    waiting = Held(shares, "detector")
+    wait_for(lambda: waiters(shares) == 1, "the second detector call to ask")
+    try:
+        for _ in range(5):
+            clock.advance(0.06)
+            # Granted while a detector call runs and another waits: it never waits for one to end.
+            call = Held(shares, "recognizer")
+            assert call.entered.wait(5.0) and call.threads == 1
+            assert shares.threads_in_use() == 2 and not waiting.entered.is_set()
+            clock.advance(0.04)
+            call.end()
+            assert not waiting.entered.is_set() and waiters(shares) == 1  # the core stays kept between decodes
+    finally:
+        running.end()
+        waiting.end()
+    assert shares.stats["recognizer"].turns == 6
     assert shares.busy_shares()["recognizer"] > 0
 
 
 def test_background_work_runs_when_nobody_waits_or_once_its_patience_is_out() -> None:
-    shares = budget(background_patience_s=0.2)
+    clock = FakeClock()
+    shares = budget(background_patience_s=0.2, clock=clock)
     shares.add("encoder", ModelClaim(Priority.BACKGROUND))
-    assert _one_turn(shares, "encoder") == 1
-    until = time.perf_counter() + 0.8
-    waited: list[float] = []
-
-    def encoder() -> None:
-        time.sleep(0.1)
-        asked = time.perf_counter()
-        _one_turn(shares, "encoder")
-        waited.append(time.perf_counter() - asked)
-
-    run_all(
-        encoder,
-        lambda: busy(shares, "detector", 0.02, until),
-        lambda: busy(shares, "detector", 0.02, until),
-        lambda: busy(shares, "detector", 0.02, until),
-    )
-    assert waited and 0.15 < waited[0] < 0.5  # held back behind the waiting detector calls, not forever
+    assert turn_soon(shares, "encoder") == 1  # nobody waits: at once
+    first = Held(shares, "detector")
+    assert first.entered.wait(5.0) and first.threads == 2  # both cores
+    clock.advance(0.1)  # the detector has used the cores a while: it ranks behind a newcomer of its priority
+    second = Held(shares, "detector")
+    wait_for(lambda: waiters(shares) == 1, "the second detector call to ask")
+    encoder = Held(shares, "encoder")
+    wait_for(lambda: waiters(shares) == 2, "the encoder to ask")
+    clock.advance(0.1)  # within its patience: held back behind the waiting detector call
+    first.end()
+    assert second.entered.wait(5.0) and second.threads == 2  # the detector went first, and wide
+    assert not encoder.entered.is_set()
+    third = Held(shares, "detector")
+    wait_for(lambda: waiters(shares) == 2, "the third detector call to ask")
+    clock.advance(0.15)  # the encoder has now waited 0.25 s, past its patience: it goes first
+    second.end()
+    assert encoder.entered.wait(5.0) and encoder.threads == 1
+    assert third.entered.wait(5.0) and third.threads == 1  # the core the encoder left
+    for call in (encoder, third):
+        call.end()
     assert shares.short() is False
 
 

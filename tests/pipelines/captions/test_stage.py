@@ -130,7 +130,9 @@ async def test_the_transcript_decodes_with_its_own_beam(
     recording = Recording(recognizer)
     async with SpeechBatcher(recording) as batcher:
         policy = CaptionPolicy(transcript_beam_size=2)
-        sink = await caption(CaptionEngine(batcher, vad, policy), narration[: 16_000 * 9], speed=8.0)
+        # One sentence and a pause, at live pace: faster, the stage would read the audio as backlog and
+        # make fewer streaming decodes, as many as the machine's speed allowed.
+        sink = await caption(CaptionEngine(batcher, vad, policy), utterances(narration, 1), speed=1.0)
     transcripts = sink.of(EventKind.TRANSCRIPT)
     assert transcripts and all(t["revised"] for t in transcripts)
     # The streaming decodes keep the recognizer's beam; each transcript piece's decode asks for its own
@@ -219,19 +221,27 @@ async def test_a_recognizer_far_behind_publishes_finals_as_transcripts(
 async def test_the_streaming_window_stays_bounded_however_long_the_speaker_goes_on(
     caption_models: tuple[SpeechRecognizer, VadModel], narration: np.ndarray
 ) -> None:
-    """The narration never pauses long enough to end an utterance: one utterance of 24 s. Committed
-    words leave the window, so no streaming decode hears much more than the bound, at its start or
-    at its end; the committed words still in it are the decode's forced prefix."""
+    """The narration never pauses long enough to end an utterance: 16 s of it is one utterance, longer
+    than the window's bound. Committed words leave the window, so no streaming decode hears much
+    more than the bound, at its start or at its end; the committed words still in it are the
+    decode's forced prefix."""
     recognizer, vad = caption_models
     recording = Recording(recognizer)
     async with SpeechBatcher(recording) as batcher:
-        sink = await caption(CaptionEngine(batcher, vad, CaptionPolicy(transcript=False)), narration)
+        # At live pace: the stage steers its window by how far it trails, and audio fed faster than
+        # real time reads as backlog, so the windows would depend on how busy the machine is.
+        sink = await caption(
+            CaptionEngine(batcher, vad, CaptionPolicy(transcript=False)), narration[: 16_000 * 16], speed=1.0
+        )
     windows = recording.seconds
-    assert sink.of(EventKind.TRANSCRIPT) == [] and sink.stage.counters()["speech_seconds"] > 20  # type: ignore[attr-defined]
+    assert sink.of(EventKind.TRANSCRIPT) == [] and sink.stage.counters()["speech_seconds"] > 12  # type: ignore[attr-defined]
+    assert policy.ROOMY.limit_s + 1.0 < 16 - 2  # the utterance outlasts the bound: a window that kept it all would show
     # The bound (the roomy one, which a stage keeping up uses) plus a step and the pre-roll.
     assert max(windows) <= policy.ROOMY.limit_s + 1.0, windows
+    # Flat, not growing: once the first words were committed (the first third ramps up from
+    # nothing), the last third's windows are no longer than the middle third's.
     third = len(windows) // 3
-    assert np.mean(windows[-third:]) <= 1.5 * np.mean(windows[:third]) + 1.0, windows  # flat, not growing
+    assert np.mean(windows[-third:]) <= np.mean(windows[third:-third]) + 1.0, windows
     assert recording.prefixed > len(windows) // 2
 
 
@@ -276,10 +286,13 @@ async def test_a_speaker_who_never_pauses_is_captioned_live_without_losing_audio
     lags = [at - (began + float(w["end"])) for at, e in zip(sink.at, sink.events, strict=True)
             if e.kind == EventKind.CAPTIONS for w in e.data["words"]]  # fmt: skip
     assert len(lags) > 60 and script_prefix_wer(" ".join(str(f["text"]) for f in sink.of(EventKind.CAPTIONS))) < 0.3
-    third = len(lags) // 3
-    # Generous bounds: a stage falling behind shows lags of 5 s and more, growing with the utterance.
-    assert max(lags) < 4.0 and np.median(lags[-third:]) < np.median(lags[:third]) + 1.0, lags
-    assert max(slowed.seconds) <= policy.ROOMY.limit_s + 1.0
+    # How far the words trail the audio is a wall-clock figure: bench/bench_realtime.py measures it
+    # (lag_last_p50_s, lag_trend_s). Here, what keeps it down: no audio dropped (above), and a
+    # window that stays bounded and does not grow with the utterance.
+    windows = slowed.seconds
+    assert max(windows) <= policy.ROOMY.limit_s + 1.0, windows
+    third = len(windows) // 3
+    assert np.mean(windows[-third:]) <= np.mean(windows[third:-third]) + 1.0, windows
 
 
 @pytest.fixture(scope="module")

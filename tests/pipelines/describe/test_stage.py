@@ -273,9 +273,8 @@ async def test_a_stream_that_ends_mid_request_cancels_it_and_leaves_nothing() ->
                 break
         assert sim.in_flight == 1
         mailbox.close()
-        started = time.monotonic()
+        # A bound against a hang, not a timing claim: the abort itself is shown by sim.disconnects.
         await asyncio.wait_for(task, 5)
-        assert time.monotonic() - started < 2.0
         await wait_until(lambda: sim.in_flight == 0, 5, "the simulator to see the request go")
         assert sim.in_flight == 0 and sim.disconnects >= 1  # the HTTP request was aborted
         assert vlm.stats().in_flight == 0
@@ -292,7 +291,10 @@ async def test_a_stream_with_descriptions_off_only_asks_its_questions(describe: 
     assert isinstance(rule, VlmRule)
     off = frozenset() if describe else frozenset({"describe"})  # the stream's switch, as its settings set it
     async with VllmSimulator() as sim, describer(sim, rules=(rule,), off=off) as h:
-        await h.feed(60)
+        # Until three questions were answered (each waits for the simulator's round trip, which a
+        # loaded machine slows), then a few frames more in which a description could have slipped in.
+        await h.feed_until(lambda: h.stage.stats.checks >= 3, 300, "three answered questions")
+        await h.feed(10)
     assert h.stage.stats.checks >= 3 and h.stage.stats.descriptions == 0
     assert all("Question:" in b["messages"][-1]["content"][-1]["text"] for b in sim.requests)
 

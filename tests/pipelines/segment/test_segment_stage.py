@@ -4,7 +4,8 @@ segmenter on ONNX Runtime), and its cadence on its own."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,13 +16,39 @@ from engines.segment import open_segmenter, rle
 from engines.segment.types import Segmenter
 from pipelines.detect import DetectionBatcher
 from pipelines.events import Event, EventKind
-from pipelines.frames import StreamState
-from pipelines.graph import SharedEngines, StageContext, StreamGraph
+from pipelines.frames import StatusChange, StreamState, VideoFrame
+from pipelines.graph import SharedEngines, SourceOutputs, StageContext, StreamGraph
 from pipelines.segment.cadence import MaskCadence, TrackedBox
 from pipelines.segment.engine import SEGMENTATION, SegmentEngine, SegmentSettings
 from pipelines.stages import DEFAULT_STAGES
 from tests.engines.segment import models
 from tests.pipelines.test_graph import FakeSource, ListSink, spec
+
+
+class UntilMasked(FakeSource):
+    """A live source that sends frames until `done()` holds, then `after` more (bounded by `most`):
+    a mask rides only the events published after it was computed, however long the segmenter took."""
+
+    def __init__(self, done: Callable[[], bool], *, after: int = 10, most: int = 3000, fps: float = 60) -> None:
+        super().__init__(most, fps=fps)
+        self.done = done
+        self.after = after
+
+    async def run(self, outputs: SourceOutputs) -> StreamState:
+        outputs.status(StatusChange("cam", StreamState.LIVE, None, time.time()))
+        image = np.zeros((48, 64, 3), np.uint8)
+        left = self.after
+        for seq in range(self.frames):
+            if left == 0 or self._stop.is_set():
+                break
+            if self.done():
+                left -= 1
+            if not outputs.video.put(VideoFrame("cam", seq, seq / 10, time.time(), image), 5.0):
+                break
+            self.sent += 1
+            await asyncio.sleep(1 / self.fps)
+        outputs.status(StatusChange("cam", StreamState.STOPPED, StreamState.LIVE, time.time(), reason="end"))
+        return StreamState.STOPPED
 
 
 class Recording:
@@ -66,9 +93,10 @@ async def test_new_tracks_get_one_mask_each_and_events_carry_it(model_dir: Path)
     try:
         async with DetectionBatcher(detector) as batcher:
             engines = SharedEngines(batcher, opened={SEGMENTATION.name: engine})
-            graph = StreamGraph(spec(), FakeSource(30, fps=60), [observer_built_first, *DEFAULT_STAGES], engines,
-                                sink)
-            assert await asyncio.wait_for(graph.run(), 20) is StreamState.STOPPED
+            source = UntilMasked(lambda: graph.counters()["masks"] >= 2)
+            graph = StreamGraph(spec(), source, [observer_built_first, *DEFAULT_STAGES], engines, sink)
+            assert await asyncio.wait_for(graph.run(), 60) is StreamState.STOPPED
+            assert source.sent < source.frames, "the two masks never came"
     finally:
         engine.close()
         detector.close()
