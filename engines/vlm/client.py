@@ -8,6 +8,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -117,9 +118,9 @@ class VlmStats:
 
 
 class _Endpoint:
-    def __init__(self, url: str, settings: VlmSettings) -> None:
+    def __init__(self, url: str, settings: VlmSettings, clock: Callable[[], float]) -> None:
         self.url = url
-        self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_reset_s)
+        self.breaker = CircuitBreaker(settings.breaker_failures, settings.breaker_reset_s, clock)
         self.image_limit: int | None = None  # learned from a too-many-images refusal
         self.reports_cached = False  # vLLM omits cached_tokens when 0: once seen, absence means 0
         self.sent: OrderedDict[str, None] = OrderedDict()  # image uuids this endpoint has (LRU, bounded)
@@ -134,12 +135,13 @@ class _Endpoint:
 
 
 class VlmClient:
-    def __init__(self, settings: VlmSettings) -> None:
+    def __init__(self, settings: VlmSettings, *, clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock` times the circuit breakers (a test drives its own)."""
         from engines.vlm import transport  # aiohttp only once a client exists
 
         self._settings = settings
         self._transport = transport
-        self._endpoints = {url: _Endpoint(url, settings) for url in settings.endpoints}
+        self._endpoints = {url: _Endpoint(url, settings, clock) for url in settings.endpoints}
         self._budget = RetryBudget(settings.retry_budget_ratio)
         self._slots = asyncio.Semaphore(settings.max_in_flight)
         self._session: aiohttp.ClientSession | None = None

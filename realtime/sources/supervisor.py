@@ -10,7 +10,9 @@
 
 The frame watchdog, not the reader, decides that a source went quiet: a reader's own read
 timeout (`reader_timeout_s`) is never shorter than the watchdog's whole course, so a frozen
-camera is reported STALLED after `watchdog_s` by either backend, then reconnected. (PyAV's
+camera is reported STALLED after `watchdog_s` by either backend, then reconnected (the watch wakes
+exactly when the restart is due, and a reader timeout that still gets in first, the event loop
+having run late, is reported as that restart). (PyAV's
 read timeout also hands out one last buffered frame when it fires, which used to restart the
 watchdog just as it was due.)
 
@@ -171,6 +173,12 @@ class _StallWatch:
         if self.since is not None or attempt.delivering:
             return None
         return max(0.0, attempt.last_frame_at + self.watchdog_s - now)
+
+    def restart_due_in(self, stall_restart_s: float, now: float) -> float | None:
+        """Seconds until a stall has lasted `stall_restart_s` (None: not stalled)."""
+        if self.since is None:
+            return None
+        return max(0.0, self.since + stall_restart_s - now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,8 +409,12 @@ class CameraSupervisor:
                     await self._retire(attempt, "connect deadline")
                     where = self.spec.host_port or self.spec.display
                     return _Outcome("error", False, f"no video from {where} within {now - started:.0f} s")
-                due = watch.due_in(attempt, time.monotonic()) if live else None
-                wait = tick if due is None else min(tick, due + 0.01)  # wake when a stall is due
+                # Wake when a stall or its restart is due, not on the next tick: the reader's
+                # own timeout is only a second behind the restart.
+                now = time.monotonic()
+                restart_due = watch.restart_due_in(self.policy.stall_restart_s, now)
+                dues = [watch.due_in(attempt, now), restart_due] if live else []
+                wait = min([tick, *(due + 0.01 for due in dues if due is not None)])
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), wait)
         except asyncio.CancelledError:
@@ -414,6 +426,20 @@ class CameraSupervisor:
         if not live and attempt.frames > 0 and not self._stop_requested.is_set():
             live = True  # a short file can end before the loop saw its first frame
             self._status.transition(StreamState.LIVE, attempt=number)
+        # How long the stall has lasted by the watchdog's schedule (the loop may have declared it late).
+        stalled_for = time.monotonic() - attempt.last_frame_at - self.policy.watchdog_s
+        if (
+            live
+            and self.spec.is_network
+            and watch.since is not None
+            and stalled_for >= self.policy.stall_restart_s
+            and attempt.done.result() is not None
+            and not self._stop_requested.is_set()
+            and self._feed.end_reason is None
+        ):
+            # The restart was due when the reader's own timeout ended the session (the event
+            # loop ran late): it is the stall restart all the same, and reported as one.
+            return _Outcome("stalled", True, f"stalled for {stalled_for:.1f} s: reconnecting")
         return self._attempt_outcome(attempt, live)
 
     def _quiet_reason(self, seconds: float) -> str:

@@ -7,7 +7,9 @@ Import the fixtures into a conftest.py:
 `nats_server` is a fresh server per test with its own store (use it to kill/restart or to count
 stream messages); `shared_nats_server` is one server per session for tests that only need a
 broker. Both always stop the process at teardown. `stored_messages` and `stored_bodies` read back
-what JetStream holds on a subject; `heard_bodies` collects the bodies of live events as they come.
+what JetStream holds on a subject, until nothing is pending (a quiet spell on a loaded machine is
+not the end of the stream), failing with IncompleteRead rather than returning a short list;
+`heard_bodies` collects the bodies of live events as they come.
 """
 
 from __future__ import annotations
@@ -47,40 +49,80 @@ def shared_nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emb
     yield from running_server(tmp_path_factory.mktemp("nats-store"))
 
 
-async def stored_messages(url: str, subject: str) -> list[Msg]:
-    """Every message JetStream holds on `subject`, oldest first (read until a second brings none)."""
+class IncompleteRead(nats.errors.TimeoutError):
+    """JetStream still had messages pending for a reader when its deadline passed: the list would
+    be short, so the read fails instead of returning it (a `nats.errors.TimeoutError`, so callers
+    that retry a node still catching up retry this too)."""
+
+    def __init__(self, subject: str, read: int, pending: int | None, within_s: float) -> None:
+        super().__init__()
+        self.detail = (
+            f"read {read} message(s) on {subject!r} in {within_s} s and JetStream still had "
+            f"{'some' if pending is None else pending} pending"
+        )
+
+    def __str__(self) -> str:
+        return f"nats: incomplete read: {self.detail}"
+
+
+async def _read_all(js: Any, subject: str, *, within_s: float, quiet_s: float | None = None) -> list[Msg]:
+    """Every message the stream holds on `subject`, oldest first: read until the last one says
+    nothing is pending after it (each delivery carries the consumer's pending count), so a slow
+    server cannot cut the list short. IncompleteRead after `within_s` overall, or after `quiet_s`
+    with no message while some are still pending."""
+    sub = await js.subscribe(subject, ordered_consumer=True)
+    messages: list[Msg] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    try:
+        info = await sub.consumer_info()
+        if info.num_pending == 0 and not (info.delivered and info.delivered.consumer_seq):
+            return messages  # nothing stored on the subject, nothing delivered
+        while True:
+            left = deadline - loop.time()
+            wait = left if quiet_s is None else min(left, quiet_s)
+            try:
+                if wait <= 0:
+                    raise nats.errors.TimeoutError
+                msg = await sub.next_msg(timeout=wait)
+            except nats.errors.TimeoutError:
+                pending = messages[-1].metadata.num_pending if messages else None
+                raise IncompleteRead(subject, len(messages), pending, within_s) from None
+            messages.append(msg)
+            if msg.metadata.num_pending == 0:
+                return messages
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+async def stored_messages(url: str, subject: str, *, within_s: float = 30.0) -> list[Msg]:
+    """Every message JetStream holds on `subject`, oldest first (read until none is pending;
+    IncompleteRead if that takes over `within_s`)."""
     nc = await nats.connect(url)
     try:
-        sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
-        messages = []
-        while True:
-            try:
-                messages.append(await sub.next_msg(timeout=1.0))
-            except nats.errors.TimeoutError:
-                return messages
+        return await _read_all(nc.jetstream(), subject, within_s=within_s)
     finally:
         await nc.close()
 
 
 async def stored_event_ids(
-    servers: str | list[str], subject: str = "vidsentry.>", *, timeout_s: float = 2.0, **options: Any
+    servers: str | list[str],
+    subject: str = "vidsentry.>",
+    *,
+    timeout_s: float = 10.0,
+    within_s: float = 30.0,
+    **options: Any,
 ) -> list[str]:
-    """ce-id of every message the VIDSENTRY stream holds on `subject`, read up to the count its
-    info gives (or until `timeout_s` brings none); `options` go to nats.connect."""
+    """ce-id of every message the VIDSENTRY stream holds on `subject`, read until none is pending;
+    IncompleteRead after `within_s` overall or `timeout_s` with no message while some are still
+    pending (a node still catching up: callers may retry). `options` go to nats.connect."""
     nc = await nats.connect(servers, **options)
     try:
         js = nc.jetstream()
-        total = (await js.stream_info(STREAM_NAME)).state.messages
-        sub = await js.subscribe(subject, ordered_consumer=True)
-        ids: list[str] = []
-        while len(ids) < total:
-            try:
-                msg = await sub.next_msg(timeout=timeout_s)
-            except nats.errors.TimeoutError:
-                break
-            ids.append((msg.headers or {}).get("ce-id", ""))
-        await sub.unsubscribe()
-        return ids
+        await js.stream_info(STREAM_NAME)  # a node not yet serving the stream answers 503 here, as before
+        messages = await _read_all(js, subject, within_s=within_s, quiet_s=timeout_s)
+        return [(msg.headers or {}).get("ce-id", "") for msg in messages]
     finally:
         await nc.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +102,10 @@ def test_unreadable_key_file_makes_the_engine_stale(tmp_path: Path) -> None:
 def test_build_progress_lines() -> None:
     out = io.StringIO()
     with BuildProgress("yolo.onnx", "no engine cached", every_s=0.01, out=out):
-        import time
-
-        time.sleep(0.05)
+        # The "build" lasts until the ticking thread has spoken (10 s: a failure bound only).
+        deadline = time.monotonic() + 10.0
+        while "still building" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("vidsentry: building TensorRT engine for yolo.onnx (no engine cached)")
     assert any("still building" in line for line in lines[1:-1])

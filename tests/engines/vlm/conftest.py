@@ -29,9 +29,14 @@ async def sim() -> AsyncIterator[VllmSimulator]:
 async def make_client() -> AsyncIterator[MakeClient]:
     clients: list[VlmClient] = []
 
-    async def make(*endpoints: str, model: str = "Qwen/Qwen2.5-VL-7B-Instruct", **overrides: Any) -> VlmClient:
+    async def make(
+        *endpoints: str,
+        model: str = "Qwen/Qwen2.5-VL-7B-Instruct",
+        clock: Callable[[], float] | None = None,
+        **overrides: Any,
+    ) -> VlmClient:
         settings = VlmSettings(endpoints=tuple(endpoints), model=model, **overrides)
-        client = create_vlm_client(settings)
+        client = create_vlm_client(settings) if clock is None else VlmClient(settings, clock=clock)
         clients.append(client)
         return client
 

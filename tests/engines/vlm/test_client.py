@@ -111,11 +111,9 @@ async def test_a_slow_server_times_out_and_the_request_is_abandoned(
     sim: VllmSimulator, make_client: MakeClient
 ) -> None:
     client = await make_client(sim.url)
-    sim.latency_s = 5.0
-    started = asyncio.get_running_loop().time()
+    sim.latency_s = 3600.0  # never answers: only the request's own timeout can end it
     with pytest.raises(VlmTimeout) as caught:
         await client.complete(question(timeout_s=0.3))
-    assert asyncio.get_running_loop().time() - started < 2.0
     assert isinstance(caught.value, VlmUnavailable)
     assert client.stats().timeouts == 1 and client.stats().in_flight == 0
     await wait_until(lambda: sim.open_connections == 0)

@@ -7,13 +7,18 @@ import dataclasses
 import logging
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from pipelines.frames import StreamState
+from pipelines.frames import StatusChange, StreamState
 from pipelines.mailbox import FrameMailbox
 from realtime.sources import CameraSupervisor, SupervisorPolicy, gst_source, parse_source
+from realtime.sources import supervisor as supervisor_module
+from realtime.sources.session import SourceError, VideoSink
 from tests.realtime.sources.util import FAST_POLICY, StatusLog, eventually, reader_threads
 from tests.support.rtsp import RtspServer
 
@@ -172,3 +177,69 @@ def test_backoff_grows_and_is_capped() -> None:
     assert [policy.retry_delay(n) for n in range(7)] == [0.5, 0.5, 1.0, 2.0, 4.0, 8.0, 10.0]
     jittery = dataclasses.replace(policy, backoff_jitter=0.2)
     assert all(0.8 * 8.0 <= jittery.retry_delay(5) <= 8.0 for _ in range(50))
+
+
+class _FreezesThenTimesOut:
+    """A camera that sends three frames, then nothing until the reader's own timeout ends the
+    session (signalling `ended` just before it raises); later sessions just wait to be stopped."""
+
+    corrupt_packets = 0
+
+    def __init__(self, silence_s: float | None, ended: threading.Event) -> None:
+        self.silence_s = silence_s
+        self.ended = ended
+
+    def open(self) -> None:
+        pass
+
+    def run(self, video_out: VideoSink, audio_out: object, stop: threading.Event, packets_out: object = None) -> None:
+        if self.silence_s is None:
+            stop.wait(30)
+            return
+        for index in range(3):
+            video_out(np.zeros((2, 2, 3), np.uint8), index / 10, time.time())
+        stop.wait(self.silence_s)
+        self.ended.set()
+        raise SourceError(f"no data from 127.0.0.1:8554 for {self.silence_s} s")
+
+    def interrupt(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_reader_timeout_after_the_stall_restart_was_due_is_the_stall_restart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The event loop runs late (here: a status callback blocks it from STALLED until the reader
+    has given up): the reader's own timeout ends the session after the stall restart was due.
+    That is reported as the stall restart, as it would have been on time, not as a read error."""
+    policy = dataclasses.replace(FAST_POLICY, watchdog_s=0.2, stall_restart_s=0.3)
+    ended = threading.Event()
+    sessions = iter([_FreezesThenTimesOut(0.7, ended)])
+    monkeypatch.setattr(
+        supervisor_module,
+        "create_session",
+        lambda *_: next(sessions, None) or _FreezesThenTimesOut(None, ended),
+    )
+    status = StatusLog()
+
+    def late_loop(change: StatusChange) -> None:
+        status(change)
+        if change.state is S.STALLED:
+            assert ended.wait(10)  # a failure bound only
+
+    supervisor = CameraSupervisor(
+        "cam", parse_source("rtsp://127.0.0.1:8554/cam"), video=FrameMailbox(), audio=None, on_status=late_loop,
+        policy=policy,
+    )
+    task = asyncio.create_task(supervisor.run())
+    try:
+        restarting = await status.wait_for(S.RECONNECTING, within=20)
+    finally:
+        supervisor.stop()
+        assert await asyncio.wait_for(task, timeout=10) is S.STOPPED
+    assert status.states[: restarting + 1] == [S.CONNECTING, S.LIVE, S.STALLED, S.RECONNECTING]
+    assert (status.events[restarting].reason or "").startswith("stalled for "), status.events[restarting]
+    assert supervisor.stats.stalls == 1

@@ -81,3 +81,14 @@ def test_the_watchdog_is_due_exactly_watchdog_s_after_the_last_frame() -> None:
     reader.frame(at=10.0)
     assert watch.due_in(reader, 12.0) == 3.0
     assert watch.update(reader, 15.01) == "stalled" and watch.due_in(reader, 15.01) is None
+
+
+def test_the_restart_is_due_exactly_stall_restart_s_after_the_stall() -> None:
+    # The supervisor wakes then rather than on its next tick: the reader's own timeout is close behind.
+    watch = _StallWatch(watchdog_s=5.0)
+    reader = Reader()
+    reader.frame(at=10.0)
+    assert watch.restart_due_in(4.0, 12.0) is None  # not stalled
+    assert watch.update(reader, 15.5) == "stalled"
+    assert watch.restart_due_in(4.0, 16.5) == 3.0
+    assert watch.restart_due_in(4.0, 21.0) == 0.0

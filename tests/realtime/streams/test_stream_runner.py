@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,6 +27,9 @@ from tests.support.waiting import wait_until
 FAST_POLICY = SupervisorPolicy(
     backoff_initial=0.2, backoff_max=1.0, watchdog_s=1.5, stall_restart_s=4.0, open_timeout_s=3.0
 )
+# For a camera whose states a test asserts: a 1.5 s watchdog reads a reader starved of CPU on a
+# loaded machine as a stall, which these tests are not about.
+STEADY_POLICY = dataclasses.replace(FAST_POLICY, watchdog_s=30.0)
 
 
 
@@ -62,7 +66,7 @@ async def test_bad_sources_never_take_down_a_good_one(
     garbage = tmp_path / "garbage.mp4"
     garbage.write_bytes(b"\x00not a video\x00" * 10_000)
     good = StreamRunner(
-        camera_spec("good", rtsp_server.url("/test"), policy=FAST_POLICY), SharedEngines(batcher), publisher
+        camera_spec("good", rtsp_server.url("/test"), policy=STEADY_POLICY), SharedEngines(batcher), publisher
     )
     refused = StreamRunner(
         camera_spec("refused", "rtsp://127.0.0.1:1/cam", policy=FAST_POLICY), SharedEngines(batcher), publisher
@@ -104,14 +108,14 @@ async def test_camera_restart_comes_back_live_and_status_events_arrive_in_order(
     nats_server: EmbeddedNatsServer,
 ) -> None:
     runner = StreamRunner(
-        camera_spec("gate", rtsp_server.url("/test"), ingest=ingest, policy=FAST_POLICY),
+        camera_spec("gate", rtsp_server.url("/test"), ingest=ingest, policy=STEADY_POLICY),
         SharedEngines(batcher),
         publisher,
     )
     task = asyncio.create_task(runner.run())
     await wait_until(lambda: runner.state is StreamState.LIVE, 15, "live")
     rtsp_server.kill()
-    await wait_until(lambda: runner.state is not StreamState.LIVE, 10, "the outage to be noticed")
+    await wait_until(lambda: runner.state is not StreamState.LIVE, 40, "the outage to be noticed")
     rtsp_server.restart()
     await wait_until(lambda: runner.state is StreamState.LIVE, 20, "live again")
     before = runner.summary().get("frames_processed")
