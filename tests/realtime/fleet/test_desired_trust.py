@@ -23,7 +23,7 @@ from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.fleet.metrics import FleetCollector
 from realtime.fleet.worker import DuplicateNode, FleetWorker
 from realtime.leases.options import FleetOptions
-from realtime.leases.records import desired_bucket
+from realtime.leases.records import desired_bucket, node_key
 from realtime.sources import policy as policy_module
 from realtime.sources.policy import SourcePolicy
 from realtime.sources.spec import parse_source
@@ -179,14 +179,18 @@ def test_the_policy_is_checked_again_before_every_reconnect(monkeypatch: pytest.
     assert changes[-1].reason is not None and "camera.example" in changes[-1].reason
 
 
-def test_a_second_worker_with_a_live_workers_node_name_refuses_to_join(fleet_nats: EmbeddedNatsServer) -> None:
+def test_a_second_worker_with_a_live_workers_node_name_refuses_to_join(
+    fleet_nats: EmbeddedNatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def scenario() -> None:
         nc = await nats.connect(fleet_nats.url)
         first = FleetWorker(options("dup", "same"), stub_registry(), lambda: nc)
         try:
             await first.start([])
             run = asyncio.create_task(first.run())
-            await asyncio.sleep(0.7)  # its node record is written
+            mirror = first.membership.lease_mirror
+            assert mirror is not None
+            await wait_until(lambda: mirror.get(node_key("same")) is not None, 10.0, "the first's node record")
             second = FleetWorker(options("dup", "same"), stub_registry(), lambda: nc)
             with pytest.raises(DuplicateNode, match="'same'"):
                 await second.start([])
@@ -195,10 +199,12 @@ def test_a_second_worker_with_a_live_workers_node_name_refuses_to_join(fleet_nat
             await asyncio.gather(run, return_exceptions=True)
             for task in first.membership._mirror_tasks:
                 task.cancel()
-            began = time.monotonic()
             third = FleetWorker(options("dup", "same"), stub_registry(), lambda: nc)
-            await third.start([])
-            assert time.monotonic() - began < 2.0 + 0.5 + 1.5
+            # Past this wait the check would let it join anyway (a missed expiry marker): so long a
+            # wait that the start can only end because the record's expiry was seen.
+            monkeypatch.setattr(third.membership, "stale_after", lambda: 3600.0)
+            async with asyncio.timeout(60.0):  # a bound against hangs
+                await third.start([])
             assert third.counters.duplicate_nodes == 0  # a crashed run of its own name is no duplicate
             await third.stop()
         finally:
