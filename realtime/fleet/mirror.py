@@ -217,4 +217,8 @@ async def _sent_so_far(watcher: KeyValue.KeyWatcher) -> int:
     if subscription is None:  # a nats-py without it: its marker is all there is
         return 0
     delivered = (await subscription.consumer_info()).delivered
-    return (delivered.stream_seq or 0) if delivered is not None else 0
+    if delivered is None or not delivered.consumer_seq:
+        # Nothing sent (the bucket is empty, its entries expired): the server reports the
+        # sequence before the consumer's start, the stream's last, as if it had been delivered.
+        return 0
+    return delivered.stream_seq or 0
