@@ -127,6 +127,7 @@ class Seen:
     lease: int | None
     ce_id: str
     state: str | None
+    published_at: float | None = None  # the body's published_at (time.time() there): when it passed the fence
 
 
 @dataclass
@@ -157,9 +158,10 @@ class EventRecorder:
             return list(self.events)
 
     def detections_since(self, since: float, streams: list[str], count: int = 1) -> list[Seen] | None:
-        """The detections events recorded after `since` (monotonic), once each of `streams` has
-        `count` of them; None until then (for `poll`)."""
-        seen = [e for e in self.snapshot() if e.kind == "detections" and e.at > since]
+        """The detections events published after `since` (time.time(), judged by their own
+        published_at, not by when they got here), once each of `streams` has `count` of them;
+        None until then (for `poll`)."""
+        seen = [e for e in self.snapshot() if e.kind == "detections" and (e.published_at or 0.0) > since]
         ready = all(sum(e.stream_id == sid for e in seen) >= count for sid in streams)
         return seen if ready else None
 
@@ -172,12 +174,13 @@ class EventRecorder:
             parts = source.split("/")
             lease = headers.get(cloudevents.LEASE_HEADER)
             kind = msg.subject.split(".")[-1]
-            state = None
-            if kind == "status":
-                with contextlib.suppress(ValueError):
-                    state = json.loads(msg.data).get("state")
+            state, published_at = None, None
+            with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
+                body = json.loads(msg.data)
+                state = body.get("state") if kind == "status" else None
+                published_at = cloudevents.parse_rfc3339(body["published_at"]).timestamp()
             seen = Seen(time.monotonic(), parts[-1] if parts else "", kind, parts[2] if len(parts) > 3 else "",
-                        int(lease) if lease else None, headers.get("ce-id", ""), state)
+                        int(lease) if lease else None, headers.get("ce-id", ""), state, published_at)
             with self._lock:
                 if len(self.events) < self.max_events:
                     self.events.append(seen)
