@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.errors
 
 from realtime.bus import cloudevents
 from realtime.bus.connection import round_trip
-from tests.support.nats import stored_event_ids
 from tests.support.serve_process import ServeProcess, http, poll, write_config
 
 # Short leases keep the tests quick: a dead worker's streams move within TTL + one renewal.
@@ -192,6 +192,41 @@ class EventRecorder:
         await nc.drain()
 
 
-def stored_ce_ids(url: str, subject: str = "vidsentry.>") -> list[str]:
-    """ce-id of every message the VIDSENTRY JetStream stream holds on `subject`."""
-    return asyncio.run(stored_event_ids(url, subject))
+def stored_ce_ids(url: str, subject: str = "vidsentry.>", within_s: float = 30.0) -> list[str]:
+    """ce-id of every message the VIDSENTRY JetStream stream holds on `subject`: as many as its
+    reading consumer was told there are, or AssertionError past `within_s` (never a short list
+    because the reads went quiet a while). A node just back in a cluster answers with errors
+    until it has caught up: read again, within the bound."""
+    return asyncio.run(_stored_ce_ids(url, subject, within_s))
+
+
+async def _stored_ce_ids(url: str, subject: str, within_s: float) -> list[str]:
+    deadline = time.monotonic() + within_s
+    progress = [0, -1]  # (read, stored) in the last try, for the failure's message
+    while True:
+        try:
+            async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                return await _read_ce_ids(url, subject, progress)
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            if time.monotonic() >= deadline - 0.1:
+                raise AssertionError(f"read {progress[0]} of the {progress[1]} messages stored on {subject} "
+                                     f"within {within_s} s: {exc!r}") from None
+            await asyncio.sleep(0.2)
+
+
+async def _read_ce_ids(url: str, subject: str, progress: list[int]) -> list[str]:
+    nc = await nats.connect(url)
+    try:
+        sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
+        info = await sub.consumer_info()
+        stored = (info.num_pending or 0) + (info.delivered.consumer_seq if info.delivered is not None else 0)
+        ids: list[str] = []
+        progress[:] = [0, stored]
+        while len(ids) < stored:
+            msg = await sub.next_msg(timeout=None)
+            ids.append((msg.headers or {}).get("ce-id", ""))
+            progress[0] = len(ids)
+        await sub.unsubscribe()
+        return ids
+    finally:
+        await nc.close()
