@@ -282,12 +282,23 @@ def test_the_sample_nats_config_lets_workers_write_the_buckets_and_the_reader_on
     from realtime.bus.embedded import find_nats_server, free_port
 
     repo = Path(__file__).resolve().parents[3]
-    port = free_port()
-    text = (repo / "deploy" / "nats-fleet-auth.conf").read_text()
-    text = text.replace("port: 4222", f"port: {port}").replace('"/var/lib/nats"', json.dumps(str(tmp_path / "js")))
-    (tmp_path / "nats.conf").write_text(text)
-    server = subprocess.Popen([str(find_nats_server()), "-c", str(tmp_path / "nats.conf")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sample = (repo / "deploy" / "nats-fleet-auth.conf").read_text()
+    ports_dir = tmp_path / "ports"
+    ports_dir.mkdir()
+    for _ in range(5):  # a port another process takes before this server binds it: another port
+        port = free_port()
+        text = sample.replace("port: 4222", f"port: {port}")
+        text = text.replace('"/var/lib/nats"', json.dumps(str(tmp_path / "js")))
+        (tmp_path / "nats.conf").write_text(text)
+        server = subprocess.Popen([str(find_nats_server()), "-c", str(tmp_path / "nats.conf"),
+                                   "--ports_file_dir", str(ports_dir)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Ours is up once it has written its ports file (an open port could be another's).
+        ports_file = ports_dir / f"{find_nats_server().name}_{server.pid}.ports"
+        poll(lambda s=server, f=ports_file: s.poll() is not None or f.exists(), 10, "the sample config's nats-server")
+        if server.poll() is None:
+            break
+    assert server.poll() is None, "the sample config's nats-server did not start"
 
     async def expected(_exc: Exception) -> None:  # connection refused while it starts; permission violations
         pass
@@ -308,7 +319,7 @@ def test_the_sample_nats_config_lets_workers_write_the_buckets_and_the_reader_on
             await worker.start([])  # creates both buckets and writes to them
             await put_raw(worker_nc, "site1", "cam", {"id": "cam", "url": "rtsp://camera.example/x"})
             run = asyncio.create_task(worker.run())  # writes its node record and claims the stream
-            await wait_until(lambda: worker.keeper is not None and worker.keeper.held() == ["cam"], 5, "claimed")
+            await wait_until(lambda: worker.keeper is not None and worker.keeper.held() == ["cam"], 15, "claimed")
             for bucket in (desired_bucket("site1"), desired_bucket("site1") + "-leases"):
                 kv = await reader_nc.jetstream().key_value(bucket)
                 assert await kv.keys()  # watching, listing and getting are allowed
