@@ -38,12 +38,14 @@ TOMBSTONE_KEEP_S = 60.0  # markers of gone keys are remembered this long (they e
 class Seen:
     value: bytes
     revision: int
-    seen_at: float  # time.monotonic() this worker learnt of it
+    seen_at: float  # the mirror's clock (time.monotonic) when this worker learnt of it
 
 
 class KvMirror:
-    def __init__(self, kv: KeyValue, *, on_change: Callable[[str], None] | None = None) -> None:
+    def __init__(self, kv: KeyValue, *, on_change: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._kv = kv
+        self._clock = clock  # what seen_at and `overdue` read; tests drive a fake one
         self._entries: dict[str, Seen] = {}
         self._gone: dict[str, tuple[int, float]] = {}  # key -> (revision of its delete/expiry marker, seen at)
         self._on_change = on_change
@@ -67,7 +69,7 @@ class KvMirror:
         return gone[0] if gone is not None else None
 
     def _bury(self, key: str, revision: int) -> None:
-        now = time.monotonic()
+        now = self._clock()
         if len(self._gone) >= 2 * max(16, len(self._entries)):
             self._gone = {k: v for k, v in self._gone.items() if now - v[1] < TOMBSTONE_KEEP_S}
         self._gone[key] = (revision, now)
@@ -83,7 +85,7 @@ class KvMirror:
         if value is None:
             self._entries.pop(key, None)
         else:
-            self._entries[key] = Seen(value, revision, time.monotonic())
+            self._entries[key] = Seen(value, revision, self._clock())
         if self._on_change is not None:
             self._on_change(key)
 
@@ -98,7 +100,7 @@ class KvMirror:
     def expect(self, revision: int) -> None:
         """This worker wrote `revision`: its watch should deliver it soon."""
         if revision > self._delivered and self._expected is None:
-            self._expected = (revision, time.monotonic())
+            self._expected = (revision, self._clock())
 
     def overdue(self, after_s: float) -> bool:
         """A write expected more than `after_s` ago has not come through the watch."""
@@ -108,7 +110,7 @@ class KvMirror:
         if self._delivered >= expected[0]:
             self._expected = None
             return False
-        return time.monotonic() - expected[1] > after_s
+        return self._clock() - expected[1] > after_s
 
     def restart(self, *, stalled: bool = False) -> None:
         """Watch again from the bucket's current state (after a reconnect the old watch may be gone)."""
@@ -165,7 +167,7 @@ class KvMirror:
                     if gone:
                         fresh.pop(entry.key, None)
                     else:
-                        fresh[entry.key] = Seen(entry.value or b"", entry.revision, time.monotonic())
+                        fresh[entry.key] = Seen(entry.value or b"", entry.revision, self._clock())
                     if replay_ends_at is not None and replayed_up_to >= replay_ends_at:
                         replayed()
                 else:
@@ -182,7 +184,7 @@ class KvMirror:
             if key in self._entries:
                 del self._entries[key]
         else:
-            self._entries[key] = Seen(value, revision, time.monotonic())
+            self._entries[key] = Seen(value, revision, self._clock())
         if self._on_change is not None:
             self._on_change(key)
 
@@ -215,4 +217,8 @@ async def _sent_so_far(watcher: KeyValue.KeyWatcher) -> int:
     if subscription is None:  # a nats-py without it: its marker is all there is
         return 0
     delivered = (await subscription.consumer_info()).delivered
-    return (delivered.stream_seq or 0) if delivered is not None else 0
+    if delivered is None or not delivered.consumer_seq:
+        # Nothing sent (the bucket is empty, its entries expired): the server reports the
+        # sequence before the consumer's start, the stream's last, as if it had been delivered.
+        return 0
+    return delivered.stream_seq or 0

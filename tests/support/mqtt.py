@@ -16,7 +16,7 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from realtime.bus.embedded import EmbeddedNatsServer, MqttListener, free_port
+from realtime.bus.embedded import EmbeddedNatsServer, MqttListener, NatsServerError, free_port
 from tests.support.waiting import wait_until
 
 
@@ -95,14 +95,30 @@ class MqttWatcher:
         return message
 
 
-def mqtt_nats_server(store_dir: Path, **login: str) -> EmbeddedNatsServer:
-    return EmbeddedNatsServer(store_dir=store_dir, mqtt=MqttListener(free_port(), **login))
+MQTT_PORT_TRIES = 5
+
+
+def started_mqtt_nats_server(store_dir: Path, *, config_file: Path | None = None, **login: str) -> EmbeddedNatsServer:
+    """A started nats-server with an MQTT listener on a free port. EmbeddedNatsServer picks its
+    NATS port again when another process takes it first, but not an MQTT port it was given
+    (clients must find that one again after a restart): one taken between free_port() and the
+    bind (another test worker's) is tried here again with another."""
+    for attempt in range(1, MQTT_PORT_TRIES + 1):
+        server = EmbeddedNatsServer(store_dir=store_dir, config_file=config_file,
+                                    mqtt=MqttListener(free_port(), **login))
+        try:
+            return server.start()
+        except NatsServerError as exc:
+            server.stop()
+            if "already in use" not in str(exc) or attempt == MQTT_PORT_TRIES:
+                raise
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture
 def mqtt_server(tmp_path: Path) -> Iterator[EmbeddedNatsServer]:
     """A fresh nats-server with JetStream and an MQTT listener on loopback, its store kept for restarts."""
-    server = mqtt_nats_server(tmp_path / "nats-store").start()
+    server = started_mqtt_nats_server(tmp_path / "nats-store")
     try:
         yield server
     finally:

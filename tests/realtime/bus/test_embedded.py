@@ -12,7 +12,7 @@ import pytest
 
 from realtime.bus import embedded
 from realtime.bus.embedded import EmbeddedNatsServer, NatsServerError, port_open
-from tests.support.mqtt import MqttWatcher, mqtt_nats_server, mqtt_port
+from tests.support.mqtt import MqttWatcher, mqtt_port, started_mqtt_nats_server
 from tests.support.waiting import wait_until
 
 
@@ -116,9 +116,7 @@ def test_server_that_exits_reports_its_log() -> None:
 async def test_an_mqtt_listener_with_a_login_lets_in_only_who_has_it(tmp_path: Path) -> None:
     extra = tmp_path / "extra.conf"
     extra.write_text("max_payload: 2097152\n")  # a setting of the caller's own file still applies
-    server = mqtt_nats_server(tmp_path / "store", username="hub", password='p"w\\ord')
-    server.config_file = extra
-    with server:
+    with started_mqtt_nats_server(tmp_path / "store", config_file=extra, username="hub", password='p"w\\ord') as server:
         assert server.mqtt_url == f"mqtt://127.0.0.1:{mqtt_port(server)}"
         nc = await nats.connect(server.url)  # NATS clients need no MQTT login
         try:

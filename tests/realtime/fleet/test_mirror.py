@@ -9,10 +9,11 @@ import contextlib
 from typing import Any
 
 import nats
+from nats.js.api import KeyValueConfig
 
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.fleet.mirror import KvMirror, Seen
-from tests.support.waiting import wait_until
+from tests.support.waiting import eventually, wait_until
 
 
 def test_a_watch_whose_consumer_is_gone_is_noticed_by_an_overdue_write_and_restarted(
@@ -22,7 +23,8 @@ def test_a_watch_whose_consumer_is_gone_is_noticed_by_an_overdue_write_and_resta
         nc = await nats.connect(fleet_nats.url)
         js = nc.jetstream()
         kv = await js.create_key_value(bucket="mirror-stall")
-        mirror = KvMirror(kv)
+        now = [1000.0]
+        mirror = KvMirror(kv, clock=lambda: now[0])  # the grace is judged on this clock, not the machine's pace
         task = asyncio.create_task(mirror.run())
         try:
             first = await kv.put("node.a", b"1")
@@ -34,8 +36,9 @@ def test_a_watch_whose_consumer_is_gone_is_noticed_by_an_overdue_write_and_resta
                 await js.delete_consumer("KV_mirror-stall", info.name)
             second = await kv.put("node.a", b"2")
             mirror.expect(second)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # time enough for a live watch to deliver it
             assert mirror.get("node.a").revision == first  # type: ignore[union-attr]
+            now[0] += 0.5
             assert not mirror.overdue(1.0)  # not yet past the grace
             assert mirror.overdue(0.3)
             mirror.restart(stalled=True)
@@ -113,6 +116,33 @@ def test_an_end_of_replay_marker_ahead_of_the_replay_does_not_end_it(fleet_nats:
             assert {key: seen.revision for key, seen in mirror.items()} == \
                 {key: written[key] for key in ("stream.a", "stream.b")}
             assert mirror.tombstone("stream.c") is not None
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await nc.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_bucket_whose_every_entry_expired_is_synced_at_once(fleet_nats: EmbeddedNatsServer) -> None:
+    """A fleet restarted after its lease bucket emptied: the new watch has nothing to replay, and
+    its consumer reports the stream's last sequence as delivered though it sent nothing."""
+    async def scenario() -> None:
+        nc = await nats.connect(fleet_nats.url)
+        js = nc.jetstream()
+        kv = await js.create_key_value(KeyValueConfig(bucket="mirror-expired", ttl=0.3))
+        await kv.put("node.a", b"1")
+
+        async def empty() -> bool:
+            state = (await js.stream_info("KV_mirror-expired")).state
+            return state.messages == 0 and state.last_seq > 0
+        await eventually(empty, 10.0, "the bucket's only entry to expire")
+        mirror = KvMirror(kv)
+        task = asyncio.create_task(mirror.run())
+        try:
+            await asyncio.wait_for(mirror.synced.wait(), 10.0)
+            assert mirror.items() == []
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
