@@ -103,8 +103,9 @@ async def test_the_page_loads_clean_and_watch_mode_draws_boxes_and_alerts(
         await wait_until(lambda: viewers_of(svc, "plaza") == 0 and viewers_of(svc, "gate") == 1, what="readers")
         assert svc.service.fanout.viewer_count == 1  # gate's reader; plaza's was aborted
 
-        # Someone is always on the square: once the rule's alert starts, their boxes are warnings.
-        # for_s leaves time to select the stream first: the page learns of alerts from its events.
+        # Someone is always on the square: once the rule's alert starts, their boxes are warnings,
+        # whether the page selects the stream before the alert starts or after (it is told of the
+        # alerts still open when it joins).
         rule = {"id": "someone", "type": "present", "classes": ["Normal"], "severity": "critical", "for_s": 4}
         body = {"id": "square", "url": str(vtest_avi), "detect_fps": 4, "audio": False, "rules": [rule]}
         assert (await svc.call("POST", "/api/streams", json_body=body)).status == 201
