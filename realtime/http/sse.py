@@ -72,6 +72,8 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
             log.warning("event viewer refused", extra={"stream_id": stream_id, "reason": str(exc)})
             raise ApiError(429, str(exc), {"limit": exc.limit, "setting": exc.setting}) from None
         recent = ctx.fanout.recent(stream_id)  # with the registration, before any await: nothing falls between
+        # A viewer joining afresh learns of the alerts already open (one resuming gets them replayed).
+        opened = ctx.fanout.open_alerts(stream_id) if last_id is None else []
         log.info(
             "event viewer joined",
             extra={"stream_id": stream_id, "viewers": ctx.fanout.viewer_count, "resuming": last_id is not None},
@@ -81,6 +83,10 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
             await response.prepare(request)
             first = SseMessage("stream", json.dumps(view.to_json()))
             await writer.write(f"retry: {RECONNECT_MS}\n".encode() + first.encode())
+            resume_id = recent[-1].id if recent else ""  # not an older alert's: where the live events are
+            for event in opened:
+                message = ctx.fanout.message(event)
+                await writer.write(SseMessage(message.event, message.data, message.id, resume_id).encode())
             sent: set[str] = set()
             if last_id is not None:
                 sent = await _replay(writer, ctx, stream_id, last_id, recent)

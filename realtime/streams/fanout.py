@@ -15,6 +15,10 @@ event before it), so `Last-Event-ID` always names an event JetStream keeps. The 
 `RECENT_DURABLE` durable events of each stream stay here too, to splice a replay from JetStream
 onto the live events without a gap: those the broker has not stored yet (acks in flight, an
 outage) are still found here.
+
+The start events of a stream's alerts still open (no end yet) are kept as well, at most
+`MAX_OPEN_ALERTS` per stream (the oldest forgotten first, counted): a viewer that joins mid-alert
+learns of it at once instead of at its end.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
+from pipelines.event_bodies import AlertBody
 from pipelines.events import Event, EventSink
 from realtime.bus import cloudevents
 from realtime.errors import LimitReached, ServiceError
@@ -36,6 +41,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RECENT_DURABLE = 64  # durable events kept per stream for resuming viewers
+MAX_OPEN_ALERTS = 256  # open alerts' start events kept per stream for joining viewers
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +157,8 @@ class EventFanout:
         # In-process consumers (a browser session's DataChannel): bounded by their owners, not here.
         self._listeners: dict[str, set[Listener]] = {}
         self._recent: dict[str, deque[Event]] = {}  # per stream, newest last; dropped with the stream
+        self._open_alerts: dict[str, OrderedDict[str, Event]] = {}  # per stream, by alert id, oldest first
+        self.open_alerts_forgotten = 0  # open alerts past MAX_OPEN_ALERTS (monotonic)
         self._closed = False
         self.dropped_by_gone_viewers = 0  # drops of viewers that have since left, for a monotonic total
         self.rejected = 0  # viewers refused by either limit (monotonic)
@@ -161,6 +169,8 @@ class EventFanout:
             tap(event)
         if event.durable:
             self._recent.setdefault(event.stream_id, deque(maxlen=RECENT_DURABLE)).append(event)
+        if isinstance(event.body, AlertBody):
+            self._track_alert(event, event.body)
         viewers = self._viewers.get(event.stream_id)
         listeners = self._listeners.get(event.stream_id)
         if not viewers and not listeners:
@@ -183,6 +193,22 @@ class EventFanout:
             resume_id = recent[-1].id if recent else ""
         data = payload.decode("utf-8")
         return SseMessage(event=event.kind.value, data=data, id=headers["ce-id"], resume_id=resume_id)
+
+    def _track_alert(self, event: Event, body: AlertBody) -> None:
+        if body.event == "start":
+            started = self._open_alerts.setdefault(event.stream_id, OrderedDict())
+            started[body.alert_id] = event
+            if len(started) > MAX_OPEN_ALERTS:
+                started.popitem(last=False)
+                self.open_alerts_forgotten += 1
+        elif (opened := self._open_alerts.get(event.stream_id)) is not None:
+            opened.pop(body.alert_id, None)
+            if not opened:
+                del self._open_alerts[event.stream_id]
+
+    def open_alerts(self, stream_id: str) -> list[Event]:
+        """The start events of the stream's alerts without an end yet, oldest first."""
+        return list(self._open_alerts.get(stream_id, {}).values())
 
     def recent(self, stream_id: str) -> list[Event]:
         """The stream's last durable events the publisher accepted, oldest first (at most RECENT_DURABLE)."""
@@ -233,6 +259,7 @@ class EventFanout:
     def close_stream(self, stream_id: str) -> None:
         """The stream is gone: its viewers get what is queued, then their responses end."""
         self._recent.pop(stream_id, None)
+        self._open_alerts.pop(stream_id, None)
         for viewer in self._viewers.get(stream_id, ()):
             viewer.close()
 

@@ -46,8 +46,10 @@ class EventChannel:
         max_buffered_bytes: int,
         max_pending: int = 512,
         on_stuck: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.max_buffered_bytes = max_buffered_bytes
+        self._clock = clock  # wall-clock seconds, as events' captured_at (a test drives its own)
         self.max_pending = max_pending
         self.stats = ChannelStats()
         self._on_stuck = on_stuck
@@ -124,7 +126,7 @@ class EventChannel:
     def _encode(self, event: Event, message: SseMessage) -> str:
         # The body is already JSON (encoded once for every viewer): wrap it, never re-encode it.
         if event.kind == EventKind.DETECTIONS:
-            lag_ms = round((time.time() - event.captured_at) * 1000, 1)
+            lag_ms = round((self._clock() - event.captured_at) * 1000, 1)
             self.stats.lag_ms.append(lag_ms)
             return f'{{"kind":"{message.event}","lag_ms":{lag_ms},"body":{message.data}}}'
         return f'{{"kind":"{message.event}","body":{message.data}}}'

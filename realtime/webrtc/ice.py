@@ -142,6 +142,7 @@ class StunBudget:
         self.burst = burst
         self._tokens = float(burst)
         self._at = time.monotonic()
+        self.created_at = self._at  # what the bucket has let through is bounded from here on
         self.sent = 0
         self.deferred = 0  # requests not sent: over the budget (STUN retransmits them later)
 

@@ -219,10 +219,17 @@ class WebRtcSession:
         outputs.status(StatusChange(self.stream_id, StreamState.LIVE, StreamState.CONNECTING, time.time()))
         connected_at = time.monotonic()
         limit = settings.inactivity_timeout_s
+        silent_ticks = 0
         while True:
             await asyncio.sleep(min(0.5, limit / 4))
             last = self.stats.last_media_at or connected_at
-            if time.monotonic() - last > limit:
+            if time.monotonic() - last <= limit:
+                silent_ticks = 0
+                continue
+            # Silence must be seen on two ticks in a row: after a stall of the loop itself this timer can
+            # run before the media the stall held up is delivered, and that is not the peer's silence.
+            silent_ticks += 1
+            if silent_ticks >= 2:
                 self.close(f"no media for {limit:g} s (webrtc.inactivity_timeout_s)")
                 return
 

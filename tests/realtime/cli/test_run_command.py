@@ -22,6 +22,7 @@ from tests.support.bodies import any_event
 from tests.support.captions import Collect, caption
 from tests.support.cli import ROOT, vidsentry
 from tests.support.speech import load_pcm16k, script_prefix_wer
+from tests.support.waiting import wait_until
 
 
 def assert_usage_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -122,10 +123,20 @@ async def test_run_publishes_detections_tracks_and_status(sample_clip: Path, nat
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     stdout, stderr = await asyncio.wait_for(proc.communicate(), 120)
-    await asyncio.sleep(0.5)
-    listener.cancel()
     assert proc.returncode == 0, stderr.decode()
     summary = json.loads(stdout.decode().strip().splitlines()[-1])
+
+    def of_kind(kind: str) -> list[nats.aio.msg.Msg]:
+        return [m for m in received if m.subject.rsplit(".", 1)[-1] == kind]
+
+    # What run published may still be on its way to this listener when the process has exited.
+    expected = summary["frames_processed"] + summary["frames_predicted"]
+    await wait_until(
+        lambda: len(of_kind("detections")) >= expected
+        and any(json.loads(m.data)["state"] == "stopped" for m in of_kind("status")),
+        10, lambda: f"{expected} detections and the stopped status, got {len(of_kind('detections'))}",
+    )
+    listener.cancel()
     assert summary["state"] == "stopped"
     assert summary["frames_processed"] > 5 and summary["detections"] > 10
     assert summary["audio_seconds"] > 3  # the narration is decoded alongside

@@ -12,6 +12,7 @@ import logging
 import resource
 import socket
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+import realtime.http.metrics
 from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.config import ConfigError, load_config
@@ -237,16 +239,34 @@ def test_a_value_cannot_end_a_log_line_or_forge_one() -> None:
 async def test_idle_connections_are_closed_and_never_starve_healthz(
     detector: Detector, shared_nats_server: EmbeddedNatsServer
 ) -> None:
-    async with service(detector, shared_nats_server.url, max_connections=8, idle_timeout_s=1.0) as svc:
+    # An idle timeout far off: every connection the server closes here was closed to make room
+    # (a stall of this machine must not let the timeout close some first, uncounted as evictions).
+    async with service(detector, shared_nats_server.url, max_connections=8, idle_timeout_s=120.0) as svc:
         stats = svc.service.app[CONNECTION_STATS]
         idle = [await asyncio.open_connection(*address(svc)) for _ in range(30)]
         try:
             assert stats.open <= 8
             assert (await svc.call("GET", "/healthz")).status == 200  # room is made by closing an idle one
-            # Every idle connection is closed by the server: to make room, or when idle too long.
+            # The server closes the longest-idle connections to make room, and says nothing on them.
+            await wait_until(lambda: sum(reader.at_eof() for reader, _ in idle) >= 22, 20,
+                             lambda: f"idle connections closed for room, {sum(r.at_eof() for r, _ in idle)} so far")
+            assert stats.evicted >= 22 and stats.refused == 0
+            assert stats.open <= 8
+        finally:
+            for _, writer in idle:
+                writer.close()
+
+
+async def test_idle_connections_are_closed_after_the_idle_timeout(
+    detector: Detector, shared_nats_server: EmbeddedNatsServer
+) -> None:
+    async with service(detector, shared_nats_server.url, idle_timeout_s=1.0) as svc:
+        stats = svc.service.app[CONNECTION_STATS]
+        idle = [await asyncio.open_connection(*address(svc)) for _ in range(3)]
+        try:
             ends = await asyncio.wait_for(asyncio.gather(*(reader.read() for reader, _ in idle)), 20)
             assert all(end == b"" for end in ends)
-            assert stats.evicted >= 22 and stats.refused == 0
+            assert stats.evicted == 0  # closed for idleness, not for room
             await wait_until(lambda: stats.open <= 1, 10, "idle connections to be closed")
         finally:
             for _, writer in idle:
@@ -359,7 +379,7 @@ def test_a_heartbeat_below_a_second_is_a_config_error(tmp_path: Path, value: str
         load_config(path, environ={})
 
 
-async def test_concurrent_scrapes_share_one_render(svc: LiveService) -> None:
+async def test_concurrent_scrapes_share_one_render(svc: LiveService, monkeypatch: pytest.MonkeyPatch) -> None:
     metrics = svc.service.metrics
 
     def nothing_cached() -> bool:  # past any render cached by an earlier request
@@ -367,8 +387,30 @@ async def test_concurrent_scrapes_share_one_render(svc: LiveService) -> None:
         return metrics._rendering is None and (rendered is None or time.monotonic() - rendered[0] >= RENDER_TTL_S)
 
     await wait_until(nothing_cached, 5, "the cached render to expire")
+    # The render is held until all 20 scrapes wait for it: shared because it is being made, not
+    # because they all happened to arrive within the cache's RENDER_TTL_S.
+    asked = 0
+    release = threading.Event()
+    render_shared, generate_latest = metrics.render_shared, realtime.http.metrics.generate_latest
+
+    async def counted() -> bytes:
+        nonlocal asked
+        asked += 1
+        return await render_shared()
+
+    def held(registry: Any) -> bytes:
+        release.wait(30)
+        return generate_latest(registry)
+
+    monkeypatch.setattr(metrics, "render_shared", counted)
+    monkeypatch.setattr(realtime.http.metrics, "generate_latest", held)
     before = metrics.renders
-    replies = await asyncio.gather(*(svc.call("GET", "/metrics") for _ in range(20)))
+    try:
+        scrapes = asyncio.gather(*(svc.call("GET", "/metrics") for _ in range(20)))
+        await wait_until(lambda: asked == 20, 20, lambda: f"20 scrapes waiting, {asked} so far")
+    finally:
+        release.set()
+    replies = await scrapes
     assert all(r.status == 200 for r in replies)
     assert len({r.body for r in replies}) == 1 and "vidsentry_http_connections " in replies[0].body
     assert metrics.renders == before + 1

@@ -74,16 +74,17 @@ async def settle() -> None:
 
 
 async def test_messages_wrap_the_nats_body_and_detections_carry_their_lag(pump: Any) -> None:
-    channel, dc = EventChannel(max_buffered_bytes=1 << 20), FakeDataChannel()
+    now = 1_700_000_000.0  # the channel's clock, fixed: the lag is the one the event carries
+    channel, dc = EventChannel(max_buffered_bytes=1 << 20, clock=lambda: now), FakeDataChannel()
     channel.attach(dc)
     pump(channel)
     dc.open()
-    await offer_all(channel, [event(EventKind.DETECTIONS, 1, time.time() - 0.25), event(EventKind.TRACKS, 2)])
+    await offer_all(channel, [event(EventKind.DETECTIONS, 1, now - 0.25), event(EventKind.TRACKS, 2)])
     await settle()
     kinds = {m["kind"]: m for m in dc.sent}
     assert set(kinds) == {"detections", "tracks"}
     assert kinds["detections"]["body"]["n"] == 1 and kinds["detections"]["body"]["stream_id"] == "s1"
-    assert 250 <= kinds["detections"]["lag_ms"] < 2000
+    assert kinds["detections"]["lag_ms"] == 250.0
     assert "lag_ms" not in kinds["tracks"]
     assert channel.stats.sent == 2 and list(channel.stats.lag_ms) == [kinds["detections"]["lag_ms"]]
 

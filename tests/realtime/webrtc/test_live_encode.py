@@ -97,6 +97,16 @@ def matched(mapped: list[float], event_pts: list[float]) -> int:
     return sum(round(p, 3) in known for p in mapped)
 
 
+async def assert_mapped(svc: LiveService, stream_id: str, mapped: list[float], event_pts: list[float]) -> None:
+    """Some frames match their event, and those that do not are no more than the frames that got no
+    event: dropped by the mailbox or failed (how many is this machine's speed, so no share of matches
+    is asserted)."""
+    hits = matched(mapped, event_pts)
+    counters = (await svc.stream(stream_id))["counters"]
+    dropped = counters.get("frames_dropped", 0) + counters.get("frames_failed", 0)
+    assert hits >= 1 and len(mapped) - hits <= dropped, (hits, len(mapped), dropped, mapped[-5:], event_pts[-5:])
+
+
 async def test_an_mpeg4_camera_is_encoded_once_for_two_viewers_only_while_watched(
     detector: Detector, shared_nats_server: EmbeddedNatsServer, vtest_avi: Path
 ) -> None:
@@ -126,7 +136,7 @@ async def test_an_mpeg4_camera_is_encoded_once_for_two_viewers_only_while_watche
                     mapped = await frame_pts(svc, watcher)
                     detections = await events_until(lambda: [e["data"]["pts"] for e in events
                                                              if e["event"] == "detections"], max(mapped))
-                    assert matched(mapped, detections) >= len(mapped) / 2, (mapped[-5:], detections[-5:])
+                    await assert_mapped(svc, "plaza", mapped, detections)
                 await metrics_say(svc, "vidsentry_live_encoders 1.0")
                 await metrics_say(svc, 'vidsentry_stream_live_encoder_starts_total{stream="plaza"} 1.0')
 
@@ -168,7 +178,7 @@ async def test_a_browser_session_plays_through_whep(
             mapped = await frame_pts(svc, watcher)
             event_pts = await events_until(lambda: [m["body"]["pts"] for m in peer.of_kind("detections")],
                                            max(mapped))
-            assert matched(mapped, event_pts) >= len(mapped) / 2, (mapped[-5:], event_pts[-5:])
+            await assert_mapped(svc, stream_id, mapped, event_pts)
         finally:
             if watcher is not None:
                 await watcher.close()

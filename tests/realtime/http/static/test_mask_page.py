@@ -65,8 +65,10 @@ async def test_watch_mode_fills_masks_inside_boxes(svc: LiveService, chromium: B
         await page.click("#tab-watch")
         await page.click("#streams .stream[data-id=plaza]")
         await page.wait_for_selector('#watch-canvas[data-masks]:not([data-masks="0"])', timeout=30_000)
-        masks = int(await page.get_attribute("#watch-canvas", "data-masks") or 0)
-        boxes = int(await page.get_attribute("#watch-canvas", "data-boxes") or 0)
+        # Read together: both are set by one draw, and the next draw may come between two reads.
+        masks, boxes = await page.evaluate(
+            "(({ masks, boxes }) => [Number(masks), Number(boxes)])(document.getElementById('watch-canvas').dataset)"
+        )
         assert 0 < masks <= boxes
         await page.wait_for_timeout(500)
         await page.screenshot(path=screenshots / "watch-masks.png")

@@ -13,6 +13,7 @@ from engines.detector import Detector
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.support.browser import open_page
 from tests.support.service import LiveService, live_service, make_config
+from tests.support.waiting import wait_until
 
 TOKEN = "page-test-token-1234"
 UNREACHABLE = "rtsp://127.0.0.1:1/cam"  # refused at once: a stream that keeps reconnecting
@@ -36,6 +37,10 @@ async def svc(
 
 async def canvas_number(page: Page, canvas_id: str, name: str) -> int:
     return int(await page.get_attribute(f"#{canvas_id}", f"data-{name}") or 0)
+
+
+def viewers_of(svc: LiveService, stream_id: str) -> int:
+    return len(svc.service.fanout._viewers.get(stream_id, ()))
 
 
 async def wait_for_boxes(page: Page, canvas_id: str, within_ms: int = 15_000) -> None:
@@ -94,11 +99,13 @@ async def test_the_page_loads_clean_and_watch_mode_draws_boxes_and_alerts(
         await page.click(".stream[data-id=gate]")
         await page.wait_for_selector("#watch-placeholder:not([hidden])")
         assert await page.evaluate("window.vidsentry.watch.streamId") == "gate"
-        await page.wait_for_timeout(300)
+        # The server sees plaza's reader go at its next write and gate's come when its request lands.
+        await wait_until(lambda: viewers_of(svc, "plaza") == 0 and viewers_of(svc, "gate") == 1, what="readers")
         assert svc.service.fanout.viewer_count == 1  # gate's reader; plaza's was aborted
 
-        # Someone is always on the square: once the rule's alert starts, their boxes are warnings.
-        # for_s leaves time to select the stream first: the page learns of alerts from its events.
+        # Someone is always on the square: once the rule's alert starts, their boxes are warnings,
+        # whether the page selects the stream before the alert starts or after (it is told of the
+        # alerts still open when it joins).
         rule = {"id": "someone", "type": "present", "classes": ["Normal"], "severity": "critical", "for_s": 4}
         body = {"id": "square", "url": str(vtest_avi), "detect_fps": 4, "audio": False, "rules": [rule]}
         assert (await svc.call("POST", "/api/streams", json_body=body)).status == 201
