@@ -194,7 +194,7 @@ async def test_the_service_wires_what_each_plugin_adds(monkeypatch: pytest.Monke
         return None
 
     monkeypatch.setattr(service.publisher, "publish", published)
-    await service.fanout.publish(cast(Event, SimpleNamespace(stream_id="cam", durable=False)))
+    await service.fanout.publish(cast(Event, SimpleNamespace(stream_id="cam", durable=False, body=None)))
     service._stream_gone("cam")  # the registry's on_gone hook: neither desired nor running any more
     assert seen == [("tap", "first"), ("tap", "second"), ("forget cam", "first"), ("forget cam", "second")]
     metrics = generate_latest(service.metrics.registry).decode()
