@@ -84,6 +84,11 @@ async def consume(url: str, durable: str, *, from_start: bool, count: int | None
                 messages = await sub.fetch(batch, timeout=FETCH_WAIT_S)
             except nats.errors.TimeoutError:
                 continue  # nothing new; look at `stop` again
+            except nats.js.errors.APIError as exc:  # a JetStream status other than "nothing yet"
+                print(f"alert-consumer: fetch refused ({exc}); trying again", file=sys.stderr)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+                continue
             for msg in messages:
                 print(alert_line(msg), flush=True)
                 # After handling, and confirmed by the server: a crash before this means redelivery, not loss.

@@ -73,4 +73,4 @@ async def test_sigterm_stops_a_waiting_consumer_cleanly(nats_server: EmbeddedNat
     assert b"waiting for alerts" in line
     proc.send_signal(signal.SIGTERM)
     await asyncio.wait_for(proc.wait(), 10)
-    assert proc.returncode == 0
+    assert proc.returncode == 0, (await proc.stderr.read()).decode()
