@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from realtime.bus.embedded import EmbeddedNatsServer
+from realtime.http.metrics import RENDER_TTL_S
 from tests.support.serve_process import ServeProcess, write_config
 from tests.support.service import FAST_SUPERVISOR
 
@@ -80,14 +81,16 @@ async def footprint(session: aiohttp.ClientSession, serve: ServeProcess) -> Foot
     )
 
 
-async def footprint_ceiling(session: aiohttp.ClientSession, serve: ServeProcess, samples: int = 8) -> Footprint:
-    """The most of each figure over a few samples a tenth of a second apart: some tasks come and go
-    all the time (the timeline indexer's fetch keeps two alive while it waits, for a moment none),
-    so one sample may catch the service with fewer than it normally runs."""
+async def footprint_ceiling(session: aiohttp.ClientSession, serve: ServeProcess, renders: int = 4) -> Footprint:
+    """The most of each figure over a few of the service's metric renders: some tasks come and go
+    all the time (the timeline indexer's fetch keeps two alive while it waits, none while it
+    indexes), so one render may catch the service with fewer than it normally runs. The service
+    renders at most once per RENDER_TTL_S and answers every scrape meanwhile with that render, so
+    samples are spaced past it (samples closer together were copies of one render)."""
     taken = []
-    for _ in range(samples):
+    for _ in range(renders):
         taken.append(await footprint(session, serve))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(RENDER_TTL_S + 0.1)
     return Footprint(*(max(getattr(t, f.name) for t in taken) for f in fields(Footprint)))
 
 
