@@ -44,7 +44,7 @@ from typing import Generic, Self, TypeVar
 from engines.cpu_grant import granted
 from pipelines.compute import ComputeBudget, Grant
 from pipelines.errors import PipelineError
-from pipelines.tasks import describe_error
+from pipelines.tasks import cancel_and_wait, describe_error
 
 log = logging.getLogger(__name__)
 
@@ -460,9 +460,7 @@ class ModelBatcher(Generic[In, Out]):
         self._closed = True
         runner, self._runner = self._runner, None
         if runner is not None and not runner.done():
-            runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await runner
+            await cancel_and_wait(runner)
         # Items still waiting (queued, gathered, or in the interrupted model call) are cancelled.
         self._drain_queue()
         for fut in list(self._waiting):

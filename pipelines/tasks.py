@@ -19,7 +19,6 @@ against a stop event: whichever side loses is cancelled and awaited, never left 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -82,11 +81,16 @@ class TaskOwner:
         return len(self._tasks)
 
     async def cancel_all(self) -> None:
-        """Cancel every task still running, in the order they were started, and wait for each."""
-        for task in list(self._tasks):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):  # a crash is already logged
-                await task
+        """Cancel every task still running, in the order they were started, and wait for each. If
+        the caller is cancelled meanwhile, the rest are cancelled without waiting and so is it."""
+        tasks = list(self._tasks)
+        try:
+            for task in tasks:
+                await cancel_and_wait(task)  # a crash is already logged
+        except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()
+            raise
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         spawned = self._tasks.pop(task)
@@ -107,6 +111,17 @@ class TaskOwner:
         finally:
             if spawned.on_done is not None:
                 spawned.on_done(task)
+
+
+async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    """Cancel `task` and wait until it has ended, however it ends (what it raised is its owner's
+    to report). A cancellation of the caller meanwhile goes on up: awaiting the task inside
+    `suppress(CancelledError)` cannot tell the two apart, and a stop whose own cancellation was
+    swallowed went on running (a fleet watch watched again, and its owner waited for it forever)."""
+    task.cancel()
+    await asyncio.wait((task,))
+    if not task.cancelled():
+        task.exception()  # retrieved: asyncio does not log it again when the task is collected
 
 
 async def until_set(stop: asyncio.Event, work: Coroutine[Any, Any, T], name: str) -> tuple[bool, T | None]:

@@ -7,12 +7,12 @@ camera drops the oldest, counted) and one task publishes them as `status` events
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from pipelines.event_bodies import status_event
 from pipelines.events import EventSink
 from pipelines.frames import StatusChange
+from pipelines.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,4 @@ class StatusRelay:
         joined = asyncio.ensure_future(self._queue.join())
         await asyncio.wait({joined, task}, return_when=asyncio.FIRST_COMPLETED)
         joined.cancel()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)

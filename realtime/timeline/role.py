@@ -26,7 +26,7 @@ import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from pipelines.tasks import TaskOwner
+from pipelines.tasks import TaskOwner, cancel_and_wait
 from realtime.leases.buckets import open_roles
 from realtime.leases.keeper import LeaseKeeper
 from realtime.leases.options import FleetOptions
@@ -135,9 +135,7 @@ async def _stop(responder: Any, indexer: asyncio.Task[Any] | None) -> tuple[None
         with contextlib.suppress(Exception):
             await responder.unsubscribe()
     if indexer is not None:
-        indexer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await indexer
+        await cancel_and_wait(indexer)
     return None, None
 
 

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from pipelines.tasks import TaskOwner, describe_error, until_set
+from pipelines.tasks import TaskOwner, cancel_and_wait, describe_error, until_set
 
 
 async def test_crashes_are_logged_and_counted_and_only_a_critical_one_fails_the_owner(
@@ -84,3 +84,40 @@ async def test_until_set_races_work_against_a_stop_and_leaves_no_loser_behind() 
     asyncio.get_running_loop().call_later(0.01, stop.set)
     assert await until_set(stop, hang(), "hang") == (False, None)
     assert cancelled.is_set()  # cancelled and awaited before until_set returned
+
+
+async def test_a_caller_cancelled_while_it_waits_for_its_tasks_to_end_is_cancelled_too() -> None:
+    """cancel_all used to await each task inside suppress(CancelledError), which also swallowed a
+    cancellation of the caller: a stop that was itself cancelled carried on as if it had ended."""
+    owner = TaskOwner("test")
+    ending, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_to_end() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            ending.set()
+            await release.wait()  # its clean-up takes a while
+
+    owner.spawn(slow_to_end(), "slow")
+    await asyncio.sleep(0)
+    stopping = asyncio.create_task(owner.cancel_all())
+    await ending.wait()  # the stop is waiting for the task's end
+    stopping.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    assert stopping.cancelled()
+
+
+async def test_cancel_and_wait_waits_for_the_end_and_keeps_the_tasks_error_to_itself() -> None:
+    async def fails_on_cancel() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise RuntimeError("clean-up failed") from None
+
+    task = asyncio.create_task(fails_on_cancel())
+    await asyncio.sleep(0)
+    await cancel_and_wait(task)
+    assert task.done() and isinstance(task.exception(), RuntimeError)
