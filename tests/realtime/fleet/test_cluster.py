@@ -153,11 +153,21 @@ def test_fleet_workers_ride_out_the_loss_of_a_nats_node(
         # The node comes back from its store and catches up; then read what the stream holds.
         victim.server.restart()
         cluster.wait_ready()
-        ids = stored_ce_ids(survivor.url)
-        assert ids and len(ids) == len(set(ids))  # durable events: no ce-id stored twice
-        # Every durable event seen on the wire during the loss is stored, the late stream's included.
+        # Every durable event seen on the wire during the loss is stored, the late stream's included:
+        # one whose store was not acknowledged in the loss is sent again from the outbox, so read
+        # until they all are (a stored count read once missed those still on their way).
         durable = {e.ce_id for e in events if e.kind in DURABLE_KINDS}
         assert any(e.stream_id == LATE_STREAM for e in events if e.kind == "status")
-        assert durable <= set(ids), f"{len(durable - set(ids))} durable events seen but not stored"
+        ids: list[str] = []
+
+        def all_stored() -> bool:
+            ids[:] = stored_ce_ids(survivor.url)
+            return durable <= set(ids)
+
+        try:
+            poll(all_stored, 30, "every durable event seen to be stored", every_s=1.0)
+        except AssertionError:
+            raise AssertionError(f"{len(durable - set(ids))} durable events seen but not stored\n{story}") from None
+        assert len(ids) == len(set(ids))  # durable events: no ce-id stored twice
     finally:
         fleet.kill_all()
