@@ -6,14 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
 from nats.js.api import KeyValueConfig
 
+from pipelines.tasks import cancel_and_wait
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.fleet.mirror import KvMirror, Seen
 from tests.support.waiting import eventually, wait_until
+
+
+@contextlib.asynccontextmanager
+async def watching(mirror: KvMirror) -> AsyncIterator[KvMirror]:
+    """The mirror's watch runs for the block, and is cancelled and waited for after it."""
+    task = asyncio.create_task(mirror.run())
+    try:
+        yield mirror
+    finally:
+        await cancel_and_wait(task)
 
 
 def test_a_watch_whose_consumer_is_gone_is_noticed_by_an_overdue_write_and_restarted(
@@ -25,29 +37,26 @@ def test_a_watch_whose_consumer_is_gone_is_noticed_by_an_overdue_write_and_resta
         kv = await js.create_key_value(bucket="mirror-stall")
         now = [1000.0]
         mirror = KvMirror(kv, clock=lambda: now[0])  # the grace is judged on this clock, not the machine's pace
-        task = asyncio.create_task(mirror.run())
         try:
-            first = await kv.put("node.a", b"1")
-            mirror.expect(first)
-            await wait_until(lambda: (seen := mirror.get("node.a")) is not None and seen.revision == first)
-            assert not mirror.overdue(0.0)  # delivered: nothing expected any more
-            # The server loses the watch's consumer; nats-py keeps waiting on its heartbeats.
-            for info in await js.consumers_info("KV_mirror-stall"):
-                await js.delete_consumer("KV_mirror-stall", info.name)
-            second = await kv.put("node.a", b"2")
-            mirror.expect(second)
-            await asyncio.sleep(0.5)  # time enough for a live watch to deliver it
-            assert mirror.get("node.a").revision == first  # type: ignore[union-attr]
-            now[0] += 0.5
-            assert not mirror.overdue(1.0)  # not yet past the grace
-            assert mirror.overdue(0.3)
-            mirror.restart(stalled=True)
-            await wait_until(lambda: (seen := mirror.get("node.a")) is not None and seen.revision == second)
-            assert mirror.stalls == 1 and not mirror.overdue(0.0)
+            async with watching(mirror):
+                first = await kv.put("node.a", b"1")
+                mirror.expect(first)
+                await wait_until(lambda: (seen := mirror.get("node.a")) is not None and seen.revision == first)
+                assert not mirror.overdue(0.0)  # delivered: nothing expected any more
+                # The server loses the watch's consumer; nats-py keeps waiting on its heartbeats.
+                for info in await js.consumers_info("KV_mirror-stall"):
+                    await js.delete_consumer("KV_mirror-stall", info.name)
+                second = await kv.put("node.a", b"2")
+                mirror.expect(second)
+                await asyncio.sleep(0.5)  # time enough for a live watch to deliver it
+                assert mirror.get("node.a").revision == first  # type: ignore[union-attr]
+                now[0] += 0.5
+                assert not mirror.overdue(1.0)  # not yet past the grace
+                assert mirror.overdue(0.3)
+                mirror.restart(stalled=True)
+                await wait_until(lambda: (seen := mirror.get("node.a")) is not None and seen.revision == second)
+                assert mirror.stalls == 1 and not mirror.overdue(0.0)
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
             await nc.close()
 
     asyncio.run(scenario())
@@ -109,17 +118,14 @@ def test_an_end_of_replay_marker_ahead_of_the_replay_does_not_end_it(fleet_nats:
 
         kv.watchall = marker_first  # type: ignore[method-assign]
         mirror = KvMirror(kv)
-        task = asyncio.create_task(mirror.run())
         try:
-            await asyncio.wait_for(mirror.synced.wait(), 10.0)
-            # What the bucket held is all there the moment the mirror says it is synced.
-            assert {key: seen.revision for key, seen in mirror.items()} == \
-                {key: written[key] for key in ("stream.a", "stream.b")}
-            assert mirror.tombstone("stream.c") is not None
+            async with watching(mirror):
+                await asyncio.wait_for(mirror.synced.wait(), 10.0)
+                # What the bucket held is all there the moment the mirror says it is synced.
+                assert {key: seen.revision for key, seen in mirror.items()} == \
+                    {key: written[key] for key in ("stream.a", "stream.b")}
+                assert mirror.tombstone("stream.c") is not None
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
             await nc.close()
 
     asyncio.run(scenario())
@@ -139,14 +145,11 @@ def test_a_bucket_whose_every_entry_expired_is_synced_at_once(fleet_nats: Embedd
             return state.messages == 0 and state.last_seq > 0
         await eventually(empty, 10.0, "the bucket's only entry to expire")
         mirror = KvMirror(kv)
-        task = asyncio.create_task(mirror.run())
         try:
-            await asyncio.wait_for(mirror.synced.wait(), 10.0)
-            assert mirror.items() == []
+            async with watching(mirror):
+                await asyncio.wait_for(mirror.synced.wait(), 10.0)
+                assert mirror.items() == []
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
             await nc.close()
 
     asyncio.run(scenario())

@@ -236,6 +236,17 @@ def test_a_value_cannot_end_a_log_line_or_forge_one() -> None:
 # -- item 13: idle, slow and too many connections --------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def idle_connections(svc: LiveService, count: int) -> AsyncIterator[list[asyncio.StreamReader]]:
+    """`count` connections to the service that send nothing; closed after the block."""
+    opened = [await asyncio.open_connection(*address(svc)) for _ in range(count)]
+    try:
+        yield [reader for reader, _ in opened]
+    finally:
+        for _, writer in opened:
+            writer.close()
+
+
 async def test_idle_connections_are_closed_and_never_starve_healthz(
     detector: Detector, shared_nats_server: EmbeddedNatsServer
 ) -> None:
@@ -243,18 +254,14 @@ async def test_idle_connections_are_closed_and_never_starve_healthz(
     # (a stall of this machine must not let the timeout close some first, uncounted as evictions).
     async with service(detector, shared_nats_server.url, max_connections=8, idle_timeout_s=120.0) as svc:
         stats = svc.service.app[CONNECTION_STATS]
-        idle = [await asyncio.open_connection(*address(svc)) for _ in range(30)]
-        try:
+        async with idle_connections(svc, 30) as idle:
             assert stats.open <= 8
             assert (await svc.call("GET", "/healthz")).status == 200  # room is made by closing an idle one
             # The server closes the longest-idle connections to make room, and says nothing on them.
-            await wait_until(lambda: sum(reader.at_eof() for reader, _ in idle) >= 22, 20,
-                             lambda: f"idle connections closed for room, {sum(r.at_eof() for r, _ in idle)} so far")
+            await wait_until(lambda: sum(reader.at_eof() for reader in idle) >= 22, 20,
+                             lambda: f"idle connections closed for room, {sum(r.at_eof() for r in idle)} so far")
             assert stats.evicted >= 22 and stats.refused == 0
             assert stats.open <= 8
-        finally:
-            for _, writer in idle:
-                writer.close()
 
 
 async def test_idle_connections_are_closed_after_the_idle_timeout(
@@ -262,15 +269,11 @@ async def test_idle_connections_are_closed_after_the_idle_timeout(
 ) -> None:
     async with service(detector, shared_nats_server.url, idle_timeout_s=1.0) as svc:
         stats = svc.service.app[CONNECTION_STATS]
-        idle = [await asyncio.open_connection(*address(svc)) for _ in range(3)]
-        try:
-            ends = await asyncio.wait_for(asyncio.gather(*(reader.read() for reader, _ in idle)), 20)
+        async with idle_connections(svc, 3) as idle:
+            ends = await asyncio.wait_for(asyncio.gather(*(reader.read() for reader in idle)), 20)
             assert all(end == b"" for end in ends)
             assert stats.evicted == 0  # closed for idleness, not for room
             await wait_until(lambda: stats.open <= 1, 10, "idle connections to be closed")
-        finally:
-            for _, writer in idle:
-                writer.close()
 
 
 async def test_a_request_head_sent_slowly_is_cut_off(
