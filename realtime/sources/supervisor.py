@@ -176,9 +176,7 @@ class _StallWatch:
 
     def restart_due_in(self, stall_restart_s: float, now: float) -> float | None:
         """Seconds until a stall has lasted `stall_restart_s` (None: not stalled)."""
-        if self.since is None:
-            return None
-        return max(0.0, self.since + stall_restart_s - now)
+        return None if self.since is None else max(0.0, stall_restart_s - self.stalled_for(now))
 
 
 @dataclass(frozen=True, slots=True)
