@@ -58,6 +58,7 @@ class MetricSources:
     sse_viewers: Callable[[], int]
     sse_dropped: Callable[[], int]
     sse_rejected: Callable[[], int]  # viewers refused by the per-stream or total cap
+    sse_open_alerts_forgotten: Callable[[], int]  # open alerts past the per-stream bound, no longer sent to joiners
     publisher_alive: Callable[[], bool]
     detector_alive: Callable[[], bool]
     detector_oldest_call_s: Callable[[], float]
@@ -334,7 +335,12 @@ class _ServiceCollector(Collector):
             "Event viewers refused by http.sse_max_viewers_per_stream or http.sse_max_viewers",
             value=self.sources.sse_rejected(),
         )
-        yield from (viewers, dropped, rejected)
+        forgotten = CounterMetricFamily(
+            "vidsentry_sse_open_alerts_forgotten",
+            "Open alerts past the per-stream bound, no longer sent to viewers who join",
+            value=self.sources.sse_open_alerts_forgotten(),
+        )
+        yield from (viewers, dropped, rejected, forgotten)
 
 
 class _Collected(Collector):

@@ -20,6 +20,7 @@ from pipelines.detect import DetectionBatcher
 from pipelines.events import Event
 from pipelines.graph import SharedEngines
 from pipelines.stages import DEFAULT_STAGES
+from pipelines.tasks import cancel_and_wait
 from realtime.bus.publisher import NatsEventPublisher
 from realtime.bus.snapshots import NatsSnapshotStore
 from realtime.config import AnyStreamSettings, Config, WebRtcStreamSettings
@@ -99,6 +100,7 @@ class Service:
                 sse_viewers=lambda: self.fanout.viewer_count,
                 sse_dropped=lambda: self.fanout.dropped_total,
                 sse_rejected=lambda: self.fanout.rejected,
+                sse_open_alerts_forgotten=lambda: self.fanout.open_alerts_forgotten,
                 max_streams=lambda: self.registry.max_streams,
                 streams_rejected=lambda: self.registry.rejected,
                 publisher_alive=lambda: publisher.alive,
@@ -247,8 +249,7 @@ class Service:
                 "streams did not stop in time; cancelling them",
                 extra={"timeout_s": timeout, "running": self.registry.running_count},
             )
-            reconciler.cancel()
-            await asyncio.wait({reconciler})
+            await cancel_and_wait(reconciler)
         await self.sessions.aclose()  # sessions negotiated but never started, too
         await self.live.aclose()
 

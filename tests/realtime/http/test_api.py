@@ -246,6 +246,7 @@ async def test_probes_metrics_and_draining(svc: LiveService, rtsp_server: RtspSe
         "vidsentry_nats_connected 1.0",
         "vidsentry_detector_frames_total",
         "vidsentry_sse_viewers 0.0",
+        "vidsentry_sse_open_alerts_forgotten_total 0.0",
         "vidsentry_asyncio_tasks",
         "process_resident_memory_bytes",
     ):

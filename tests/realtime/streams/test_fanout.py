@@ -7,10 +7,12 @@ import json
 
 import pytest
 
+from pipelines.event_bodies import AlertBody
 from pipelines.events import Event, EventKind
 from realtime.bus import cloudevents
 from realtime.http.resume import ResumeSettings, resume
 from realtime.streams.fanout import (
+    MAX_OPEN_ALERTS,
     RECENT_DURABLE,
     EventFanout,
     SseMessage,
@@ -183,3 +185,27 @@ async def test_without_jetstream_a_resume_comes_from_the_recent_events() -> None
     assert gone.messages == [] and gone.summary["found"] is False
     bad = await resume("two words", "cam", recent=recent, fanout=fanout, history=None, settings=settings)
     assert bad.summary == {**bad.summary, "found": False, "reason": "not an event id"}
+
+
+def alert_event(stream_id: str, alert_id: str, kind: str) -> Event:
+    body = AlertBody(
+        alert_id=alert_id, rule_id="zone", rule_type="zone", event=kind, severity="warning", track_ids=(1,),
+        class_name="person", evidence={}, started_pts=1.0, ended_pts=2.0 if kind == "end" else None,
+        duration_s=1.0 if kind == "end" else None, snapshot=None,
+    )
+    return Event(stream_id=stream_id, pts=1.0, captured_at=1_800_000_000.0, body=body)
+
+
+async def test_open_alerts_are_bounded_per_stream_and_the_forgotten_counted() -> None:
+    fanout = EventFanout(ListSink(), node="n1")
+    for n in range(MAX_OPEN_ALERTS + 2):
+        await fanout.publish(alert_event("cam", f"a{n}", "start"))
+    await fanout.publish(alert_event("cam", "a5", "end"))
+    await fanout.publish(alert_event("other", "b0", "start"))
+    opened = [e.body.alert_id for e in fanout.open_alerts("cam")]  # type: ignore[union-attr]
+    # The two oldest were forgotten to keep the bound; an ended one leaves; other streams keep theirs.
+    assert opened == [f"a{n}" for n in range(2, MAX_OPEN_ALERTS + 2) if n != 5]
+    assert fanout.open_alerts_forgotten == 2
+    assert [e.body.alert_id for e in fanout.open_alerts("other")] == ["b0"]  # type: ignore[union-attr]
+    fanout.close_stream("cam")
+    assert fanout.open_alerts("cam") == []
