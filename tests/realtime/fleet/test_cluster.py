@@ -18,7 +18,8 @@ import yaml
 
 from realtime.bus.jetstream import STREAM_NAME
 from realtime.leases.records import lease_bucket
-from tests.realtime.fleet.fleet_support import EventRecorder, Fleet, Worker, http, poll, stored_ce_ids
+from tests.realtime.fleet.fleet_support import EventRecorder, Fleet, Worker, http, poll
+from tests.support.chaos import stored_ids
 from tests.support.nats_cluster import ClusterNode, NatsCluster, move_stream_leader, start_cluster
 from tests.support.rtsp import RtspServer
 
@@ -161,7 +162,7 @@ def test_fleet_workers_ride_out_the_loss_of_a_nats_node(
         ids: list[str] = []
 
         def all_stored() -> bool:
-            ids[:] = stored_ce_ids(survivor.url)
+            ids[:] = stored_ids([survivor.url], within_s=30.0)
             return durable <= set(ids)
 
         try:

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from realtime.bus.embedded import EmbeddedNatsServer
-from tests.realtime.fleet.fleet_support import TEST_FLEET, EventRecorder, Fleet, Worker, http, poll, stored_ce_ids
+from tests.realtime.fleet.fleet_support import TEST_FLEET, EventRecorder, Fleet, Worker, http, poll
+from tests.support.chaos import stored_ids
 
 TTL = TEST_FLEET["lease_ttl_s"]
 RENEW = TEST_FLEET["renew_interval_s"]
@@ -138,7 +139,7 @@ def test_a_killed_workers_streams_go_live_elsewhere_within_the_ttl_and_no_stream
         old = {e.lease or 0 for e in events if e.stream_id == sid and e.node == "w1"}
         new = taken_over(sid)
         assert old and new and 0 < max(old) < min(new), (sid, old, new)
-    ids = stored_ce_ids(fleet_nats.url)
+    ids = stored_ids([fleet_nats.url], within_s=30.0)
     assert ids and len(ids) == len(set(ids))  # durable events: no duplicate ce-id stored
 
 
