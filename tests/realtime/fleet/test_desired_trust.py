@@ -277,28 +277,16 @@ def test_a_bucket_value_on_loopback_is_refused_by_a_worker_that_does_not_allow_p
 def test_the_sample_nats_config_lets_workers_write_the_buckets_and_the_reader_only_read_them(
     tmp_path: Path,
 ) -> None:
-    import subprocess
-
-    from realtime.bus.embedded import find_nats_server, free_port
-
     repo = Path(__file__).resolve().parents[3]
     sample = (repo / "deploy" / "nats-fleet-auth.conf").read_text()
-    ports_dir = tmp_path / "ports"
-    ports_dir.mkdir()
-    for _ in range(5):  # a port another process takes before this server binds it: another port
-        port = free_port()
-        text = sample.replace("port: 4222", f"port: {port}")
-        text = text.replace('"/var/lib/nats"', json.dumps(str(tmp_path / "js")))
-        (tmp_path / "nats.conf").write_text(text)
-        server = subprocess.Popen([str(find_nats_server()), "-c", str(tmp_path / "nats.conf"),
-                                   "--ports_file_dir", str(ports_dir)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        # Ours is up once it has written its ports file (an open port could be another's).
-        ports_file = ports_dir / f"{find_nats_server().name}_{server.pid}.ports"
-        poll(lambda s=server, f=ports_file: s.poll() is not None or f.exists(), 10, "the sample config's nats-server")
-        if server.poll() is None:
-            break
-    assert server.poll() is None, "the sample config's nats-server did not start"
+    # The sample's users and permissions as shipped; EmbeddedNatsServer's flags give the address
+    # (its `port` yields to them; a port taken before the bind is retried on another) and the
+    # store, which nats-server will not take twice.
+    shipped_store = 'jetstream { store_dir: "/var/lib/nats" }'
+    assert shipped_store in sample
+    (tmp_path / "nats.conf").write_text(sample.replace(shipped_store, "jetstream {}"))
+    server = EmbeddedNatsServer(store_dir=tmp_path / "js", config_file=tmp_path / "nats.conf")
+    port = server.start().port
 
     async def expected(_exc: Exception) -> None:  # connection refused while it starts; permission violations
         pass
@@ -336,5 +324,4 @@ def test_the_sample_nats_config_lets_workers_write_the_buckets_and_the_reader_on
     try:
         asyncio.run(scenario())
     finally:
-        server.terminate()
-        server.wait(10)
+        server.stop()
