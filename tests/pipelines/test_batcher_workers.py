@@ -14,6 +14,7 @@ import pytest
 
 from pipelines.batching import ModelBatcher, ModelFailed
 from pipelines.compute import ComputeBudget, ModelClaim
+from tests.support.clock import FakeClock
 
 PROMPT_S = 5.0
 
@@ -110,22 +111,6 @@ def test_turns_at_the_cpu_keep_the_workers() -> None:
     assert batcher(list, compute=shares).workers == 2
     with pytest.raises(ValueError, match="workers"):
         batcher(list, workers=0)
-
-
-class FakeClock:
-    """Seconds that pass only when the test (or a model call) says so."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self.now
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self.now += seconds
 
 
 async def test_load_is_the_share_of_worker_time_in_calls() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from engines.cpu_grant import granted_threads
 from pipelines.compute import ComputeBudget, Grant, ModelClaim, Priority
+from tests.support.clock import FakeClock
 
 DETECTOR = ModelClaim(Priority.BULK, threads=1, max_threads=2)
 RECOGNIZER = ModelClaim(Priority.CRITICAL, threads=1)
@@ -18,20 +19,6 @@ RECOGNIZER = ModelClaim(Priority.CRITICAL, threads=1)
 
 def budget(**kwargs: Any) -> ComputeBudget:
     return ComputeBudget(2, {"detector": DETECTOR, "recognizer": RECOGNIZER}, **kwargs)
-
-
-class FakeClock:
-    """Seconds that pass only when the test says so: holds, patience and usage are then decided on
-    the test's time, not on how fast a loaded machine runs its threads."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class Held:

@@ -13,24 +13,15 @@ from engines.vlm.resilience import BreakerState, CircuitBreaker, RetryBudget
 from engines.vlm.routing import rendezvous_order
 from tests.engines.vlm.builders import question
 from tests.engines.vlm.conftest import MakeClient
+from tests.support.clock import FakeClock
 from tests.support.vllm_sim import VllmSimulator
-
-
-class Clock:
-    """The breakers' clock, moved by the test: an open circuit stays open until it is advanced."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def test_an_outage_opens_the_circuit_fails_fast_and_recovers(
     sim: VllmSimulator, make_client: MakeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="engines.vlm")
-    clock = Clock()
+    clock = FakeClock(1000.0)  # the breakers' clock: an open circuit stays open until it is advanced
     client = await make_client(sim.url, max_retries=2, breaker_failures=3, breaker_reset_s=0.4, clock=clock)
     assert (await client.complete(question())).text
 
@@ -47,7 +38,7 @@ async def test_an_outage_opens_the_circuit_fails_fast_and_recovers(
     assert len(sim.requests) == 4  # failed fast, without a request
 
     sim.down = False
-    clock.now += 0.45  # the circuit half-opens: the next request is the probe
+    clock.advance(0.45)  # the circuit half-opens: the next request is the probe
     assert (await client.complete(question())).text
     assert client.stats().endpoints[0].breaker == "closed"
     said = [record.getMessage() for record in caplog.records]
@@ -96,7 +87,7 @@ async def test_two_endpoints_with_one_down_the_stream_moves_and_comes_back(make_
 async def test_every_endpoint_down_is_unavailable(make_client: MakeClient) -> None:
     async with VllmSimulator() as a, VllmSimulator() as b:
         client = await make_client(
-            a.url, b.url, max_retries=3, breaker_failures=1, breaker_reset_s=5.0, clock=Clock()
+            a.url, b.url, max_retries=3, breaker_failures=1, breaker_reset_s=5.0, clock=FakeClock()
         )
         await a.stop()
         await b.stop()
@@ -122,19 +113,19 @@ def test_rendezvous_hashing_is_stable_and_moves_only_the_lost_endpoints_streams(
     assert "".join(str(endpoints.index(homes[f"cam-{i}"])) for i in range(24)) == "201212010212111002001002"
 
 def test_the_breaker_opens_half_opens_for_one_probe_and_closes() -> None:
-    now = [100.0]
-    breaker = CircuitBreaker(failures=2, reset_s=10.0, clock=lambda: now[0])
+    clock = FakeClock()
+    breaker = CircuitBreaker(failures=2, reset_s=10.0, clock=clock)
     breaker.record_failure()
     assert breaker.state is BreakerState.CLOSED and breaker.acquire()
     breaker.record_failure()
     assert breaker.state is BreakerState.OPEN and not breaker.acquire()
     assert breaker.retry_after_s() == 10.0
-    now[0] += 10.0
+    clock.advance(10.0)
     assert breaker.state is BreakerState.HALF_OPEN
     assert breaker.acquire() and not breaker.acquire()  # one probe at a time
     breaker.record_failure()  # the probe failed: open again, for another reset_s
     assert breaker.state is BreakerState.OPEN and breaker.times_opened == 2
-    now[0] += 10.0
+    clock.advance(10.0)
     assert breaker.acquire()
     breaker.release()  # the probe was cancelled: another may go
     assert breaker.acquire()

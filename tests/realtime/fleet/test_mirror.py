@@ -15,6 +15,7 @@ from nats.js.api import KeyValueConfig
 from pipelines.tasks import cancel_and_wait
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.fleet.mirror import KvMirror, Seen
+from tests.support.clock import FakeClock
 from tests.support.waiting import eventually, wait_until
 
 
@@ -35,8 +36,8 @@ def test_a_watch_whose_consumer_is_gone_is_noticed_by_an_overdue_write_and_resta
         nc = await nats.connect(fleet_nats.url)
         js = nc.jetstream()
         kv = await js.create_key_value(bucket="mirror-stall")
-        now = [1000.0]
-        mirror = KvMirror(kv, clock=lambda: now[0])  # the grace is judged on this clock, not the machine's pace
+        clock = FakeClock()
+        mirror = KvMirror(kv, clock=clock)  # the grace is judged on this clock, not the machine's pace
         try:
             async with watching(mirror):
                 first = await kv.put("node.a", b"1")
@@ -50,7 +51,7 @@ def test_a_watch_whose_consumer_is_gone_is_noticed_by_an_overdue_write_and_resta
                 mirror.expect(second)
                 await asyncio.sleep(0.5)  # time enough for a live watch to deliver it
                 assert mirror.get("node.a").revision == first  # type: ignore[union-attr]
-                now[0] += 0.5
+                clock.advance(0.5)
                 assert not mirror.overdue(1.0)  # not yet past the grace
                 assert mirror.overdue(0.3)
                 mirror.restart(stalled=True)
