@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 
 from engines.detector import Detector
-from pipelines.event_bodies import AlertBody
-from pipelines.events import Event, EventKind
+from pipelines.events import EventKind
 from realtime.bus.embedded import EmbeddedNatsServer
-from tests.support.bodies import any_event
+from tests.support.bodies import alert_event, any_event
 from tests.support.service import LiveService, live_service, make_config
 from tests.support.sse import sse_events
 from tests.support.waiting import wait_until
@@ -143,20 +141,11 @@ async def test_a_replay_is_bounded_and_says_how_much_it_left_out(
         assert seqs == list(range(31 - len(seqs), 31))
 
 
-def alert(stream_id: str, alert_id: str, event: str) -> Event:
-    body = AlertBody(
-        alert_id=alert_id, rule_id="someone", rule_type="present", event=event, severity="critical", track_ids=(1,),
-        class_name="person", evidence={}, started_pts=1.0, ended_pts=2.0 if event == "end" else None,
-        duration_s=1.0 if event == "end" else None, snapshot=None,
-    )
-    return Event(stream_id=stream_id, pts=1.0, captured_at=time.time(), body=body)
-
-
 async def test_a_viewer_joining_mid_alert_learns_of_the_open_alerts_first(svc: LiveService) -> None:
     await add_stream(svc, "midway")
     published = {}
     for alert_id, event in (("a1", "start"), ("a2", "start"), ("a3", "start"), ("a1", "end")):
-        published[alert_id, event] = alert("midway", alert_id, event)
+        published[alert_id, event] = alert_event("midway", alert_id, event)
         await svc.service.fanout.publish(published[alert_id, event])
     async with watching(svc, "midway") as viewer:
         await publish(svc, "midway", EventKind.DETECTIONS, range(1))
@@ -170,7 +159,7 @@ async def test_a_viewer_joining_mid_alert_learns_of_the_open_alerts_first(svc: L
     assert not {a.get("id") for a in opened} & {published["a2", "start"].id, published["a3", "start"].id}
 
     # One that resumes gets what it missed replayed instead, not the open alerts again.
-    await svc.service.fanout.publish(alert("midway", "a2", "end"))
+    await svc.service.fanout.publish(alert_event("midway", "a2", "end"))
     async with watching(svc, "midway", published["a1", "end"].id) as resumed:
         await wait_until(lambda: any(e["event"] == "resume" for e in resumed.events), 10, "the resume summary")
     said = [(e["data"]["alert_id"], e["data"]["event"]) for e in resumed.events if e["event"] == "alerts"]

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from pipelines.event_bodies import AlertBody
 from pipelines.events import Event, EventKind
 from realtime.bus import cloudevents
 from realtime.http.resume import ResumeSettings, resume
@@ -20,7 +19,7 @@ from realtime.streams.fanout import (
     ViewerClosed,
     ViewerLimitReached,
 )
-from tests.support.bodies import any_event
+from tests.support.bodies import alert_event, any_event
 from tests.support.sinks import ListSink
 
 
@@ -185,15 +184,6 @@ async def test_without_jetstream_a_resume_comes_from_the_recent_events() -> None
     assert gone.messages == [] and gone.summary["found"] is False
     bad = await resume("two words", "cam", recent=recent, fanout=fanout, history=None, settings=settings)
     assert bad.summary == {**bad.summary, "found": False, "reason": "not an event id"}
-
-
-def alert_event(stream_id: str, alert_id: str, kind: str) -> Event:
-    body = AlertBody(
-        alert_id=alert_id, rule_id="zone", rule_type="zone", event=kind, severity="warning", track_ids=(1,),
-        class_name="person", evidence={}, started_pts=1.0, ended_pts=2.0 if kind == "end" else None,
-        duration_s=1.0 if kind == "end" else None, snapshot=None,
-    )
-    return Event(stream_id=stream_id, pts=1.0, captured_at=1_800_000_000.0, body=body)
 
 
 async def test_open_alerts_are_bounded_per_stream_and_the_forgotten_counted() -> None:
