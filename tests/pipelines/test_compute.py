@@ -12,6 +12,7 @@ import pytest
 from engines.cpu_grant import granted_threads
 from pipelines.compute import ComputeBudget, Grant, ModelClaim, Priority
 from tests.support.clock import FakeClock
+from tests.support.waiting import poll
 
 DETECTOR = ModelClaim(Priority.BULK, threads=1, max_threads=2)
 RECOGNIZER = ModelClaim(Priority.CRITICAL, threads=1)
@@ -53,13 +54,6 @@ def turn_soon(shares: ComputeBudget, name: str) -> int | None:
 def waiters(shares: ComputeBudget) -> int:
     with shares._cond:
         return len(shares._waiting)
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 5.0
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def busy(budget: ComputeBudget, name: str, seconds: float, until: float, peak: list[int] | None = None) -> None:
@@ -148,7 +142,7 @@ def test_an_active_recognizer_keeps_a_core_free_and_the_detector_gets_it_back() 
     first = Held(shares, "detector")
     assert first.entered.wait(5.0) and first.threads == 1
     other = Held(shares, "detector")
-    wait_for(lambda: waiters(shares) == 1, "the second detector call to ask")
+    poll(lambda: waiters(shares) == 1, 5.0, "the second detector call to ask", every_s=0.005)
     time.sleep(0.05)  # it looks again every 50 ms: once more at least, on the same fake instant
     assert not other.entered.is_set()  # the second detector call may not take the reserved core
     clock.advance(0.2)  # still within the hold
@@ -175,7 +169,7 @@ def test_a_recognizer_flood_leaves_the_detector_its_bound() -> None:
     assert all(d.entered.wait(5.0) for d in decodes) and shares.threads_in_use() == 2
     detector = Held(shares, "detector")
     decodes.append(Held(shares, "recognizer"))
-    wait_for(lambda: waiters(shares) == 2, "the detector and a third decode to ask")
+    poll(lambda: waiters(shares) == 2, 5.0, "the detector and a third decode to ask", every_s=0.005)
     try:
         clock.advance(0.2)  # 0.4 thread-s of decoding: under its bound, the recognizer goes first
         decodes[0].end()
@@ -184,7 +178,7 @@ def test_a_recognizer_flood_leaves_the_detector_its_bound() -> None:
         # offered (not past all of it: a share of 1.0 would still let the decodes go first).
         clock.advance(0.35)
         decodes.append(Held(shares, "recognizer"))
-        wait_for(lambda: waiters(shares) == 2, "a fourth decode to ask")
+        poll(lambda: waiters(shares) == 2, 5.0, "a fourth decode to ask", every_s=0.005)
         decodes[1].end()
         # Unbounded, the decodes would hold both cores for ever; past the bound the detector goes first.
         assert detector.entered.wait(5.0) and detector.threads == 1
@@ -204,7 +198,7 @@ def test_a_kept_core_means_the_recognizer_is_never_held_back() -> None:
     running = Held(shares, "detector")
     assert running.entered.wait(5.0) and running.threads == 1
     waiting = Held(shares, "detector")
-    wait_for(lambda: waiters(shares) == 1, "the second detector call to ask")
+    poll(lambda: waiters(shares) == 1, 5.0, "the second detector call to ask", every_s=0.005)
     try:
         for _ in range(5):
             clock.advance(0.06)
@@ -231,15 +225,15 @@ def test_background_work_runs_when_nobody_waits_or_once_its_patience_is_out() ->
     assert first.entered.wait(5.0) and first.threads == 2  # both cores
     clock.advance(0.1)  # the detector has used the cores a while: it ranks behind a newcomer of its priority
     second = Held(shares, "detector")
-    wait_for(lambda: waiters(shares) == 1, "the second detector call to ask")
+    poll(lambda: waiters(shares) == 1, 5.0, "the second detector call to ask", every_s=0.005)
     encoder = Held(shares, "encoder")
-    wait_for(lambda: waiters(shares) == 2, "the encoder to ask")
+    poll(lambda: waiters(shares) == 2, 5.0, "the encoder to ask", every_s=0.005)
     clock.advance(0.1)  # within its patience: held back behind the waiting detector call
     first.end()
     assert second.entered.wait(5.0) and second.threads == 2  # the detector went first, and wide
     assert not encoder.entered.is_set()
     third = Held(shares, "detector")
-    wait_for(lambda: waiters(shares) == 2, "the third detector call to ask")
+    poll(lambda: waiters(shares) == 2, 5.0, "the third detector call to ask", every_s=0.005)
     clock.advance(0.15)  # the encoder has now waited 0.25 s, past its patience: it goes first
     second.end()
     assert encoder.entered.wait(5.0) and encoder.threads == 1

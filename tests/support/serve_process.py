@@ -130,13 +130,3 @@ def http(
         return status, json.loads(text)
     except ValueError:
         return status, text
-
-
-def poll(condition: Any, within_s: float, what: str, every_s: float = 0.1) -> float:
-    """Seconds it took for `condition()` to hold; AssertionError past `within_s`."""
-    began = time.monotonic()
-    while not condition():
-        if time.monotonic() - began > within_s:
-            raise AssertionError(f"timed out after {within_s} s waiting for {what}")
-        time.sleep(every_s)
-    return time.monotonic() - began

@@ -4,6 +4,7 @@ never a timing assertion."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -41,3 +42,13 @@ async def eventually(
                 await asyncio.sleep(every_s)
     except TimeoutError:
         raise AssertionError(f"timed out after {within_s} s waiting for {what() if callable(what) else what}") from None
+
+
+def poll(condition: Callable[[], object], within_s: float, what: str, every_s: float = 0.1) -> float:
+    """Seconds it took for `condition()` to hold; AssertionError past `within_s`."""
+    began = time.monotonic()
+    while not condition():
+        if time.monotonic() - began > within_s:
+            raise AssertionError(f"timed out after {within_s} s waiting for {what}")
+        time.sleep(every_s)
+    return time.monotonic() - began

@@ -21,8 +21,9 @@ from realtime.bus.jetstream import STREAM_NAME, desired_config
 from tests.realtime.bus.jetstream_log import stored_events
 from tests.support.cli import vidsentry
 from tests.support.nats import stored_bodies
-from tests.support.serve_process import ServeProcess, http, poll, write_config
+from tests.support.serve_process import ServeProcess, http, write_config
 from tests.support.service import FAST_SUPERVISOR
+from tests.support.waiting import poll
 
 pytestmark = pytest.mark.timeout(180)
 

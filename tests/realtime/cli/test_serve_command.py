@@ -10,8 +10,9 @@ from pathlib import Path
 
 from realtime.bus.embedded import EmbeddedNatsServer
 from tests.support.nats import stored_bodies
-from tests.support.serve_process import ROOT, ServeProcess, http, poll, write_config
+from tests.support.serve_process import ROOT, ServeProcess, http, write_config
 from tests.support.service import FAST_SUPERVISOR
+from tests.support.waiting import poll
 
 
 def usage_error(proc: subprocess.CompletedProcess[str]) -> str:

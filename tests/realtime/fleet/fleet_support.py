@@ -18,7 +18,8 @@ import nats.errors
 
 from realtime.bus import cloudevents
 from realtime.bus.connection import round_trip
-from tests.support.serve_process import ServeProcess, http, poll, write_config
+from tests.support.serve_process import ServeProcess, http, write_config
+from tests.support.waiting import poll
 
 # Short leases keep the tests quick: a dead worker's streams move within TTL + one renewal.
 TEST_FLEET = {"lease_ttl_s": 3.0, "renew_interval_s": 1.0}

@@ -30,8 +30,8 @@ from realtime.sources.spec import parse_source
 from realtime.sources.supervisor import CameraSupervisor, SupervisorPolicy
 from realtime.streams.registry import StreamRegistry
 from tests.support.rtsp import RtspServer
-from tests.support.serve_process import ServeProcess, http, poll, write_config
-from tests.support.waiting import wait_until
+from tests.support.serve_process import ServeProcess, http, write_config
+from tests.support.waiting import poll, wait_until
 
 FAST = SupervisorPolicy(backoff_initial=0.1, backoff_max=0.2, watchdog_s=1.0, stall_restart_s=2.0,
                         open_timeout_s=2.0, read_timeout_s=2.0, max_failed_connects=None)
