@@ -240,7 +240,7 @@ class EventFanout:
             _unregister(self._listeners, stream_id, listener)
 
     def _check_room(self, stream_id: str) -> None:
-        if len(self._viewers.get(stream_id, ())) >= self.max_viewers_per_stream:
+        if self.viewers_of(stream_id) >= self.max_viewers_per_stream:
             self.rejected += 1
             limit = self.max_viewers_per_stream
             raise ViewerLimitReached(
@@ -272,6 +272,10 @@ class EventFanout:
     @property
     def viewer_count(self) -> int:
         return sum(len(v) for v in self._viewers.values())
+
+    def viewers_of(self, stream_id: str) -> int:
+        """Event viewers of one stream now."""
+        return len(self._viewers.get(stream_id, ()))
 
     @property
     def dropped_total(self) -> int:

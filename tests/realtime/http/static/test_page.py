@@ -39,10 +39,6 @@ async def canvas_number(page: Page, canvas_id: str, name: str) -> int:
     return int(await page.get_attribute(f"#{canvas_id}", f"data-{name}") or 0)
 
 
-def viewers_of(svc: LiveService, stream_id: str) -> int:
-    return len(svc.service.fanout._viewers.get(stream_id, ()))
-
-
 async def wait_for_boxes(page: Page, canvas_id: str, within_ms: int = 15_000) -> None:
     # Selectors, not wait_for_function: the page's CSP forbids the eval that one uses.
     await page.wait_for_selector(f'#{canvas_id}:not([data-boxes="0"])', timeout=within_ms)
@@ -100,7 +96,8 @@ async def test_the_page_loads_clean_and_watch_mode_draws_boxes_and_alerts(
         await page.wait_for_selector("#watch-placeholder:not([hidden])")
         assert await page.evaluate("window.vidsentry.watch.streamId") == "gate"
         # The server sees plaza's reader go at its next write and gate's come when its request lands.
-        await wait_until(lambda: viewers_of(svc, "plaza") == 0 and viewers_of(svc, "gate") == 1, what="readers")
+        fanout = svc.service.fanout
+        await wait_until(lambda: fanout.viewers_of("plaza") == 0 and fanout.viewers_of("gate") == 1, what="readers")
         assert svc.service.fanout.viewer_count == 1  # gate's reader; plaza's was aborted
 
         # Someone is always on the square: once the rule's alert starts, their boxes are warnings,
