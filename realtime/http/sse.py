@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 
@@ -85,8 +86,7 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
             await writer.write(f"retry: {RECONNECT_MS}\n".encode() + first.encode())
             resume_id = recent[-1].id if recent else ""  # not an older alert's: where the live events are
             for event in opened:
-                message = ctx.fanout.message(event)
-                await writer.write(SseMessage(message.event, message.data, message.id, resume_id).encode())
+                await writer.write(dataclasses.replace(ctx.fanout.message(event), resume_id=resume_id).encode())
             sent: set[str] = set()
             if last_id is not None:
                 sent = await _replay(writer, ctx, stream_id, last_id, recent)
