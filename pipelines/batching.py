@@ -391,11 +391,12 @@ class ModelBatcher(Generic[In, Out]):
             raise _Dead
         self._consecutive_failures = 0
         # The model's own time: a wait for a CPU turn is neither inference nor busy time.
-        elapsed_ms = min(self._clock() - started, model_s) * 1000
+        ended = self._clock()
+        elapsed_ms = min(ended - started, model_s) * 1000
         self.stats.calls += 1
         self.stats.items += len(items)
         self.stats.busy_s += elapsed_ms / 1000
-        self._recent.append((self._clock(), elapsed_ms / 1000))
+        self._recent.append((ended, elapsed_ms / 1000))
         for (_, fut), result in zip(live, results, strict=True):
             if not fut.done():
                 fut.set_result(Outcome(result, elapsed_ms, len(items), started_mono))
