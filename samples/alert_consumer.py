@@ -82,7 +82,7 @@ async def consume(url: str, durable: str, *, from_start: bool, count: int | None
             batch = FETCH_BATCH if count is None else min(FETCH_BATCH, count - handled)
             try:
                 messages = await sub.fetch(batch, timeout=FETCH_WAIT_S)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats-py's own, or asyncio's when its deadline passes between two pulls
                 continue  # nothing new; look at `stop` again
             except nats.js.errors.APIError as exc:  # a JetStream status other than "nothing yet"
                 print(f"alert-consumer: fetch refused ({exc}); trying again", file=sys.stderr)

@@ -137,7 +137,7 @@ class TimelineIndexer:
                     raise asyncio.CancelledError
                 try:
                     msgs = await sub.fetch(self.batch, timeout=self._fetch_timeout_s)
-                except nats.errors.TimeoutError:
+                except TimeoutError:  # nats-py raises its own or, between its two pulls, asyncio's
                     self.stats.caught_up = True
                     self.stats.pending = 0
                     continue

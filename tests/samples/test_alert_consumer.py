@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import signal
 import sys
 from pathlib import Path
 
 import nats
+import pytest
 
 from pipelines.events import Event, EventKind
 from realtime.bus.embedded import EmbeddedNatsServer
 from realtime.bus.publisher import NatsEventPublisher
 from tests.support.bodies import any_event
+from tests.support.nats import fetches_time_out_between_pulls
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "samples" / "alert_consumer.py"
@@ -74,3 +77,20 @@ async def test_sigterm_stops_a_waiting_consumer_cleanly(nats_server: EmbeddedNat
     proc.send_signal(signal.SIGTERM)
     await asyncio.wait_for(proc.wait(), 10)
     assert proc.returncode == 0, (await proc.stderr.read()).decode()
+
+
+async def test_a_fetch_that_times_out_with_asyncio_s_error_is_waited_past(
+    nats_server: EmbeddedNatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nats-py's fetch raises asyncio's TimeoutError, not its own, when its deadline passes between
+    its two pulls (a loaded machine): the consumer fetches again instead of exiting "cannot reach"."""
+    spec = importlib.util.spec_from_file_location("alert_consumer", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    sample = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sample)
+    timed_out = fetches_time_out_between_pulls(monkeypatch, 1)
+    raised = alert("gate", "loitering")
+    await publish(nats_server.url, raised)
+    handled = await asyncio.wait_for(
+        sample.consume(nats_server.url, "in-process", from_start=True, count=1, stop=asyncio.Event()), 30)
+    assert handled == 1 and timed_out == [1]

@@ -9,7 +9,8 @@ stream messages); `shared_nats_server` is one server per session for tests that 
 broker. Both always stop the process at teardown. `stored_messages` and `stored_bodies` read back
 what JetStream holds on a subject, until nothing is pending (a quiet spell on a loaded machine is
 not the end of the stream), failing with IncompleteRead rather than returning a short list;
-`heard_bodies` collects the bodies of live events as they come.
+`heard_bodies` collects the bodies of live events as they come; `fetches_time_out_between_pulls`
+reproduces nats-py's other fetch timeout.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import nats
 import nats.errors
+import nats.js
 import pytest
 from nats.aio.msg import Msg
 
@@ -163,3 +165,21 @@ async def heard_bodies(url: str, streams: Iterable[str], kinds: Iterable[str]) -
         yield heard
     finally:
         await nc.close()
+
+
+def fetches_time_out_between_pulls(monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:
+    """Make the next `times` pull fetches raise asyncio's TimeoutError, as nats-py's own fetch does
+    (not its nats.errors.TimeoutError) when its deadline passes between its no-wait pull and its
+    waiting one, which a loaded machine hits. Returns the list of timeouts raised so far."""
+    pull = nats.js.JetStreamContext.PullSubscription
+    real_fetch = pull.fetch
+    raised: list[int] = []
+
+    async def fetch(self: Any, *args: Any, **kwargs: Any) -> list[Msg]:
+        if len(raised) < times:
+            raised.append(1)
+            raise TimeoutError  # what asyncio.wait_for raises, a plain one
+        return await real_fetch(self, *args, **kwargs)
+
+    monkeypatch.setattr(pull, "fetch", fetch)
+    return raised

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from realtime.timeline.index import Filters, TimelineIndex
 from realtime.timeline.indexer import TimelineIndexer
 from realtime.timeline.query import parse
 from tests.realtime.timeline.bodies import caption, description
+from tests.support.nats import fetches_time_out_between_pulls
 from tests.support.waiting import wait_until
 
 NOW = time.time()
@@ -157,3 +159,19 @@ async def test_an_indexer_stopped_and_run_again_goes_on_where_it_was(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         assert index.stats.duplicates == 0 and indexer.stats.failures == 0
+
+
+async def test_a_fetch_that_times_out_with_asyncio_s_error_is_an_empty_fetch_not_a_pause(
+    nats_server: EmbeddedNatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """nats-py's fetch raises asyncio's TimeoutError, not its own, when its deadline passes between
+    its no-wait pull and its waiting one (a loaded machine): that is "nothing new" too."""
+    timed_out = fetches_time_out_between_pulls(monkeypatch, 3)
+    caplog.set_level(logging.WARNING, logger="realtime.timeline.indexer")
+    async with NatsEventPublisher(nats_server.url, node="test") as publisher:
+        await publish(publisher, events(1))
+        index = TimelineIndex(tmp_path / "e.db", max_entries=100_000, max_age_s=10 * 86400)
+        async with indexing(index, publisher) as indexer:
+            await wait_until(lambda: index.stats.entries == KEPT_PER_ROUND, 10, "the round after three timeouts")
+        assert len(timed_out) == 3 and indexer.stats.failures == 0
+        assert not [r for r in caplog.records if "paused" in r.getMessage()]
