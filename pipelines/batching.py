@@ -44,7 +44,7 @@ from typing import Generic, Self, TypeVar
 from engines.cpu_grant import granted
 from pipelines.compute import ComputeBudget, Grant
 from pipelines.errors import PipelineError
-from pipelines.tasks import cancel_and_wait, describe_error
+from pipelines.tasks import cancel_and_wait, describe_error, wait_set
 
 log = logging.getLogger(__name__)
 
@@ -312,8 +312,7 @@ class ModelBatcher(Generic[In, Out]):
             if len(batch) >= self._clients or remaining <= 0:
                 break
             self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), remaining)
+            await wait_set(self._arrived, remaining)
         return batch
 
     async def _run(self) -> None:

@@ -37,6 +37,7 @@ from enum import IntEnum
 from typing import Any
 
 from engines.cpu_grant import granted
+from pipelines.tasks import wait_set
 
 
 class Priority(IntEnum):
@@ -202,8 +203,7 @@ class ComputeBudget:
                     if threads:
                         self._waiting.remove(waiter)
                         return self._start(waiter, claim, threads)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), 0.05)
+                await wait_set(woken, 0.05)
         except BaseException:
             with self._cond:
                 if waiter in self._waiting:

@@ -14,11 +14,14 @@ It is the one way to start a task outside a TaskGroup: `realtime/` calls no bare
 awaits (a render or a download several callers share) is spawned `awaited`: its failure goes to
 them, so it is logged here at debug level only. `until_set` is the one race of a piece of work
 against a stop event: whichever side loses is cancelled and awaited, never left behind.
+`wait_set` is the one bounded wait for an event (not `asyncio.wait_for`, which can swallow a
+cancellation before Python 3.12; ruff bans it outside tests).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -122,6 +125,19 @@ async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
     await asyncio.wait((task,))
     if not task.cancelled():
         task.exception()  # retrieved: asyncio does not log it again when the task is collected
+
+
+async def wait_set(event: asyncio.Event, seconds: float) -> bool:
+    """Wait until `event` is set or `seconds` pass; True when it is set. A cancellation of
+    the caller always goes on up: `asyncio.wait_for` before Python 3.12 returns the inner result
+    instead when the event is set in the same loop turn as the cancel, and a supervisor that lost
+    its cancellation that way watched a wedged reader forever."""
+    if event.is_set():
+        return True
+    with contextlib.suppress(TimeoutError):  # asyncio.timeout tells its own expiry from a cancel
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    return event.is_set()
 
 
 async def until_set(stop: asyncio.Event, work: Coroutine[Any, Any, T], name: str) -> tuple[bool, T | None]:

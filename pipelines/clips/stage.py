@@ -42,6 +42,7 @@ from pipelines.frames import VideoFrame
 from pipelines.graph import StageContext, counter, gauge, register_counters
 from pipelines.graph.counters import Counters
 from pipelines.mailbox import FrameMailbox, MailboxClosed
+from pipelines.tasks import wait_set
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +181,7 @@ class ClipStage:
                 self.encoder.close()
         newest = self.ring.newest_t
         if newest is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._alerts_ended.wait(), FINAL_ALERTS_WAIT_S)
+            await wait_set(self._alerts_ended, FINAL_ALERTS_WAIT_S)
             await self._cut_due(newest, final=True)
 
     async def _encode(self, frame: VideoFrame) -> None:

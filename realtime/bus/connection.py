@@ -61,7 +61,8 @@ async def wait_for_port(servers: list[str], deadline: float) -> None:
             host, port = _host_port(server)
             remaining = deadline - time.monotonic()
             try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), max(remaining, 0.01))
+                async with asyncio.timeout(max(remaining, 0.01)):
+                    _, writer = await asyncio.open_connection(host, port)
             except (OSError, TimeoutError) as exc:
                 last = exc
                 continue
@@ -131,7 +132,8 @@ async def connect_nats(
     if pending_size is not None:
         options["pending_size"] = pending_size
     try:
-        await asyncio.wait_for(nc.connect(**options), max(deadline - time.monotonic(), 0.1))
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0.1)):
+            await nc.connect(**options)
     except asyncio.CancelledError:
         await _close_quietly(nc)
         raise

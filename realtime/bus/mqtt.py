@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from pipelines.tasks import wait_set
 from realtime.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -195,11 +196,7 @@ class RetainedTopics:
 
     async def flushed(self, timeout_s: float) -> bool:
         """Wait until everything set so far is acknowledged; False after `timeout_s`."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await wait_set(self._idle, timeout_s)
 
     def _send(self) -> None:
         if not self._connected:

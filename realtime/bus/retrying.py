@@ -16,12 +16,11 @@ tries, is counted in `failed` and handed to the hooks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from dataclasses import dataclass
 
-from pipelines.tasks import TaskOwner
+from pipelines.tasks import TaskOwner, wait_set
 from realtime.bus.ack_window import AckWindow
 from realtime.bus.delivery import (
     RETRY_BACKOFF_S,
@@ -83,8 +82,7 @@ class RetryingDelivery(DurableDelivery):
                 continue
             delay = head.not_before - time.monotonic()
             if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), delay)
+                await wait_set(self._wakeup, delay)
                 continue
             self._retries.popleft()
             self._ledger.stats.kind(head.msg.kind).retries += 1

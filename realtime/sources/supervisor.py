@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 
 from pipelines.frames import StatusChange, StreamState, validate_stream_id
 from pipelines.graph.source import AudioInput, FrameInput, PacketInput
-from pipelines.tasks import until_set
+from pipelines.tasks import until_set, wait_set
 from realtime.sources.attempt import Attempt, Feed
 from realtime.sources.backends import create_session, normalize_backend
 from realtime.sources.policy import SourcePolicy
@@ -413,8 +413,7 @@ class CameraSupervisor:
                 restart_due = watch.restart_due_in(self.policy.stall_restart_s, now)
                 dues = [watch.due_in(attempt, now), restart_due] if live else []
                 wait = min([tick, *(due + 0.01 for due in dues if due is not None)])
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait)
+                await wait_set(self._wake, wait)
         except asyncio.CancelledError:
             self._stop_requested.set()
             await self._retire(attempt, "cancelled")
@@ -484,8 +483,7 @@ class CameraSupervisor:
 
     async def _sleep_unless_stopped(self, delay: float) -> bool:
         """Wait `delay` seconds; True if stop() came first."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), delay)
+        await wait_set(self._stopping, delay)
         return self._stop_requested.is_set()
 
     def _finish(

@@ -278,7 +278,8 @@ class Asker:
         images: list[VlmImage] = []
         for ref in refs:
             try:
-                jpeg = await asyncio.wait_for(self._snapshot(ref), 2.0)
+                async with asyncio.timeout(2.0):
+                    jpeg = await self._snapshot(ref)
                 decoded = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_REDUCED_GRAYSCALE_8)
                 if decoded is None:
                     continue

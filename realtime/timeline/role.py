@@ -114,7 +114,8 @@ class IndexerRole:
             await _stop(responder, indexer)
             if keeper is not None and ROLE in keeper:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(keeper.release(ROLE), 2.0)  # the next worker takes it at once
+                    async with asyncio.timeout(2.0):
+                        await keeper.release(ROLE)  # the next worker takes it at once
 
     async def _on_request(self, msg: Msg) -> None:
         try:

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from pipelines.tasks import TaskOwner, cancel_and_wait, describe_error, until_set
+from pipelines.tasks import TaskOwner, cancel_and_wait, describe_error, until_set, wait_set
 
 
 async def test_crashes_are_logged_and_counted_and_only_a_critical_one_fails_the_owner(
@@ -121,3 +121,24 @@ async def test_cancel_and_wait_waits_for_the_end_and_keeps_the_tasks_error_to_it
     await asyncio.sleep(0)
     await cancel_and_wait(task)
     assert task.done() and isinstance(task.exception(), RuntimeError)
+
+
+async def test_wait_set_says_whether_the_event_came_and_never_swallows_a_cancel() -> None:
+    event = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await wait_set(event, 0.05) is False and loop.time() - started >= 0.05
+    loop.call_later(0.01, event.set)
+    assert await wait_set(event, 30) is True
+    assert await wait_set(event, 0) is True  # already set
+
+    # The event set and the waiter cancelled in one loop turn: asyncio.wait_for (Python 3.11)
+    # returns the event's result here and the cancel is lost; wait_set lets it go on up.
+    for wait in (lambda e: wait_set(e, 30), lambda e: wait_set(e, 0.001)):
+        event = asyncio.Event()
+        waiter = asyncio.create_task(wait(event))
+        await asyncio.sleep(0)  # it waits now
+        event.set()
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter

@@ -17,6 +17,7 @@ from pipelines.mailbox import AudioBuffer, FrameMailbox
 from realtime.sources import CameraSupervisor, parse_source
 from tests.realtime.sources.util import (
     FAST_POLICY,
+    STEADY_POLICY,
     FrameLog,
     StatusLog,
     drain_audio,
@@ -113,6 +114,26 @@ async def test_stop_unblocks_a_reader_waiting_on_a_full_mailbox(backend: str, sa
     assert state is StreamState.STOPPED
     assert status.states[-1] is StreamState.STOPPED and status.events[-1].reason == "stopped"
     assert mailbox.closed and mailbox.stats.put == 1
+
+
+async def test_a_cancel_that_lands_as_the_supervisor_wakes_still_stops_it(sample_clip: Path) -> None:
+    """A stream whose frame consumer failed cancels its source while the reader waits on the full
+    mailbox. A cancel in the same loop turn as a wake of the watch loop was lost (asyncio.wait_for,
+    Python 3.11): the supervisor went on watching a reader that never ends, and the stream hung."""
+    mailbox = FrameMailbox(blocking=True)  # nobody takes frames: the reader blocks in put()
+    status = StatusLog()
+    supervisor = CameraSupervisor(
+        "blocked", parse_source(str(sample_clip)), video=mailbox, audio=None, on_status=status, policy=STEADY_POLICY
+    )
+    task = asyncio.create_task(supervisor.run())
+    await status.wait_for(StreamState.LIVE)
+    await asyncio.sleep(0.1)  # the watch loop waits for its next look (a second away)
+    supervisor._wake.set()  # what a first frame or stop() does, in the cancel's loop turn
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 20)  # a lost cancel: TimeoutError here
+    assert status.states[-1] is StreamState.STOPPED and status.events[-1].reason == "cancelled"
+    assert mailbox.closed
 
 
 def _without_faststart_truncated(sample_clip: Path, out: Path, size: int = 200_000) -> Path:
