@@ -15,7 +15,8 @@ awaits (a render or a download several callers share) is spawned `awaited`: its 
 them, so it is logged here at debug level only. `until_set` is the one race of a piece of work
 against a stop event: whichever side loses is cancelled and awaited, never left behind.
 `wait_set` is the one bounded wait for an event (not `asyncio.wait_for`, which can swallow a
-cancellation before Python 3.12; ruff bans it outside tests).
+cancellation before Python 3.12; ruff bans it outside tests), and `check_cancelled` ends a loop
+whose cancel a library's `wait_for` swallowed.
 """
 
 from __future__ import annotations
@@ -138,6 +139,17 @@ async def wait_set(event: asyncio.Event, seconds: float) -> bool:
         async with asyncio.timeout(seconds):
             await event.wait()
     return event.is_set()
+
+
+def check_cancelled() -> None:
+    """Raise CancelledError when this task was cancelled and the cancel was lost on the way. A
+    library's `asyncio.wait_for` (nats-py's requests, fetches and KV calls, before Python 3.12)
+    returns its result instead when the reply lands in the cancel's loop turn. At the top of a loop
+    that runs until cancelled, it ends such a loop at its next turn instead of never, and its owner
+    stops waiting for it."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 async def until_set(stop: asyncio.Event, work: Coroutine[Any, Any, T], name: str) -> tuple[bool, T | None]:

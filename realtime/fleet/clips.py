@@ -47,6 +47,7 @@ from pipelines.clips.stage import ClipBody, ExportRefused
 from pipelines.clips.store import CLIP_ID, ClipInfo, ClipStore, retention
 from pipelines.events import Event
 from pipelines.frames import validate_stream_id
+from pipelines.tasks import check_cancelled
 from realtime.bus.publisher import NatsEventPublisher, live_client
 from realtime.errors import ServiceError
 from realtime.fleet.clip_bucket import MP4, ClipBucket, ClipBucketError, clip_bucket_name
@@ -140,6 +141,7 @@ class FleetClips:
         responder: Any = None
         try:
             while True:
+                check_cancelled()  # nats-py's object-store calls can swallow our cancel
                 if responder is None:
                     responder = await self._answer_exports()
                     self.answering = responder is not None

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from pipelines.tasks import until_set
+from pipelines.tasks import check_cancelled, until_set
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,7 @@ class KvMirror:
 
     async def run(self) -> None:
         while True:
+            check_cancelled()  # nats-py's calls in a watch can swallow our cancel
             try:
                 await self._watch_once()
             except asyncio.CancelledError:

@@ -30,6 +30,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from pipelines.tasks import check_cancelled
 from realtime.bus.cloudevents import SUBJECT_PREFIX, decode
 from realtime.bus.jetstream import STREAM_NAME
 from realtime.timeline.entries import Entry, NotIndexed, consumed_kinds, entry_of
@@ -107,10 +108,8 @@ class TimelineIndexer:
                 self.stats.caught_up = False
                 if self.stats.batches > batches:
                     attempt = 0  # it worked for a while: the back-off starts over
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    # nats-py turns a cancelled wait on a closing connection into ConnectionClosedError.
-                    raise asyncio.CancelledError
+                # nats-py turns a cancelled wait on a closing connection into ConnectionClosedError.
+                check_cancelled()
                 await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S) - 1)])
                 attempt += 1
         finally:
@@ -129,12 +128,8 @@ class TimelineIndexer:
             if self._last_problem is not None:
                 log.info("timeline indexer resumed", extra={"position": self.index.position})
                 self._last_problem = None
-            me = asyncio.current_task()
             while True:
-                if me is not None and me.cancelling():
-                    # A fetch's inner wait can swallow our cancellation (asyncio.wait_for before
-                    # Python 3.12, when a message lands as the cancel does): stop anyway.
-                    raise asyncio.CancelledError
+                check_cancelled()  # a fetch's inner wait_for can swallow our cancel
                 try:
                     msgs = await sub.fetch(self.batch, timeout=self._fetch_timeout_s)
                 except TimeoutError:  # nats-py raises its own or, between its two pulls, asyncio's

@@ -26,7 +26,7 @@ import nats.js.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from pipelines.tasks import TaskOwner, cancel_and_wait
+from pipelines.tasks import TaskOwner, cancel_and_wait, check_cancelled
 from realtime.leases.buckets import open_roles
 from realtime.leases.keeper import LeaseKeeper
 from realtime.leases.options import FleetOptions
@@ -83,6 +83,7 @@ class IndexerRole:
         responder: Any = None
         try:
             while True:
+                check_cancelled()  # nats-py's requests can swallow our cancel
                 nc = self._connection()
                 if nc is not None and nc.is_connected:
                     try:

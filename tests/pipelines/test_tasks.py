@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from pipelines.tasks import TaskOwner, cancel_and_wait, describe_error, until_set, wait_set
+from pipelines.tasks import TaskOwner, cancel_and_wait, check_cancelled, describe_error, until_set, wait_set
 
 
 async def test_crashes_are_logged_and_counted_and_only_a_critical_one_fails_the_owner(
@@ -142,3 +142,29 @@ async def test_wait_set_says_whether_the_event_came_and_never_swallows_a_cancel(
         waiter.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiter
+
+
+async def test_check_cancelled_ends_a_loop_whose_cancel_a_library_swallowed() -> None:
+    """What nats-py does on Python 3.11: its reply wait is an asyncio.wait_for, which returns the
+    reply instead of raising when the reply lands in the cancel's loop turn."""
+    replied = asyncio.Event()
+
+    async def until_cancelled(check: bool) -> None:
+        while True:
+            if check:
+                check_cancelled()
+            await asyncio.wait_for(replied.wait(), 30)  # the library's request
+            replied.clear()
+
+    for check in (False, True):
+        loop_task = asyncio.create_task(until_cancelled(check))
+        await asyncio.sleep(0)  # it waits for its first reply
+        replied.set()
+        loop_task.cancel()
+        done, _ = await asyncio.wait((loop_task,), timeout=0.2)
+        if check:
+            assert done and loop_task.cancelled()
+        else:  # the cancel was lost: the loop waits for its next reply as if never cancelled
+            assert not done and loop_task.cancelling() == 1
+            loop_task.cancel()
+            await asyncio.wait((loop_task,))
