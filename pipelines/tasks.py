@@ -128,8 +128,8 @@ async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
         task.exception()  # retrieved: asyncio does not log it again when the task is collected
 
 
-async def wait_set(event: asyncio.Event, seconds: float) -> bool:
-    """Wait until `event` is set or `seconds` pass; True when it is set. A cancellation of
+async def wait_set(event: asyncio.Event, seconds: float | None) -> bool:
+    """Wait until `event` is set or `seconds` pass (None: no bound); True when it is set. A cancellation of
     the caller always goes on up: `asyncio.wait_for` before Python 3.12 returns the inner result
     instead when the event is set in the same loop turn as the cancel, and a supervisor that lost
     its cancellation that way watched a wedged reader forever."""

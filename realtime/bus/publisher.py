@@ -47,7 +47,7 @@ from nats.aio.client import Client as NatsClient
 
 from pipelines.event_bodies import AlertBody
 from pipelines.events import Event, EventKind
-from pipelines.tasks import TaskOwner, describe_error
+from pipelines.tasks import TaskOwner, describe_error, wait_set
 from realtime.bus import cloudevents
 from realtime.bus.ack_window import AckWindow
 from realtime.bus.async_acks import ErrorAwareJetStream
@@ -290,9 +290,7 @@ class NatsEventPublisher:
         while not idle.is_set():
             if not self.connected:
                 return False  # it waits on disk for the next connection, or the next start
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_LINK_CHECK_S):
-                    await idle.wait()
+            await wait_set(idle, _LINK_CHECK_S)
         return True
 
     async def close(self, timeout: float = 10.0) -> bool:  # noqa: ASYNC109 - bounded like flush

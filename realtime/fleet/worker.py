@@ -21,7 +21,6 @@ and when, and is the one object the service, its API and its metrics use.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -32,6 +31,7 @@ import nats.js.errors
 from nats.aio.client import Client as NatsClient
 
 from pipelines.events import EventSink
+from pipelines.tasks import wait_set
 from realtime.config import AnyStreamSettings
 from realtime.fleet import claim
 from realtime.fleet.desired import DesiredStreams
@@ -219,9 +219,7 @@ class FleetWorker:
         # Workers starting together first see each other's node records, so the first claims spread.
         await asyncio.sleep(self.options.renew_interval_s)
         while not self._stopped:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.options.renew_interval_s):
-                    await self._wake.wait()
+            await wait_set(self._wake, self.options.renew_interval_s)
             self._wake.clear()
             try:
                 if not self._draining:

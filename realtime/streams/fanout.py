@@ -34,6 +34,7 @@ from typing import TypeVar
 
 from pipelines.event_bodies import AlertBody
 from pipelines.events import Event, EventSink
+from pipelines.tasks import wait_set
 from realtime.bus import cloudevents
 from realtime.errors import LimitReached, ServiceError
 
@@ -122,9 +123,7 @@ class Viewer:
             if self._closed:
                 raise ViewerClosed
             self._ready.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait_s):
-                    await self._ready.wait()
+            await wait_set(self._ready, wait_s)
         if self._queue:
             return self._queue.popleft()
         if self._closed:

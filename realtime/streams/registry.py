@@ -19,7 +19,6 @@ read, stays ended until it is deleted and added again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 
 from pipelines.frames import StreamState
 from pipelines.graph.counters import Counters, zero_counters
+from pipelines.tasks import wait_set
 from realtime.config import AnyStreamSettings, CameraStreamSettings
 from realtime.errors import LimitReached, ServiceError
 from realtime.sources.spec import InvalidSource, parse_source
@@ -215,9 +215,7 @@ class StreamRegistry:
                     if self._closing and not self._running:
                         return
                     # Sleep until something changes, or until the next restart after a back-off is due.
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self._next_retry_in()):
-                            await self._wake.wait()
+                    await wait_set(self._wake, self._next_retry_in())
         finally:
             self._reconciling = False
 

@@ -131,6 +131,9 @@ async def test_wait_set_says_whether_the_event_came_and_never_swallows_a_cancel(
     loop.call_later(0.01, event.set)
     assert await wait_set(event, 30) is True
     assert await wait_set(event, 0) is True  # already set
+    event.clear()
+    loop.call_later(0.01, event.set)
+    assert await wait_set(event, None) is True  # no bound
 
     # The event set and the waiter cancelled in one loop turn: asyncio.wait_for (Python 3.11)
     # returns the event's result here and the cancel is lost; wait_set lets it go on up.
