@@ -45,6 +45,7 @@ from realtime.bus.publisher import NatsEventPublisher
 from tests.realtime.fleet.fleet_support import Fleet, Worker, http
 from tests.support.nats import stored_event_ids
 from tests.support.nats_cluster import ClusterNode, NatsCluster
+from tests.support.waiting import poll
 
 # A renewal sent while a bucket elects a new leader waits out its request timeout: the TTL
 # outlasts an election (docs/operations.md, "Running many workers"; tests/realtime/fleet/test_cluster.py).
@@ -508,12 +509,7 @@ class ChaosRig:
 
     @staticmethod
     def wait(condition: Callable[[], Any], within_s: float, what: str, every_s: float = 0.25) -> float:
-        began = time.monotonic()
-        while not condition():
-            if time.monotonic() - began > within_s:
-                raise TimeoutError(f"not within {within_s:g} s: {what}")
-            time.sleep(every_s)
-        return time.monotonic() - began
+        return poll(condition, within_s, what, every_s, error=TimeoutError)
 
     def all_owned(self) -> bool:
         live = {w.name for w in self.fleet.live()}
